@@ -1,0 +1,138 @@
+//! Creating, reading, publishing, closing and reopening events.
+
+use http::StatusCode;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::catalog::{self, EventRecord, EventStatus};
+use crate::domain::event::{EventRequest, NewEvent};
+use crate::http::{ApiError, Request, Response, json, read_json};
+use crate::preload::{PreloadError, PreloadReport};
+
+/// `POST /admin/events` → 201 with the event id and category ids.
+pub async fn create(state: &AppState, req: Request, limit: usize) -> Result<Response, ApiError> {
+    let request: EventRequest = read_json(req, limit).await?;
+    let event = NewEvent::try_from(request).map_err(ApiError::Invalid)?;
+    let id = catalog::insert(&state.mysql, &event).await?;
+    let created = load(state, id).await?;
+    tracing::info!(
+        event_id = id,
+        title = created.title,
+        categories = created.categories.len(),
+        "event created"
+    );
+    let categories: Vec<_> = created
+        .categories
+        .iter()
+        .map(|c| json!({"id": c.id, "name": c.name}))
+        .collect();
+    Ok(json(
+        StatusCode::CREATED,
+        &json!({"event_id": id, "categories": categories}),
+    ))
+}
+
+pub async fn list(state: &AppState) -> Result<Response, ApiError> {
+    let events = catalog::list(&state.mysql, 1_000).await?;
+    Ok(json(StatusCode::OK, &json!({"events": events})))
+}
+
+pub async fn get(state: &AppState, id: u64) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &load(state, id).await?))
+}
+
+/// DRAFT or PUBLISHED → PUBLISHED, and the hot path's keys preloaded (idempotent).
+pub async fn publish(state: &AppState, id: u64) -> Result<Response, ApiError> {
+    let event = move_to(
+        state,
+        id,
+        &[EventStatus::Draft, EventStatus::Published],
+        EventStatus::Published,
+    )
+    .await?;
+    let report = preload(state, &event).await?;
+    Ok(json(
+        StatusCode::OK,
+        &json!({"event_id": id, "status": event.status, "preload": report}),
+    ))
+}
+
+/// PUBLISHED → CLOSED: the sale stops at once, wherever the window stands.
+pub async fn close(state: &AppState, id: u64) -> Result<Response, ApiError> {
+    let event = move_to(
+        state,
+        id,
+        &[EventStatus::Published, EventStatus::Closed],
+        EventStatus::Closed,
+    )
+    .await?;
+    state.preloader.set_sale_status(&event).await?;
+    tracing::info!(event_id = id, "sale closed");
+    Ok(json(
+        StatusCode::OK,
+        &json!({"event_id": id, "status": event.status}),
+    ))
+}
+
+/// CLOSED → PUBLISHED: the sale goes on within its window.
+pub async fn reopen(state: &AppState, id: u64) -> Result<Response, ApiError> {
+    let event = move_to(
+        state,
+        id,
+        &[EventStatus::Closed, EventStatus::Published],
+        EventStatus::Published,
+    )
+    .await?;
+    if state.preloader.is_loaded(id).await? {
+        state.preloader.set_sale_status(&event).await?;
+    } else {
+        preload(state, &event).await?;
+    }
+    tracing::info!(event_id = id, "sale reopened");
+    Ok(json(
+        StatusCode::OK,
+        &json!({"event_id": id, "status": event.status}),
+    ))
+}
+
+/// Preloads the event, counting the outcome.
+async fn preload(state: &AppState, event: &EventRecord) -> Result<PreloadReport, ApiError> {
+    let result = state.preloader.preload(event).await;
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(PreloadError::Busy(_)) => "busy",
+        Err(PreloadError::Unexpected(_)) => "error",
+    };
+    state.metrics.preloads.with_label_values(&[outcome]).inc();
+    Ok(result?)
+}
+
+async fn load(state: &AppState, id: u64) -> Result<EventRecord, ApiError> {
+    catalog::load(&state.mysql, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no event {id}")))
+}
+
+/// Applies a status change allowed only from `from`; 409 INVALID_STATE otherwise.
+async fn move_to(
+    state: &AppState,
+    id: u64,
+    from: &[EventStatus],
+    to: EventStatus,
+) -> Result<EventRecord, ApiError> {
+    let current = load(state, id).await?;
+    if !catalog::transition(&state.mysql, id, from, to).await? {
+        return Err(ApiError::Conflict(
+            "INVALID_STATE",
+            format!(
+                "event {id} is {} and cannot become {}",
+                current.status.as_str(),
+                to.as_str()
+            ),
+        ));
+    }
+    Ok(EventRecord {
+        status: to,
+        ..current
+    })
+}

@@ -1,0 +1,63 @@
+//! Load-test tokens: `POST /admin/tokens {"first_user_id","count","ttl_s"}` → signed user
+//! tokens in the format the edge verifies, for users that exist.
+
+use chrono::{TimeDelta, Utc};
+use http::StatusCode;
+use mysql_async::prelude::*;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::http::{ApiError, Request, Response, json, read_json};
+
+pub const MAX_TOKENS_PER_CALL: u64 = 200_000;
+pub const MAX_TTL_S: i64 = 7 * 24 * 3600;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssueTokens {
+    first_user_id: i64,
+    count: i64,
+    ttl_s: i64,
+}
+
+pub async fn issue(state: &AppState, req: Request, limit: usize) -> Result<Response, ApiError> {
+    let body: IssueTokens = read_json(req, limit).await?;
+    let first = u64::try_from(body.first_user_id)
+        .ok()
+        .filter(|id| *id >= 1)
+        .ok_or_else(|| ApiError::Invalid("first_user_id must be at least 1".into()))?;
+    let count = u64::try_from(body.count)
+        .ok()
+        .filter(|n| (1..=MAX_TOKENS_PER_CALL).contains(n))
+        .ok_or_else(|| {
+            ApiError::Invalid(format!("count must be within 1..={MAX_TOKENS_PER_CALL}"))
+        })?;
+    if !(1..=MAX_TTL_S).contains(&body.ttl_s) {
+        return Err(ApiError::Invalid(format!(
+            "ttl_s must be within 1..={MAX_TTL_S}"
+        )));
+    }
+    let last = first + count - 1;
+    let mut conn = state.mysql.get_conn().await?;
+    let existing: Option<u64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM app_user WHERE id BETWEEN ? AND ?",
+            (first, last),
+        )
+        .await?;
+    if existing != Some(count) {
+        return Err(ApiError::Invalid(format!(
+            "users {first}..={last} do not all exist ({} of {count} do)",
+            existing.unwrap_or(0)
+        )));
+    }
+    let expires = Utc::now() + TimeDelta::seconds(body.ttl_s);
+    let tokens: Vec<String> = (first..=last)
+        .map(|id| state.tokens.sign(id, expires.timestamp()))
+        .collect();
+    Ok(json(
+        StatusCode::OK,
+        &json!({"first_user_id": first, "count": count, "expires_at": expires, "tokens": tokens}),
+    ))
+}

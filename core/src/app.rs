@@ -1,0 +1,213 @@
+//! Wiring: connect to the dependencies, apply the schema, bind the listeners, run
+//! until told to stop, then drain.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use mysql_async::Pool;
+use redis::aio::ConnectionManager;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::auth::token::TokenSigner;
+use crate::config::Resolved;
+use crate::http::server::{self, Handler};
+use crate::http::{Request, Response};
+use crate::infra;
+use crate::keys::Keys;
+use crate::metrics::Metrics;
+use crate::preload::Preloader;
+
+/// How long start-up waits for the broker before going on without it (not ready).
+const BROKER_WAIT: Duration = Duration::from_secs(10);
+
+/// What every handler shares.
+pub struct AppState {
+    pub config: Resolved,
+    pub redis: ConnectionManager,
+    pub mysql: Pool,
+    pub keys: Keys,
+    pub tokens: TokenSigner,
+    pub preloader: Preloader,
+    pub metrics: Metrics,
+}
+
+/// Why the core could not start; the binary maps it to an exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{0:#}")]
+    Dependency(anyhow::Error),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A built core: connected, migrated, listening.
+pub struct App {
+    state: Arc<AppState>,
+    public: TcpListener,
+    admin: TcpListener,
+    stop: watch::Sender<bool>,
+}
+
+/// Tells a running [`App`] to stop; cheap to clone.
+#[derive(Clone)]
+pub struct Stopper(watch::Sender<bool>);
+
+impl Stopper {
+    pub fn stop(&self) {
+        let _ = self.0.send(true);
+    }
+}
+
+impl App {
+    pub async fn build(config: Resolved) -> Result<App, BuildError> {
+        let s = &config.settings;
+        let timeout = Duration::from_secs(s.startup.connect_timeout_s);
+        let redis = infra::redis::connect(&s.redis.url, timeout)
+            .await
+            .map_err(BuildError::Dependency)?;
+        let mysql = infra::mysql::connect(config.mysql_opts.clone(), timeout)
+            .await
+            .map_err(BuildError::Dependency)?;
+        infra::mysql::migrate(&mysql, s.mysql.order_shards)
+            .await
+            .map_err(BuildError::Dependency)?;
+        let namesrv = s.rocketmq.namesrv_addr.clone();
+        if let Err(e) =
+            infra::retry_until("RocketMQ", &namesrv, BROKER_WAIT.min(timeout), || async {
+                infra::rocketmq::probe(&namesrv, Duration::from_secs(1))
+                    .await
+                    .map(drop)
+            })
+            .await
+        {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "starting without RocketMQ; /readyz says 503 until it answers"
+            );
+        }
+        let bind = |what, addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| BuildError::Bind { what, addr, source })
+        };
+        let public = bind("public API", config.public_addr).await?;
+        let admin = bind("admin API", config.admin_addr).await?;
+        let keys = Keys::new(&s.redis.key_prefix);
+        let preloader = Preloader {
+            redis: redis.clone(),
+            mysql: mysql.clone(),
+            keys: keys.clone(),
+            lock_ttl: Duration::from_millis(s.preload.lock_ttl_ms),
+        };
+        let state = Arc::new(AppState {
+            tokens: TokenSigner::new(config.token_secret.clone()),
+            config,
+            redis,
+            mysql,
+            keys,
+            preloader,
+            metrics: Metrics::new(),
+        });
+        let (stop, _) = watch::channel(false);
+        Ok(App {
+            state,
+            public,
+            admin,
+            stop,
+        })
+    }
+
+    pub fn public_port(&self) -> u16 {
+        self.public.local_addr().expect("bound").port()
+    }
+
+    pub fn admin_port(&self) -> u16 {
+        self.admin.local_addr().expect("bound").port()
+    }
+
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.stop.clone())
+    }
+
+    /// Serves both APIs and runs the background jobs until [`Stopper::stop`].
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let App {
+            state,
+            public,
+            admin,
+            stop,
+        } = self;
+        let grace = state.config.shutdown_grace();
+        let p = &state.config.settings.preload;
+        let scheduler = tokio::spawn(state.preloader.clone().run_scheduler(
+            Duration::from_secs(p.interval_s),
+            Duration::from_secs(p.window_s),
+            stop.subscribe(),
+        ));
+        tracing::info!(
+            public = %public.local_addr()?, admin = %admin.local_addr()?, "stampede core serving"
+        );
+        tokio::join!(
+            server::serve(
+                "public",
+                public,
+                Arc::new(Public(state.clone())),
+                stop.subscribe(),
+                grace
+            ),
+            server::serve(
+                "admin",
+                admin,
+                Arc::new(Admin(state.clone())),
+                stop.subscribe(),
+                grace
+            ),
+        );
+        scheduler.await.context("the preload scheduler panicked")?;
+        state
+            .mysql
+            .clone()
+            .disconnect()
+            .await
+            .context("Failed to close the MySQL pool")?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// The public API (behind the edge).
+struct Public(Arc<AppState>);
+
+impl Handler for Public {
+    async fn handle(self: Arc<Self>, req: Request) -> Response {
+        let resp = crate::public::route(&self.0, req).await;
+        self.0
+            .metrics
+            .http_responses
+            .with_label_values(&["public", resp.status().as_str()])
+            .inc();
+        resp
+    }
+}
+
+/// The admin API.
+struct Admin(Arc<AppState>);
+
+impl Handler for Admin {
+    async fn handle(self: Arc<Self>, req: Request) -> Response {
+        let resp = crate::admin::route(&self.0, req).await;
+        self.0
+            .metrics
+            .http_responses
+            .with_label_values(&["admin", resp.status().as_str()])
+            .inc();
+        resp
+    }
+}

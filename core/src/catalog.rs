@@ -1,0 +1,296 @@
+//! Events and their ticket categories in MySQL: written by the admin API, read by the
+//! preloader and the stats.
+
+use anyhow::Context;
+use chrono::{DateTime, NaiveDateTime, Utc};
+use mysql_async::prelude::*;
+use mysql_async::{Pool, TxOpts};
+use serde::Serialize;
+
+use crate::domain::event::{NewEvent, Stock};
+
+/// Seats inserted per statement when an event is created.
+const SEAT_ROWS_PER_INSERT: usize = 5_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum EventStatus {
+    Draft,
+    Published,
+    Closed,
+}
+
+impl EventStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventStatus::Draft => "DRAFT",
+            EventStatus::Published => "PUBLISHED",
+            EventStatus::Closed => "CLOSED",
+        }
+    }
+
+    fn parse(s: &str) -> anyhow::Result<EventStatus> {
+        Ok(match s {
+            "DRAFT" => EventStatus::Draft,
+            "PUBLISHED" => EventStatus::Published,
+            "CLOSED" => EventStatus::Closed,
+            other => anyhow::bail!("unknown event status {other:?} in the database"),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EventRecord {
+    pub id: u64,
+    pub title: String,
+    pub venue: String,
+    pub show_time: DateTime<Utc>,
+    pub sale_start: DateTime<Utc>,
+    pub sale_end: DateTime<Utc>,
+    pub per_user_limit: u32,
+    pub pay_timeout_s: u32,
+    pub status: EventStatus,
+    pub categories: Vec<CategoryRecord>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CategoryRecord {
+    pub id: u64,
+    pub name: String,
+    pub price_cents: u64,
+    pub total: u32,
+    /// MySQL's count of unsold units; lags Redis during a sale.
+    pub remain: i64,
+    pub seats: Option<SeatGrid>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SeatGrid {
+    pub rows: u32,
+    pub cols: u32,
+}
+
+/// Inserts the event, its categories and seats in one transaction; returns its id.
+pub async fn insert(pool: &Pool, e: &NewEvent) -> anyhow::Result<u64> {
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    tx.exec_drop(
+        "INSERT INTO event (title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s) \
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            &e.title,
+            &e.venue,
+            e.show_time.naive_utc(),
+            e.sale_start.naive_utc(),
+            e.sale_end.naive_utc(),
+            e.per_user_limit,
+            e.pay_timeout_s,
+        ),
+    )
+    .await
+    .context("Failed to insert the event")?;
+    let event_id = tx.last_insert_id().context("no id for the new event")?;
+    for c in &e.categories {
+        let (rows, cols) = match c.stock {
+            Stock::Units(_) => (None, None),
+            Stock::Seats { rows, cols } => (Some(rows), Some(cols)),
+        };
+        let total = c.stock.total();
+        tx.exec_drop(
+            "INSERT INTO ticket_category (event_id, name, price_cents, total, remain, seat_rows, seat_cols) \
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (event_id, &c.name, c.price_cents, total, total, rows, cols),
+        )
+        .await
+        .context("Failed to insert a ticket category")?;
+        let category_id = tx.last_insert_id().context("no id for the new category")?;
+        if let Stock::Seats { rows, cols } = c.stock {
+            let seats: Vec<(u32, u32)> = (1..=rows)
+                .flat_map(|r| (1..=cols).map(move |c| (r, c)))
+                .collect();
+            for chunk in seats.chunks(SEAT_ROWS_PER_INSERT) {
+                // Only integers go into this text, so building it is safe and spares a
+                // prepared statement with thousands of placeholders.
+                let values: Vec<String> = chunk
+                    .iter()
+                    .map(|(r, c)| format!("({category_id},{r},{c},{event_id})"))
+                    .collect();
+                tx.query_drop(format!(
+                    "INSERT INTO seat (category_id, row_no, col_no, event_id) VALUES {}",
+                    values.join(",")
+                ))
+                .await
+                .context("Failed to insert seats")?;
+            }
+        }
+    }
+    tx.commit()
+        .await
+        .context("Failed to commit the new event")?;
+    Ok(event_id)
+}
+
+type EventRow = (
+    u64,
+    String,
+    String,
+    NaiveDateTime,
+    NaiveDateTime,
+    NaiveDateTime,
+    u32,
+    u32,
+    String,
+);
+
+const EVENT_COLUMNS: &str =
+    "id, title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, status";
+
+/// The event with its categories, or None.
+pub async fn load(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventRecord>> {
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    let row: Option<EventRow> = conn
+        .exec_first(
+            format!("SELECT {EVENT_COLUMNS} FROM event WHERE id = ?"),
+            (event_id,),
+        )
+        .await
+        .context("Failed to read the event")?;
+    let Some(row) = row else { return Ok(None) };
+    let mut event = event_from_row(row)?;
+    event.categories = conn
+        .exec_map(
+            "SELECT id, name, price_cents, total, remain, seat_rows, seat_cols \
+             FROM ticket_category WHERE event_id = ? ORDER BY id",
+            (event_id,),
+            |(id, name, price_cents, total, remain, rows, cols): (
+                u64,
+                String,
+                u64,
+                u32,
+                i64,
+                Option<u32>,
+                Option<u32>,
+            )| CategoryRecord {
+                id,
+                name,
+                price_cents,
+                total,
+                remain,
+                seats: rows.zip(cols).map(|(rows, cols)| SeatGrid { rows, cols }),
+            },
+        )
+        .await
+        .context("Failed to read the ticket categories")?;
+    Ok(Some(event))
+}
+
+/// Every event, newest first, without categories.
+pub async fn list(pool: &Pool, limit: u32) -> anyhow::Result<Vec<EventRecord>> {
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    let rows: Vec<EventRow> = conn
+        .exec(
+            format!("SELECT {EVENT_COLUMNS} FROM event ORDER BY id DESC LIMIT ?"),
+            (limit,),
+        )
+        .await
+        .context("Failed to list events")?;
+    rows.into_iter().map(event_from_row).collect()
+}
+
+fn event_from_row(
+    (id, title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, status): EventRow,
+) -> anyhow::Result<EventRecord> {
+    Ok(EventRecord {
+        id,
+        title,
+        venue,
+        show_time: show_time.and_utc(),
+        sale_start: sale_start.and_utc(),
+        sale_end: sale_end.and_utc(),
+        per_user_limit,
+        pay_timeout_s,
+        status: EventStatus::parse(&status)?,
+        categories: Vec::new(),
+    })
+}
+
+/// Moves the event to `to` if it is in one of `from`; false when it was not.
+pub async fn transition(
+    pool: &Pool,
+    event_id: u64,
+    from: &[EventStatus],
+    to: EventStatus,
+) -> anyhow::Result<bool> {
+    let allowed: Vec<String> = from.iter().map(|s| format!("'{}'", s.as_str())).collect();
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    conn.exec_drop(
+        format!(
+            "UPDATE event SET status = ? WHERE id = ? AND status IN ({})",
+            allowed.join(",")
+        ),
+        (to.as_str(), event_id),
+    )
+    .await
+    .context("Failed to change the event status")?;
+    // affected_rows counts changed rows only, so an event already in `to` reads 0.
+    let now: Option<String> = conn
+        .exec_first("SELECT status FROM event WHERE id = ?", (event_id,))
+        .await?;
+    Ok(now.as_deref() == Some(to.as_str()))
+}
+
+/// Published events whose sale opens within `window_s` and has not ended.
+pub async fn published_opening_within(pool: &Pool, window_s: u64) -> anyhow::Result<Vec<u64>> {
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    conn.exec(
+        "SELECT id FROM event WHERE status = 'PUBLISHED' \
+         AND sale_start <= UTC_TIMESTAMP(3) + INTERVAL ? SECOND AND sale_end > UTC_TIMESTAMP(3)",
+        (window_s,),
+    )
+    .await
+    .context("Failed to find events opening soon")
+}
+
+/// Units per category created but not yet subtracted from `remain` (stock_log not synced).
+pub async fn unsynced_units(pool: &Pool, event_id: u64) -> anyhow::Result<Vec<(u64, i64)>> {
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    conn.exec(
+        "SELECT category_id, CAST(SUM(quantity) AS SIGNED) FROM stock_log \
+         WHERE event_id = ? AND synced = 0 GROUP BY category_id",
+        (event_id,),
+    )
+    .await
+    .context("Failed to read unsynced stock_log")
+}
+
+/// Seats of a category as (row, col, status).
+pub async fn seats(pool: &Pool, category_id: u64) -> anyhow::Result<Vec<(u32, u32, String)>> {
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    conn.exec(
+        "SELECT row_no, col_no, status FROM seat WHERE category_id = ? ORDER BY row_no, col_no",
+        (category_id,),
+    )
+    .await
+    .context("Failed to read seats")
+}

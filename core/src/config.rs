@@ -1,0 +1,334 @@
+//! Typed, layered configuration, validated before any port is bound.
+//!
+//! Layers, later wins: `config/stampede.toml` (built in), an optional file, then
+//! `STAMPEDE_<SECTION>__<KEY>` environment variables.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+const DEFAULTS: &str = include_str!("../../config/stampede.toml");
+
+/// Everything the core reads at start-up.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub redis: RedisSettings,
+    pub mysql: MysqlSettings,
+    pub rocketmq: RocketmqSettings,
+    pub auth: AuthSettings,
+    pub startup: StartupSettings,
+    pub preload: PreloadSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Public API address, reached through the edge.
+    pub public_addr: String,
+    /// Admin API address; loopback only in the shipped config.
+    pub admin_addr: String,
+    /// How long in-flight requests may run after a stop signal.
+    pub shutdown_grace_s: u64,
+    /// Cap on request bodies, so a client cannot make the core buffer megabytes.
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Prefix of every key, so tests and several deployments can share one Redis.
+    pub key_prefix: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MysqlSettings {
+    /// URL without the password (it would end up in logs).
+    pub url: String,
+    pub password: Option<SecretString>,
+    pub password_file: Option<PathBuf>,
+    pub pool_max: usize,
+    /// Number of order shard tables; the user-id gene picks one.
+    pub order_shards: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RocketmqSettings {
+    pub namesrv_addr: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    pub admin_token: Option<SecretString>,
+    pub admin_token_file: Option<PathBuf>,
+    pub token_secret: Option<SecretString>,
+    pub token_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartupSettings {
+    pub connect_timeout_s: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreloadSettings {
+    pub window_s: u64,
+    pub interval_s: u64,
+    pub lock_ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub filter: String,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A configuration that cannot be used; the binary exits with code 64.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// The settings resolved into what the services need: addresses parsed, secrets read.
+#[derive(Clone)]
+pub struct Resolved {
+    pub settings: Settings,
+    pub public_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub admin_token: SecretString,
+    pub token_secret: SecretString,
+    pub mysql_opts: mysql_async::Opts,
+}
+
+impl Settings {
+    /// Reads the layers. `file` is the operator's file, if any.
+    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        let mut builder = config::Config::builder()
+            .add_source(config::File::from_str(DEFAULTS, config::FileFormat::Toml));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
+            }
+            builder = builder.add_source(config::File::from(file));
+        }
+        builder
+            .add_source(
+                config::Environment::with_prefix("STAMPEDE")
+                    .prefix_separator("_")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| ConfigError(e.to_string()))
+    }
+
+    /// The built-in defaults alone (tests start from these).
+    pub fn defaults() -> Settings {
+        config::Config::builder()
+            .add_source(config::File::from_str(DEFAULTS, config::FileFormat::Toml))
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .expect("built-in defaults are valid")
+    }
+
+    /// Checks every value and reads the secrets; nothing is bound or connected yet.
+    pub fn resolve(self) -> Result<Resolved, ConfigError> {
+        let public_addr = parse_addr("server.public_addr", &self.server.public_addr)?;
+        let admin_addr = parse_addr("server.admin_addr", &self.server.admin_addr)?;
+        if self.server.max_body_bytes < 1024 {
+            return Err(ConfigError(
+                "server.max_body_bytes must be at least 1024".into(),
+            ));
+        }
+        if self.redis.key_prefix.is_empty() || self.redis.key_prefix.contains(['{', '}', ' ']) {
+            return Err(ConfigError(
+                "redis.key_prefix must be non-empty, without braces or spaces".into(),
+            ));
+        }
+        redis::Client::open(self.redis.url.as_str())
+            .map_err(|e| ConfigError(format!("redis.url: {e}")))?;
+        if !(1..=64).contains(&self.mysql.order_shards) {
+            return Err(ConfigError(
+                "mysql.order_shards must be within 1..=64".into(),
+            ));
+        }
+        if self.mysql.pool_max == 0 {
+            return Err(ConfigError("mysql.pool_max must be positive".into()));
+        }
+        if self.rocketmq.namesrv_addr.trim().is_empty() {
+            return Err(ConfigError("rocketmq.namesrv_addr is empty".into()));
+        }
+        if self.preload.window_s == 0
+            || self.preload.interval_s == 0
+            || self.preload.lock_ttl_ms < 100
+        {
+            return Err(ConfigError(
+                "preload.window_s and preload.interval_s must be positive, lock_ttl_ms ≥ 100"
+                    .into(),
+            ));
+        }
+        let mysql_password = secret(
+            "mysql.password",
+            self.mysql.password.as_ref(),
+            self.mysql.password_file.as_deref(),
+            0,
+        )?;
+        let mut mysql_opts = mysql_async::OptsBuilder::from_opts(
+            mysql_async::Opts::from_url(&self.mysql.url)
+                .map_err(|e| ConfigError(format!("mysql.url: {e}")))?,
+        )
+        .pool_opts(
+            mysql_async::PoolOpts::default().with_constraints(
+                mysql_async::PoolConstraints::new(1, self.mysql.pool_max)
+                    .ok_or_else(|| ConfigError("mysql.pool_max is invalid".into()))?,
+            ),
+        )
+        // Every DATETIME Stampede writes or reads is UTC.
+        .init(vec!["SET time_zone = '+00:00'"]);
+        if let Some(pw) = mysql_password {
+            mysql_opts = mysql_opts.pass(Some(pw.expose_secret().to_owned()));
+        }
+        let admin_token = secret(
+            "auth.admin_token",
+            self.auth.admin_token.as_ref(),
+            self.auth.admin_token_file.as_deref(),
+            16,
+        )?
+        .ok_or_else(|| ConfigError("set auth.admin_token or auth.admin_token_file".into()))?;
+        let token_secret = secret(
+            "auth.token_secret",
+            self.auth.token_secret.as_ref(),
+            self.auth.token_secret_file.as_deref(),
+            16,
+        )?
+        .ok_or_else(|| ConfigError("set auth.token_secret or auth.token_secret_file".into()))?;
+        Ok(Resolved {
+            settings: self,
+            public_addr,
+            admin_addr,
+            admin_token,
+            token_secret,
+            mysql_opts: mysql_opts.into(),
+        })
+    }
+}
+
+impl std::fmt::Debug for Resolved {
+    // mysql_async's options would print the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved")
+            .field("settings", &self.settings)
+            .field("public_addr", &self.public_addr)
+            .field("admin_addr", &self.admin_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Resolved {
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.settings.server.shutdown_grace_s)
+    }
+}
+
+fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value
+        .parse()
+        .map_err(|e| ConfigError(format!("{key} = {value:?}: {e}")))
+}
+
+/// A secret given inline or in a file (trimmed); inline wins. `min_len` 0 allows empty.
+fn secret(
+    key: &str,
+    inline: Option<&SecretString>,
+    file: Option<&Path>,
+    min_len: usize,
+) -> Result<Option<SecretString>, ConfigError> {
+    let value = match (inline, file) {
+        (Some(s), _) => s.expose_secret().trim().to_owned(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{key}_file {}: {e}", path.display())))?
+            .trim()
+            .to_owned(),
+        (None, None) => return Ok(None),
+    };
+    if value.len() < min_len {
+        return Err(ConfigError(format!(
+            "{key} must be at least {min_len} characters"
+        )));
+    }
+    Ok(Some(SecretString::from(value)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_secrets() -> Settings {
+        let mut s = Settings::defaults();
+        s.auth.admin_token = Some("a".repeat(32).into());
+        s.auth.token_secret = Some("s".repeat(32).into());
+        s
+    }
+
+    #[test]
+    fn defaults_with_secrets_resolve() {
+        let r = with_secrets().resolve().expect("valid");
+        assert_eq!(r.public_addr.port(), 8081);
+        assert_eq!(r.admin_addr.port(), 9091);
+        assert_eq!(r.settings.mysql.order_shards, 4);
+    }
+
+    #[test]
+    fn missing_admin_token_is_a_config_error() {
+        let mut s = with_secrets();
+        s.auth.admin_token = None;
+        let err = s.resolve().unwrap_err();
+        assert!(err.0.contains("auth.admin_token"), "{err}");
+    }
+
+    #[test]
+    fn short_secrets_and_bad_addresses_are_rejected() {
+        let mut s = with_secrets();
+        s.auth.token_secret = Some("short".to_string().into());
+        assert!(s.resolve().unwrap_err().0.contains("token_secret"));
+        let mut s = with_secrets();
+        s.server.admin_addr = "localhost".into();
+        assert!(s.resolve().unwrap_err().0.contains("server.admin_addr"));
+        let mut s = with_secrets();
+        s.mysql.order_shards = 0;
+        assert!(s.resolve().unwrap_err().0.contains("order_shards"));
+        let mut s = with_secrets();
+        s.redis.key_prefix = "a{b".into();
+        assert!(s.resolve().unwrap_err().0.contains("key_prefix"));
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let r = with_secrets().resolve().unwrap();
+        let shown = format!("{r:?}");
+        assert!(!shown.contains(&"a".repeat(32)));
+        assert!(!shown.contains(&"s".repeat(32)));
+    }
+}

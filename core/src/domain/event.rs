@@ -1,0 +1,259 @@
+//! An event as the admin describes it, checked whole before anything is written.
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+/// Largest number of categories, seats per category and units per category; beyond
+/// these an input is more likely a mistake than a sale.
+pub const MAX_CATEGORIES: usize = 64;
+pub const MAX_SEAT_SIDE: u32 = 1_000;
+pub const MAX_SEATS_PER_CATEGORY: u32 = 100_000;
+pub const MAX_UNITS_PER_CATEGORY: u32 = 10_000_000;
+
+/// `POST /admin/events` as received.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventRequest {
+    pub title: String,
+    pub venue: String,
+    pub show_time: String,
+    pub sale_start: String,
+    pub sale_end: String,
+    pub per_user_limit: i64,
+    pub pay_timeout_s: i64,
+    pub categories: Vec<CategoryRequest>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CategoryRequest {
+    pub name: String,
+    pub price_cents: i64,
+    pub quantity: Option<i64>,
+    pub seats: Option<SeatsRequest>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeatsRequest {
+    pub rows: i64,
+    pub cols: i64,
+}
+
+/// A valid new event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    pub title: String,
+    pub venue: String,
+    pub show_time: DateTime<Utc>,
+    pub sale_start: DateTime<Utc>,
+    pub sale_end: DateTime<Utc>,
+    pub per_user_limit: u32,
+    pub pay_timeout_s: u32,
+    pub categories: Vec<NewCategory>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewCategory {
+    pub name: String,
+    pub price_cents: u64,
+    pub stock: Stock,
+}
+
+/// How a category's units are counted: plain units or a grid of seats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stock {
+    Units(u32),
+    Seats { rows: u32, cols: u32 },
+}
+
+impl Stock {
+    pub fn total(self) -> u32 {
+        match self {
+            Stock::Units(n) => n,
+            Stock::Seats { rows, cols } => rows * cols,
+        }
+    }
+}
+
+impl TryFrom<EventRequest> for NewEvent {
+    type Error = String;
+
+    fn try_from(r: EventRequest) -> Result<NewEvent, String> {
+        let title = text("title", &r.title, 200)?;
+        let venue = text("venue", &r.venue, 200)?;
+        let show_time = time("show_time", &r.show_time)?;
+        let sale_start = time("sale_start", &r.sale_start)?;
+        let sale_end = time("sale_end", &r.sale_end)?;
+        if sale_start >= sale_end {
+            return Err("sale_start must be before sale_end".into());
+        }
+        let per_user_limit = within("per_user_limit", r.per_user_limit, 1, 1_000)?;
+        let pay_timeout_s = within("pay_timeout_s", r.pay_timeout_s, 1, 86_400)?;
+        if r.categories.is_empty() {
+            return Err("an event needs at least one category".into());
+        }
+        if r.categories.len() > MAX_CATEGORIES {
+            return Err(format!("at most {MAX_CATEGORIES} categories"));
+        }
+        let mut categories: Vec<NewCategory> = Vec::with_capacity(r.categories.len());
+        for (i, c) in r.categories.into_iter().enumerate() {
+            let name = text(&format!("categories[{i}].name"), &c.name, 100)?;
+            if categories.iter().any(|other| other.name == name) {
+                return Err(format!("categories[{i}].name {name:?} is used twice"));
+            }
+            let price_cents = u64::try_from(c.price_cents)
+                .map_err(|_| format!("categories[{i}].price_cents must not be negative"))?;
+            let stock = match (c.quantity, c.seats) {
+                (Some(q), None) => Stock::Units(within(
+                    &format!("categories[{i}].quantity"),
+                    q,
+                    1,
+                    i64::from(MAX_UNITS_PER_CATEGORY),
+                )?),
+                (None, Some(s)) => {
+                    let rows = within(
+                        &format!("categories[{i}].seats.rows"),
+                        s.rows,
+                        1,
+                        MAX_SEAT_SIDE.into(),
+                    )?;
+                    let cols = within(
+                        &format!("categories[{i}].seats.cols"),
+                        s.cols,
+                        1,
+                        MAX_SEAT_SIDE.into(),
+                    )?;
+                    if rows * cols > MAX_SEATS_PER_CATEGORY {
+                        return Err(format!(
+                            "categories[{i}] has {} seats; at most {MAX_SEATS_PER_CATEGORY}",
+                            rows * cols
+                        ));
+                    }
+                    Stock::Seats { rows, cols }
+                }
+                _ => {
+                    return Err(format!(
+                        "categories[{i}] needs exactly one of quantity or seats"
+                    ));
+                }
+            };
+            categories.push(NewCategory {
+                name,
+                price_cents,
+                stock,
+            });
+        }
+        Ok(NewEvent {
+            title,
+            venue,
+            show_time,
+            sale_start,
+            sale_end,
+            per_user_limit,
+            pay_timeout_s,
+            categories,
+        })
+    }
+}
+
+fn text(field: &str, value: &str, max: usize) -> Result<String, String> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Err(format!("{field} must not be empty"));
+    }
+    if v.chars().count() > max {
+        return Err(format!("{field} is longer than {max} characters"));
+    }
+    Ok(v.to_owned())
+}
+
+fn time(field: &str, value: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(value)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("{field} is not an RFC 3339 time ({value:?}): {e}"))
+}
+
+fn within(field: &str, value: i64, min: i64, max: i64) -> Result<u32, String> {
+    if value < min || value > max {
+        return Err(format!("{field} must be within {min}..={max}, got {value}"));
+    }
+    Ok(value as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(categories: serde_json::Value) -> EventRequest {
+        serde_json::from_value(serde_json::json!({
+            "title": "Concert", "venue": "Arena",
+            "show_time": "2030-01-02T20:00:00Z",
+            "sale_start": "2030-01-01T10:00:00+08:00", "sale_end": "2030-01-01T12:00:00Z",
+            "per_user_limit": 4, "pay_timeout_s": 900,
+            "categories": categories,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_valid_event_becomes_a_new_event_in_utc() {
+        let e = NewEvent::try_from(request(serde_json::json!([
+            {"name": "GA", "price_cents": 5000, "quantity": 300},
+            {"name": "Seated", "price_cents": 9000, "seats": {"rows": 10, "cols": 20}},
+        ])))
+        .unwrap();
+        assert_eq!(e.sale_start.to_rfc3339(), "2030-01-01T02:00:00+00:00");
+        assert_eq!(e.categories[0].stock, Stock::Units(300));
+        assert_eq!(e.categories[1].stock.total(), 200);
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_the_field_named() {
+        let cases = [
+            (serde_json::json!([]), "at least one category"),
+            (
+                serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 0}]),
+                "quantity",
+            ),
+            (
+                serde_json::json!([{"name": "GA", "price_cents": -1, "quantity": 3}]),
+                "price_cents",
+            ),
+            (
+                serde_json::json!([{"name": "S", "price_cents": 1, "seats": {"rows": 0, "cols": 3}}]),
+                "seats.rows",
+            ),
+            (
+                serde_json::json!([{"name": "GA", "price_cents": 1}]),
+                "exactly one",
+            ),
+            (
+                serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 1, "seats": {"rows": 1, "cols": 1}}]),
+                "exactly one",
+            ),
+            (
+                serde_json::json!([{"name": "A", "price_cents": 1, "quantity": 1}, {"name": "A", "price_cents": 1, "quantity": 1}]),
+                "used twice",
+            ),
+        ];
+        for (cats, expected) in cases {
+            let err = NewEvent::try_from(request(cats)).unwrap_err();
+            assert!(err.contains(expected), "{err} should mention {expected}");
+        }
+    }
+
+    #[test]
+    fn bad_times_are_refused() {
+        let mut r = request(serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 1}]));
+        r.sale_end = "2030-01-01T01:00:00Z".into();
+        assert!(
+            NewEvent::try_from(r)
+                .unwrap_err()
+                .contains("before sale_end")
+        );
+        let mut r = request(serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 1}]));
+        r.show_time = "tomorrow".into();
+        assert!(NewEvent::try_from(r).unwrap_err().contains("show_time"));
+    }
+}

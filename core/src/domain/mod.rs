@@ -1,0 +1,3 @@
+//! Validated domain types: input becomes one of these before any Redis or MySQL call.
+
+pub mod event;

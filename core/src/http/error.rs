@@ -1,0 +1,112 @@
+//! The API boundary's one error type: every failure a handler can return, with its
+//! HTTP status and the `{"error":{"code","message"}}` body in one place.
+
+use http::StatusCode;
+
+use super::{Response, json};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Input that fails validation; nothing was changed.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    #[error("{0}")]
+    NotFound(String),
+    /// A business outcome that conflicts with the current state (code, message).
+    #[error("{1}")]
+    Conflict(&'static str, String),
+    #[error("request body larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// A dependency is down or busy; the client may retry.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Unexpected(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(..) => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Invalid(_) => "INVALID",
+            ApiError::Unauthorized => "UNAUTHORIZED",
+            ApiError::NotFound(_) => "NOT_FOUND",
+            ApiError::Conflict(code, _) => code,
+            ApiError::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
+            ApiError::Unavailable(_) => "UNAVAILABLE",
+            ApiError::Unexpected(_) => "INTERNAL",
+        }
+    }
+
+    pub fn into_response(self) -> Response {
+        let message = match &self {
+            // Details of an unexpected failure go to the log, not to the client.
+            ApiError::Unexpected(e) => {
+                tracing::error!(error = format!("{e:#}"), "request failed");
+                "internal error".to_owned()
+            }
+            other => other.to_string(),
+        };
+        json(
+            self.status(),
+            &serde_json::json!({"error": {"code": self.code(), "message": message}}),
+        )
+    }
+}
+
+impl From<mysql_async::Error> for ApiError {
+    fn from(e: mysql_async::Error) -> Self {
+        ApiError::Unexpected(anyhow::Error::new(e).context("MySQL call failed"))
+    }
+}
+
+impl From<crate::preload::PreloadError> for ApiError {
+    fn from(e: crate::preload::PreloadError) -> Self {
+        match e {
+            busy @ crate::preload::PreloadError::Busy(_) => ApiError::Unavailable(busy.to_string()),
+            crate::preload::PreloadError::Unexpected(e) => ApiError::Unexpected(e),
+        }
+    }
+}
+
+impl From<redis::RedisError> for ApiError {
+    fn from(e: redis::RedisError) -> Self {
+        ApiError::Unexpected(anyhow::Error::new(e).context("Redis call failed"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn errors_answer_with_the_documented_shape() {
+        let resp = ApiError::Conflict("SOLD_OUT", "no units left".into()).into_response();
+        assert_eq!(resp.status(), StatusCode::CONFLICT);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "SOLD_OUT");
+        assert_eq!(v["error"]["message"], "no units left");
+    }
+
+    #[test]
+    fn unexpected_errors_hide_their_cause() {
+        let e = ApiError::Unexpected(anyhow::anyhow!("password=hunter2"));
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(e.code(), "INTERNAL");
+    }
+}

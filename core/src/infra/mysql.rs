@@ -1,0 +1,147 @@
+//! MariaDB/MySQL: the pool, start-up retries, and the schema migrations in `sql/`.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use mysql_async::prelude::*;
+use mysql_async::{Opts, Pool};
+use refinery::Migration;
+
+use super::retry_until;
+
+/// The migrations, in order. A file marked `-- per-shard:` is expanded once per order
+/// shard (`{shard}` → 0 … N-1) into one migration of `CREATE TABLE IF NOT EXISTS`
+/// statements, so a run cut short can simply be repeated.
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    ("V1__event", include_str!("../../../sql/V1__event.sql")),
+    (
+        "V2__ticket_category",
+        include_str!("../../../sql/V2__ticket_category.sql"),
+    ),
+    ("V3__seat", include_str!("../../../sql/V3__seat.sql")),
+    (
+        "V4__app_user",
+        include_str!("../../../sql/V4__app_user.sql"),
+    ),
+    (
+        "V5__order_shards",
+        include_str!("../../../sql/V5__order_shards.sql"),
+    ),
+    (
+        "V6__order_item_shards",
+        include_str!("../../../sql/V6__order_item_shards.sql"),
+    ),
+    (
+        "V7__stock_log",
+        include_str!("../../../sql/V7__stock_log.sql"),
+    ),
+    (
+        "V8__consumed_message",
+        include_str!("../../../sql/V8__consumed_message.sql"),
+    ),
+    ("V9__payment", include_str!("../../../sql/V9__payment.sql")),
+];
+
+const PER_SHARD_MARK: &str = "-- per-shard:";
+
+/// Builds the refinery migrations for `shards` order shards.
+pub fn migrations(shards: u32) -> anyhow::Result<Vec<Migration>> {
+    MIGRATIONS
+        .iter()
+        .map(|(name, sql)| {
+            let sql = if sql.starts_with(PER_SHARD_MARK) {
+                (0..shards)
+                    .map(|n| sql.replace("{shard}", &n.to_string()))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            } else {
+                (*sql).to_owned()
+            };
+            Migration::unapplied(name, &sql).with_context(|| format!("migration {name}"))
+        })
+        .collect()
+}
+
+/// Opens the pool and waits (up to `timeout`) until MariaDB answers.
+pub async fn connect(opts: Opts, timeout: Duration) -> anyhow::Result<Pool> {
+    let target = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
+    let pool = Pool::new(opts);
+    retry_until("MariaDB", &target, timeout, || async {
+        pool.get_conn().await?.ping().await?;
+        Ok(())
+    })
+    .await?;
+    Ok(pool)
+}
+
+/// Applies the migrations not yet applied; refuses a shard count that differs from
+/// the one the schema was installed with.
+pub async fn migrate(pool: &Pool, shards: u32) -> anyhow::Result<()> {
+    let existing: Option<u64> = pool
+        .get_conn()
+        .await?
+        .query_first(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name REGEXP '^order_[0-9]+$'",
+        )
+        .await
+        .context("Failed to count the order shard tables")?;
+    let existing = existing.unwrap_or(0);
+    if existing != 0 && existing != u64::from(shards) {
+        anyhow::bail!(
+            "the database has {existing} order shard tables but mysql.order_shards = {shards}; \
+             the shard count is fixed when the schema is installed"
+        );
+    }
+    let migrations = migrations(shards)?;
+    let report = refinery::Runner::new(&migrations)
+        .set_migration_table_name("schema_history")
+        .run_async(&mut pool.clone())
+        .await
+        .context("Failed to apply the schema migrations")?;
+    for m in report.applied_migrations() {
+        tracing::info!(migration = %m, "applied");
+    }
+    Ok(())
+}
+
+/// The order shard of a user: the low bits of the id, the same gene the order number carries.
+pub fn order_shard(user_id: u64, shards: u32) -> u32 {
+    (user_id % u64::from(shards)) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_in_sql_is_a_listed_migration_in_order() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../sql");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|f| f.ends_with(".sql"))
+            .map(|f| f.trim_end_matches(".sql").to_owned())
+            .collect();
+        files.sort_by_key(|f| f[1..f.find("__").unwrap()].parse::<u32>().unwrap());
+        let listed: Vec<&str> = MIGRATIONS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(files, listed);
+    }
+
+    #[test]
+    fn shard_files_expand_once_per_shard() {
+        let ms = migrations(3).unwrap();
+        let orders = ms.iter().find(|m| m.name() == "order_shards").unwrap();
+        for n in 0..3 {
+            assert!(orders.sql().unwrap().contains(&format!("`order_{n}`")));
+        }
+        assert!(!orders.sql().unwrap().contains("order_3"));
+        assert!(!orders.sql().unwrap().contains("{shard}"));
+    }
+
+    #[test]
+    fn user_and_order_gene_pick_the_same_shard() {
+        assert_eq!(order_shard(10, 4), 2);
+        assert_eq!(order_shard(7, 1), 0);
+    }
+}

@@ -1,0 +1,84 @@
+//! The Redis key layout, in one place. Every key of an event carries the hash tag
+//! `{ev:<id>}`, so all keys one admission touches live in one Redis Cluster slot.
+
+/// Builds keys under the configured prefix.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Keys {
+        Keys {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn event_key(&self, event_id: u64, suffix: &str) -> String {
+        format!("{}{{ev:{event_id}}}:{suffix}", self.prefix)
+    }
+
+    /// Hash: what the hot path needs to know about the event (window, status, limits).
+    pub fn event_meta(&self, event_id: u64) -> String {
+        self.event_key(event_id, "meta")
+    }
+
+    /// Hash: category id → units still available.
+    pub fn stock(&self, event_id: u64) -> String {
+        self.event_key(event_id, "stock")
+    }
+
+    /// Hash: category id → 1 once the category is sold out.
+    pub fn sold_out(&self, event_id: u64) -> String {
+        self.event_key(event_id, "soldout")
+    }
+
+    /// Hash: `row:col` → seat state, one per seated category.
+    pub fn seats(&self, event_id: u64, category_id: u64) -> String {
+        self.event_key(event_id, &format!("seats:{category_id}"))
+    }
+
+    /// Hash: row → free seats in that row, so seat picking need not read every seat.
+    pub fn row_free(&self, event_id: u64, category_id: u64) -> String {
+        self.event_key(event_id, &format!("rowfree:{category_id}"))
+    }
+
+    /// String: the preload lock, holding its owner's token.
+    pub fn preload_lock(&self, event_id: u64) -> String {
+        self.event_key(event_id, "preload-lock")
+    }
+
+    /// Hash: event id → `status:sale_start_ms:sale_end_ms`, read by the edge's refresh
+    /// timer. Not on the admission path, so it needs no hash tag.
+    pub fn sales_index(&self) -> String {
+        format!("{}sales", self.prefix)
+    }
+}
+
+/// Seat states as stored in the seat hashes.
+pub mod seat_state {
+    pub const FREE: &str = "F";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_keys_share_one_hash_tag() {
+        let k = Keys::new("t:");
+        for key in [
+            k.event_meta(7),
+            k.stock(7),
+            k.sold_out(7),
+            k.seats(7, 3),
+            k.row_free(7, 3),
+        ] {
+            assert!(key.starts_with("t:{ev:7}:"), "{key}");
+        }
+    }
+}

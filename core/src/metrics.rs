@@ -1,0 +1,79 @@
+//! Prometheus metrics, rendered on the admin API's `/metrics`.
+
+use prometheus::{Encoder, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+pub struct Metrics {
+    registry: Registry,
+    /// Answers per listener and status class, to see errors at a glance.
+    pub http_responses: IntCounterVec,
+    /// 1 when the last readiness check reached the dependency.
+    pub dependency_up: IntGaugeVec,
+    /// Preloads by outcome (ok, busy, error).
+    pub preloads: IntCounterVec,
+    pub users_created: IntCounter,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let http_responses = IntCounterVec::new(
+            Opts::new(
+                "stampede_http_responses_total",
+                "HTTP responses by listener and status",
+            ),
+            &["listener", "status"],
+        )
+        .expect("valid metric");
+        let dependency_up = IntGaugeVec::new(
+            Opts::new(
+                "stampede_dependency_up",
+                "1 if the dependency answered the last readiness check",
+            ),
+            &["dependency"],
+        )
+        .expect("valid metric");
+        let preloads = IntCounterVec::new(
+            Opts::new(
+                "stampede_preloads_total",
+                "Event preloads into Redis by outcome",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let users_created = IntCounter::new(
+            "stampede_users_created_total",
+            "Users created through the admin API",
+        )
+        .expect("valid metric");
+        for m in [
+            Box::new(http_responses.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(dependency_up.clone()),
+            Box::new(preloads.clone()),
+            Box::new(users_created.clone()),
+        ] {
+            registry.register(m).expect("metric registered once");
+        }
+        Metrics {
+            registry,
+            http_responses,
+            dependency_up,
+            preloads,
+            users_created,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("encoding into memory cannot fail");
+        String::from_utf8(buf).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

@@ -1,0 +1,14 @@
+-- release_lock.lua: delete a lock only if we still own it (seed 004's owner-token unlock).
+--
+-- KEYS[1]  the lock key
+-- ARGV[1]  the owner token written when the lock was taken
+--
+-- Returns (mirrored by LockRelease in core/src/preload/lock.rs):
+--    1  released
+--    0  not released: expired, or now held by another owner
+local rcall = redis.call
+if rcall('GET', KEYS[1]) == ARGV[1] then
+  rcall('DEL', KEYS[1])
+  return 1
+end
+return 0

@@ -1,0 +1,318 @@
+#!/usr/bin/env bash
+# The local stack as plain processes on 127.0.0.1: Redis, MariaDB, the RocketMQ name
+# server and broker, the Stampede core, and the nginx + Lua edge.
+#
+#   scripts/stack.sh install          install what is missing (apt-get, cargo install)
+#   scripts/stack.sh up [PART...]     install, then start what is not running
+#   scripts/stack.sh down [PART...]   stop what `up` started (pid files), newest first
+#   scripts/stack.sh status           every part with its port, pid and health
+#
+# Parts: redis mysql namesrv broker core edge. Idempotent: `up` twice changes nothing,
+# and a part already answering on its port is reused. A port held by something else is
+# an error naming the port. State (data, logs, pids, generated secrets) lives under
+# $STACK_DIR (default .stack/). Every setting below can be overridden from the
+# environment; the test harness runs a second stack with its own dir and ports.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+STACK_DIR=${STACK_DIR:-$ROOT/.stack}
+PARTS_DEFAULT="redis mysql namesrv broker core edge"
+
+EDGE_PORT=${EDGE_PORT:-8080}
+CORE_PORT=${CORE_PORT:-8081}
+ADMIN_PORT=${ADMIN_PORT:-9091}
+REDIS_PORT=${REDIS_PORT:-6379}
+MYSQL_PORT=${MYSQL_PORT:-3306}
+NAMESRV_PORT=${NAMESRV_PORT:-9876}
+BROKER_PORT=${BROKER_PORT:-10911}
+MYSQL_DATABASE=${MYSQL_DATABASE:-stampede}
+MYSQL_USER=${MYSQL_USER:-stampede}
+# The broker also listens on BROKER_PORT-2 (fast channel) and BROKER_PORT+1 (HA);
+# its own health endpoint on BROKER_PORT+3.
+BROKER_HEALTH_PORT=$((BROKER_PORT + 3))
+
+ROCKETMQ_VERSION=1.0.0
+APT_PACKAGES="redis-server mariadb-server mariadb-client nginx libnginx-mod-http-lua lua-resty-core lua-nginx-redis lua-cjson curl openssl iproute2 python3"
+# cargo install keeps its build here, so a second install or upgrade reuses it.
+ROCKETMQ_BUILD_DIR=${ROCKETMQ_BUILD_DIR:-$HOME/.cache/stampede/rocketmq-target}
+CARGO_BIN=${CARGO_HOME:-$HOME/.cargo}/bin
+CORE_BIN=${CORE_BIN:-$ROOT/target/release/stampede}
+
+PIDS=$STACK_DIR/pids
+LOGS=$STACK_DIR/logs
+
+say() { printf '%s\n' "$*"; }
+die() { printf 'stack: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- helpers
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+pid_of() { [ -f "$PIDS/$1.pid" ] && cat "$PIDS/$1.pid" || true; }
+
+alive() { local pid; pid=$(pid_of "$1"); [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
+
+# wait_for PART SECONDS: until PART's health check passes.
+wait_for() {
+  local part=$1 secs=$2 i
+  for ((i = 0; i < secs * 10; i++)); do
+    if "health_$part" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# before_start PART PORT: 0 = start it, 1 = already answering (reuse), exit = port taken.
+before_start() {
+  local part=$1 port=$2
+  if "health_$part" >/dev/null 2>&1; then
+    say "  $part: already running on 127.0.0.1:$port"
+    return 1
+  fi
+  if port_open "$port"; then
+    die "port $port is taken by something that is not the expected $part; free it or set ${3:-its port variable}"
+  fi
+  return 0
+}
+
+secret_file() { # secret_file NAME: generated once, then reused.
+  local f=$STACK_DIR/$1
+  [ -s "$f" ] || (umask 077 && openssl rand -hex 24 >"$f")
+  printf '%s' "$f"
+}
+
+# ---------------------------------------------------------------- install
+install() {
+  local missing=()
+  for p in $APT_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    [ "$(id -u)" = 0 ] || die "installing packages needs root (apt-get): ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  local have
+  have=$(cargo install --list 2>/dev/null | grep -E "^rocketmq-(namesrv|broker) v$ROCKETMQ_VERSION:" | wc -l)
+  if [ "$have" -lt 2 ] || [ ! -x "$CARGO_BIN/rocketmq-broker-rust" ]; then
+    say "building the RocketMQ name server and broker $ROCKETMQ_VERSION (cargo install, ~16 min on 2 cores the first time)"
+    mkdir -p "$ROCKETMQ_BUILD_DIR"
+    CARGO_TARGET_DIR=$ROCKETMQ_BUILD_DIR cargo install --locked --quiet \
+      "rocketmq-namesrv@$ROCKETMQ_VERSION" "rocketmq-broker@$ROCKETMQ_VERSION"
+  fi
+}
+
+build_core() {
+  # cargo decides whether anything changed; a no-op build takes a second.
+  (cd "$ROOT" && cargo build --release --quiet -p stampede-core)
+}
+
+# ---------------------------------------------------------------- redis
+health_redis() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+start_redis() {
+  before_start redis "$REDIS_PORT" REDIS_PORT || return 0
+  mkdir -p "$STACK_DIR/redis"
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$STACK_DIR/redis" \
+    --appendonly yes --appendfsync everysec --save "" \
+    --daemonize yes --pidfile "$PIDS/redis.pid" --logfile "$LOGS/redis.log"
+  wait_for redis 20 || die "Redis did not come up; see $LOGS/redis.log"
+  say "  redis: started on 127.0.0.1:$REDIS_PORT"
+}
+
+# ---------------------------------------------------------------- mysql
+MYSQL_SOCK=$STACK_DIR/mysql.sock
+mysql_root() { mariadb --no-defaults --socket="$MYSQL_SOCK" -uroot "$@"; }
+health_mysql() {
+  MYSQL_PWD=$(cat "$STACK_DIR/mysql.password" 2>/dev/null) mariadb --no-defaults -h127.0.0.1 \
+    -P"$MYSQL_PORT" -u"$MYSQL_USER" -e 'SELECT 1' "$MYSQL_DATABASE" >/dev/null 2>&1
+}
+provision_mysql() { # the database and an account of Stampede's own
+  local pw; pw=$(cat "$(secret_file mysql.password)")
+  "$@" <<SQL
+CREATE DATABASE IF NOT EXISTS \`$MYSQL_DATABASE\`;
+CREATE USER IF NOT EXISTS '$MYSQL_USER'@'127.0.0.1' IDENTIFIED BY '$pw';
+ALTER USER '$MYSQL_USER'@'127.0.0.1' IDENTIFIED BY '$pw';
+GRANT ALL PRIVILEGES ON \`${MYSQL_DATABASE}%\`.* TO '$MYSQL_USER'@'127.0.0.1';
+SQL
+}
+start_mysql() {
+  secret_file mysql.password >/dev/null
+  before_start_mysql || return 0
+  local data=$STACK_DIR/mysql
+  if [ ! -d "$data/mysql" ]; then
+    mkdir -p "$data"
+    mariadb-install-db --no-defaults --datadir="$data" --user="$(id -un)" \
+      --auth-root-authentication-method=socket --skip-test-db >"$LOGS/mysql-install.log" 2>&1 \
+      || die "mariadb-install-db failed; see $LOGS/mysql-install.log"
+  fi
+  nohup mariadbd --no-defaults --datadir="$data" --socket="$MYSQL_SOCK" \
+    --bind-address=127.0.0.1 --port="$MYSQL_PORT" --user="$(id -un)" \
+    --pid-file="$PIDS/mysql.pid" --log-error="$LOGS/mysql.log" --skip-name-resolve \
+    --innodb-buffer-pool-size=512M --innodb-log-file-size=256M --max-connections=1000 \
+    --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
+    >/dev/null 2>&1 &
+  local i
+  for ((i = 0; i < 300; i++)); do
+    mysql_root -e 'SELECT 1' >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  provision_mysql mysql_root || die "MariaDB did not come up; see $LOGS/mysql.log"
+  wait_for mysql 10 || die "MariaDB answers but not for $MYSQL_USER; see $LOGS/mysql.log"
+  say "  mysql: started on 127.0.0.1:$MYSQL_PORT (database $MYSQL_DATABASE)"
+}
+before_start_mysql() {
+  if health_mysql; then
+    say "  mysql: already running on 127.0.0.1:$MYSQL_PORT"
+    return 1
+  fi
+  if port_open "$MYSQL_PORT"; then
+    # The machine's own server: give Stampede a database and account there, if root may.
+    if ! alive mysql && mariadb --no-defaults -uroot -e 'SELECT 1' >/dev/null 2>&1; then
+      provision_mysql mariadb --no-defaults -uroot
+      health_mysql && say "  mysql: using the machine's server on 127.0.0.1:$MYSQL_PORT" && return 1
+    fi
+    die "port $MYSQL_PORT is taken by something that is not a MariaDB Stampede can use; free it or set MYSQL_PORT"
+  fi
+  return 0
+}
+
+# ---------------------------------------------------------------- rocketmq
+health_namesrv() { port_open "$NAMESRV_PORT" && alive_or_foreign namesrv; }
+# A port that answers without our pid file is someone else's name server: reuse it.
+alive_or_foreign() { alive "$1" || [ ! -f "$PIDS/$1.pid" ]; }
+start_namesrv() {
+  before_start namesrv "$NAMESRV_PORT" NAMESRV_PORT || return 0
+  mkdir -p "$STACK_DIR/rocketmq"
+  ROCKETMQ_HOME=$STACK_DIR/rocketmq nohup "$CARGO_BIN/rocketmq-namesrv-rust" \
+    --bindAddress 127.0.0.1 --listenPort "$NAMESRV_PORT" --rocketmqHome "$STACK_DIR/rocketmq" \
+    --log-filter warn >"$LOGS/namesrv.log" 2>&1 &
+  echo $! >"$PIDS/namesrv.pid"
+  wait_for namesrv 20 || die "the name server did not come up; see $LOGS/namesrv.log"
+  say "  namesrv: started on 127.0.0.1:$NAMESRV_PORT"
+}
+
+health_broker() { curl -fsS -m 1 "http://127.0.0.1:$BROKER_HEALTH_PORT/readyz" >/dev/null 2>&1; }
+start_broker() {
+  before_start broker "$BROKER_PORT" BROKER_PORT || return 0
+  local dir=$STACK_DIR/rocketmq
+  mkdir -p "$dir/store"
+  sed -e "s#@NAMESRV@#127.0.0.1:$NAMESRV_PORT#g" -e "s#@PORT@#$BROKER_PORT#g" \
+    -e "s#@HA_PORT@#$((BROKER_PORT + 1))#g" -e "s#@STORE@#$dir/store#g" \
+    "$ROOT/scripts/broker.toml.in" >"$dir/broker.toml"
+  ROCKETMQ_HOME=$dir ROCKETMQ_SECURITY_PROFILE=development-insecure-loopback \
+    ROCKETMQ_HEALTH_BIND_ADDR=127.0.0.1:$BROKER_HEALTH_PORT nohup "$CARGO_BIN/rocketmq-broker-rust" \
+    -c "$dir/broker.toml" -n "127.0.0.1:$NAMESRV_PORT" --log-filter warn >"$LOGS/broker.log" 2>&1 &
+  echo $! >"$PIDS/broker.pid"
+  wait_for broker 60 || die "the broker did not come up; see $LOGS/broker.log"
+  say "  broker: started on 127.0.0.1:$BROKER_PORT"
+}
+
+# ---------------------------------------------------------------- core
+core_env() {
+  export STAMPEDE_SERVER__PUBLIC_ADDR=127.0.0.1:$CORE_PORT
+  export STAMPEDE_SERVER__ADMIN_ADDR=127.0.0.1:$ADMIN_PORT
+  export STAMPEDE_REDIS__URL=redis://127.0.0.1:$REDIS_PORT/
+  export STAMPEDE_MYSQL__URL=mysql://$MYSQL_USER@127.0.0.1:$MYSQL_PORT/$MYSQL_DATABASE
+  export STAMPEDE_MYSQL__PASSWORD_FILE=$STACK_DIR/mysql.password
+  export STAMPEDE_ROCKETMQ__NAMESRV_ADDR=127.0.0.1:$NAMESRV_PORT
+  export STAMPEDE_AUTH__ADMIN_TOKEN_FILE=$STACK_DIR/admin.token
+  export STAMPEDE_AUTH__TOKEN_SECRET_FILE=$STACK_DIR/token.secret
+}
+health_core() { curl -fsS -m 1 "http://127.0.0.1:$ADMIN_PORT/healthz" >/dev/null 2>&1; }
+start_core() {
+  secret_file admin.token >/dev/null
+  secret_file token.secret >/dev/null
+  before_start core "$ADMIN_PORT" ADMIN_PORT || return 0
+  port_open "$CORE_PORT" && die "port $CORE_PORT is taken by something that is not the Stampede core; free it or set CORE_PORT"
+  build_core
+  (core_env && nohup "$CORE_BIN" serve >>"$LOGS/core.log" 2>&1 & echo $! >"$PIDS/core.pid")
+  wait_for core 90 || die "the core did not come up; see $LOGS/core.log"
+  say "  core: started, public 127.0.0.1:$CORE_PORT, admin 127.0.0.1:$ADMIN_PORT"
+}
+
+# ---------------------------------------------------------------- edge
+health_edge() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$EDGE_PORT/edge/health" 2>/dev/null)" = ok ]; }
+start_edge() {
+  before_start edge "$EDGE_PORT" EDGE_PORT || return 0
+  local prefix=$STACK_DIR/nginx
+  mkdir -p "$prefix/conf" "$prefix/logs" "$prefix/temp"
+  chmod 0777 "$prefix/temp" # workers run as nobody and buffer request bodies here
+  sed -e "s#\${EDGE_PORT}#$EDGE_PORT#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
+    -e "s#\${STAMPEDE_ROOT}#$ROOT#g" "$ROOT/openresty/conf/nginx.conf" >"$prefix/conf/nginx.conf"
+  nginx -p "$prefix/" -c conf/nginx.conf -t -q || die "nginx rejected openresty/conf/nginx.conf"
+  nginx -p "$prefix/" -c conf/nginx.conf
+  wait_for edge 20 || die "the edge did not come up; see $prefix/logs/error.log"
+  say "  edge: started on 127.0.0.1:$EDGE_PORT"
+}
+
+# ---------------------------------------------------------------- stop, status
+stop_part() {
+  local part=$1 pid
+  pid=$(pid_of "$part")
+  [ -n "$pid" ] || return 0
+  if kill -0 "$pid" 2>/dev/null; then
+    # nginx stops gracefully on QUIT; everything else on TERM.
+    if [ "$part" = edge ]; then kill -QUIT "$pid"; else kill -TERM "$pid"; fi
+    local i
+    for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      say "  $part: did not stop within 30 s; killing"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    say "  $part: stopped"
+  fi
+  rm -f "$PIDS/$part.pid"
+}
+
+port_of() {
+  case $1 in
+    redis) echo "$REDIS_PORT" ;; mysql) echo "$MYSQL_PORT" ;; namesrv) echo "$NAMESRV_PORT" ;;
+    broker) echo "$BROKER_PORT" ;; core) echo "$CORE_PORT,$ADMIN_PORT" ;; edge) echo "$EDGE_PORT" ;;
+  esac
+}
+
+status() {
+  local down=0 part pid health
+  printf '%-8s %-12s %-8s %s\n' PART PORT PID HEALTH
+  for part in $PARTS_DEFAULT; do
+    pid=$(pid_of "$part")
+    if "health_$part" >/dev/null 2>&1; then
+      health=up
+      [ -n "$pid" ] || health="up (not started by this stack)"
+    elif [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+      health="DOWN (pid $pid is gone)"; down=1
+    elif [ -n "$pid" ]; then
+      health="DOWN (running, not answering)"; down=1
+    else
+      health="down (not started)"; down=1
+    fi
+    printf '%-8s %-12s %-8s %s\n' "$part" "$(port_of "$part")" "${pid:--}" "$health"
+  done
+  if health_core; then
+    say ""
+    say "core readiness: $(curl -sS -m 3 "http://127.0.0.1:$ADMIN_PORT/readyz" 2>/dev/null)"
+  fi
+  return $down
+}
+
+# ---------------------------------------------------------------- main
+cmd=${1:-status}
+shift || true
+parts=${*:-$PARTS_DEFAULT}
+mkdir -p "$PIDS" "$LOGS"
+case $cmd in
+  install) install ;;
+  up)
+    install
+    say "starting the stack (state in $STACK_DIR)"
+    for part in $parts; do "start_$part"; done
+    ;;
+  down)
+    say "stopping the stack (state in $STACK_DIR)"
+    for part in $(printf '%s\n' $parts | tac); do stop_part "$part"; done
+    ;;
+  status) status ;;
+  env) core_env && env | grep '^STAMPEDE_' ;;
+  *) die "unknown command $cmd (install, up, down, status, env)" ;;
+esac
