@@ -36,7 +36,9 @@ APT_PACKAGES="redis-server mariadb-server mariadb-client nginx libnginx-mod-http
 # cargo install keeps its build here, so a second install or upgrade reuses it.
 ROCKETMQ_BUILD_DIR=${ROCKETMQ_BUILD_DIR:-$HOME/.cache/stampede/rocketmq-target}
 CARGO_BIN=${CARGO_HOME:-$HOME/.cargo}/bin
-CORE_BIN=${CORE_BIN:-$ROOT/target/release/stampede}
+# The core is built with this cargo profile (the tests use dev, like their own build).
+CORE_PROFILE=${CORE_PROFILE:-release}
+CORE_BIN=$ROOT/target/$([ "$CORE_PROFILE" = dev ] && echo debug || echo "$CORE_PROFILE")/stampede
 
 PIDS=$STACK_DIR/pids
 LOGS=$STACK_DIR/logs
@@ -105,7 +107,7 @@ install() {
 
 build_core() {
   # cargo decides whether anything changed; a no-op build takes a second.
-  (cd "$ROOT" && cargo build --release --quiet -p stampede-core)
+  (cd "$ROOT" && cargo build --profile "$CORE_PROFILE" --quiet -p stampede-core)
 }
 
 # ---------------------------------------------------------------- redis
@@ -226,23 +228,45 @@ start_core() {
   before_start core "$ADMIN_PORT" ADMIN_PORT || return 0
   port_open "$CORE_PORT" && die "port $CORE_PORT is taken by something that is not the Stampede core; free it or set CORE_PORT"
   build_core
-  (core_env && nohup "$CORE_BIN" serve >>"$LOGS/core.log" 2>&1 & echo $! >"$PIDS/core.pid")
+  (
+    core_env
+    nohup "$CORE_BIN" serve >>"$LOGS/core.log" 2>&1 &
+    echo $! >"$PIDS/core.pid"
+  )
   wait_for core 90 || die "the core did not come up; see $LOGS/core.log"
   say "  core: started, public 127.0.0.1:$CORE_PORT, admin 127.0.0.1:$ADMIN_PORT"
 }
 
 # ---------------------------------------------------------------- edge
 health_edge() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$EDGE_PORT/edge/health" 2>/dev/null)" = ok ]; }
-start_edge() {
-  before_start edge "$EDGE_PORT" EDGE_PORT || return 0
-  local prefix=$STACK_DIR/nginx
-  mkdir -p "$prefix/conf" "$prefix/logs" "$prefix/temp"
-  chmod 0777 "$prefix/temp" # workers run as nobody and buffer request bodies here
+EDGE_PREFIX=$STACK_DIR/nginx
+render_edge_conf() { # openresty/conf/nginx.conf with the stack's ports and paths → $1
   sed -e "s#\${EDGE_PORT}#$EDGE_PORT#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
-    -e "s#\${STAMPEDE_ROOT}#$ROOT#g" "$ROOT/openresty/conf/nginx.conf" >"$prefix/conf/nginx.conf"
-  nginx -p "$prefix/" -c conf/nginx.conf -t -q || die "nginx rejected openresty/conf/nginx.conf"
-  nginx -p "$prefix/" -c conf/nginx.conf
-  wait_for edge 20 || die "the edge did not come up; see $prefix/logs/error.log"
+    -e "s#\${STAMPEDE_ROOT}#$ROOT#g" "$ROOT/openresty/conf/nginx.conf" >"$1"
+}
+start_edge() {
+  if alive edge && health_edge; then
+    # Running: pick up an edited nginx.conf with a graceful reload, else leave it be.
+    render_edge_conf "$EDGE_PREFIX/conf/nginx.conf.new"
+    if cmp -s "$EDGE_PREFIX/conf/nginx.conf.new" "$EDGE_PREFIX/conf/nginx.conf"; then
+      rm "$EDGE_PREFIX/conf/nginx.conf.new"
+      say "  edge: already running on 127.0.0.1:$EDGE_PORT"
+    else
+      nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf.new -t -q || die "nginx rejected openresty/conf/nginx.conf"
+      mv "$EDGE_PREFIX/conf/nginx.conf.new" "$EDGE_PREFIX/conf/nginx.conf"
+      kill -HUP "$(pid_of edge)"
+      say "  edge: nginx.conf changed; reloaded"
+    fi
+    return 0
+  fi
+  before_start edge "$EDGE_PORT" EDGE_PORT || return 0
+  mkdir -p "$EDGE_PREFIX/conf" "$EDGE_PREFIX/logs" "$EDGE_PREFIX/temp"
+  chmod 0777 "$EDGE_PREFIX/temp" # workers run as nobody and buffer request bodies here
+  render_edge_conf "$EDGE_PREFIX/conf/nginx.conf"
+  nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf -t -q || die "nginx rejected openresty/conf/nginx.conf"
+  nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf
+  wait_for edge 20 || die "the edge did not come up; see $EDGE_PREFIX/logs/error.log"
+  cp "$EDGE_PREFIX/logs/nginx.pid" "$PIDS/edge.pid"
   say "  edge: started on 127.0.0.1:$EDGE_PORT"
 }
 

@@ -65,6 +65,12 @@ impl Stopper {
     }
 }
 
+/// Resolves once the stop signal is given (or its sender is gone).
+pub async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // wait_for's guard is not Send; drop it here, before the caller awaits anything else.
+    let _ = stop.wait_for(|stopped| *stopped).await.map(|_| ());
+}
+
 impl App {
     pub async fn build(config: Resolved) -> Result<App, BuildError> {
         let s = &config.settings;

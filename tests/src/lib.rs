@@ -1,1 +1,253 @@
+//! The end-to-end harness. `make test` starts a disposable stack (Redis, MariaDB, the
+//! RocketMQ name server and broker, a core and the edge) under `.stack-test/` on its own
+//! ports; every test then builds its own core in-process on free ports, with its own
+//! MariaDB database and Redis key prefix, so tests run in parallel without sharing state.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mysql_async::prelude::*;
+use rand::Rng;
+use serde_json::Value;
+use stampede_core::{App, Settings, Stopper};
+
+/// Where the test stack listens; the defaults match `make test`'s profile.
+pub struct Stack {
+    pub dir: PathBuf,
+    pub redis_port: u16,
+    pub mysql_port: u16,
+    pub namesrv_port: u16,
+    pub edge_port: u16,
+    pub admin_port: u16,
+}
+
+fn env_port(name: &str, default: u16) -> u16 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The repository's root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+impl Stack {
+    pub fn from_env() -> Stack {
+        Stack {
+            dir: std::env::var("STACK_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| root().join(".stack-test")),
+            redis_port: env_port("REDIS_PORT", 16379),
+            mysql_port: env_port("MYSQL_PORT", 13306),
+            namesrv_port: env_port("NAMESRV_PORT", 19876),
+            edge_port: env_port("EDGE_PORT", 18080),
+            admin_port: env_port("ADMIN_PORT", 19091),
+        }
+    }
+
+    pub fn secret(&self, name: &str) -> String {
+        let path = self.dir.join(name);
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}. The end-to-end tests need the test stack: run `make test`, \
+                     or `make test-stack-up` before `cargo test`",
+                    path.display()
+                )
+            })
+            .trim()
+            .to_owned()
+    }
+
+    pub fn mysql_url(&self, database: &str) -> String {
+        format!(
+            "mysql://stampede:{}@127.0.0.1:{}/{database}",
+            self.secret("mysql.password"),
+            self.mysql_port
+        )
+    }
+}
+
+/// A core of the test's own, running in-process.
+pub struct TestApp {
+    pub admin_url: String,
+    pub public_url: String,
+    pub admin_token: String,
+    pub token_secret: String,
+    pub database: String,
+    pub prefix: String,
+    pub mysql: mysql_async::Pool,
+    pub redis: redis::aio::MultiplexedConnection,
+    pub http: reqwest::Client,
+    stopper: Stopper,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// Settings for a core of its own: free ports, a fresh database, a fresh key prefix.
+pub async fn test_settings(stack: &Stack) -> (Settings, String, String) {
+    let tag: u64 = rand::thread_rng().gen_range(0..u64::from(u32::MAX));
+    let database = format!("stampede_t_{tag}");
+    let prefix = format!("t{tag}:");
+    let server = mysql_async::Pool::new(stack.mysql_url("stampede").as_str());
+    server
+        .get_conn()
+        .await
+        .expect("the test stack's MariaDB answers")
+        .query_drop(format!("CREATE DATABASE `{database}`"))
+        .await
+        .expect("create the test database");
+    server.disconnect().await.ok();
+
+    let mut s = Settings::defaults();
+    s.server.public_addr = "127.0.0.1:0".into();
+    s.server.admin_addr = "127.0.0.1:0".into();
+    s.server.shutdown_grace_s = 2;
+    s.redis.url = format!("redis://127.0.0.1:{}/", stack.redis_port);
+    s.redis.key_prefix = prefix.clone();
+    s.mysql.url = format!("mysql://stampede@127.0.0.1:{}/{database}", stack.mysql_port);
+    s.mysql.password = Some(stack.secret("mysql.password").into());
+    s.mysql.pool_max = 8;
+    s.rocketmq.namesrv_addr = format!("127.0.0.1:{}", stack.namesrv_port);
+    s.auth.admin_token = Some(format!("admin-{tag:016x}-token").into());
+    s.auth.token_secret = Some(format!("secret-{tag:016x}-key").into());
+    s.startup.connect_timeout_s = 10;
+    s.preload.interval_s = 1;
+    (s, database, prefix)
+}
+
+/// Builds and starts a core against the test stack.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Like [`spawn_app`], with the settings adjusted first.
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    let stack = Stack::from_env();
+    let (mut settings, database, prefix) = test_settings(&stack).await;
+    adjust(&mut settings);
+    let resolved = settings.clone().resolve().expect("test settings are valid");
+    let app = App::build(resolved)
+        .await
+        .expect("the core starts against the test stack");
+    let admin_url = format!("http://127.0.0.1:{}", app.admin_port());
+    let public_url = format!("http://127.0.0.1:{}", app.public_port());
+    let stopper = app.stopper();
+    let task = tokio::spawn(app.run_until_stopped());
+    let mysql = mysql_async::Pool::new(stack.mysql_url(&database).as_str());
+    let redis = redis::Client::open(settings.redis.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis of the test stack");
+    use secrecy::ExposeSecret;
+    TestApp {
+        admin_url,
+        public_url,
+        admin_token: settings
+            .auth
+            .admin_token
+            .unwrap()
+            .expose_secret()
+            .to_owned(),
+        token_secret: settings
+            .auth
+            .token_secret
+            .unwrap()
+            .expose_secret()
+            .to_owned(),
+        database,
+        prefix,
+        mysql,
+        redis,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+        stopper,
+        task,
+    }
+}
+
+impl TestApp {
+    /// An admin call with the admin token; returns status and JSON body.
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.admin_url))
+            .bearer_auth(&self.admin_token);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.expect("the admin API answers");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.admin(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.admin(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    /// One number from MariaDB.
+    pub async fn count(&self, sql: &str) -> u64 {
+        let mut conn = self.mysql.get_conn().await.unwrap();
+        conn.query_first::<u64, _>(sql).await.unwrap().unwrap_or(0)
+    }
+
+    /// A key of this app's, with its prefix.
+    pub fn key(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.prefix)
+    }
+
+    /// Stops the core, waits for its drain, and drops the test database.
+    pub async fn stop(self) {
+        self.stopper.stop();
+        self.task
+            .await
+            .expect("core task")
+            .expect("core stops cleanly");
+        let mut conn = self.mysql.get_conn().await.unwrap();
+        conn.query_drop(format!("DROP DATABASE `{}`", self.database))
+            .await
+            .unwrap();
+        drop(conn);
+        self.mysql.disconnect().await.ok();
+    }
+}
+
+/// A concert with one unseated and one seated category, selling now.
+pub fn concert() -> Value {
+    serde_json::json!({
+        "title": "Concert", "venue": "Arena",
+        "show_time": "2031-06-01T20:00:00Z",
+        "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+        "per_user_limit": 4, "pay_timeout_s": 900,
+        "categories": [
+            {"name": "GA", "price_cents": 5000, "quantity": 300},
+            {"name": "Seated", "price_cents": 9000, "seats": {"rows": 10, "cols": 20}},
+        ],
+    })
+}
+
+/// Ports that were free a moment ago (bound to 0, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -56,7 +56,7 @@ pub async fn serve<H: Handler>(
                     }
                 });
             }
-            _ = stop.wait_for(|stopped| *stopped) => break,
+            _ = crate::app::stopped(&mut stop) => break,
         }
     }
     drop(listener);

@@ -206,7 +206,7 @@ impl Preloader {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.wait_for(|s| *s) => return,
+                _ = crate::app::stopped(&mut stop) => return,
             }
             if let Err(e) = self.preload_due(window).await {
                 tracing::warn!(

@@ -1,0 +1,33 @@
+# Stampede: the two commands are `make demo` and `make test` (see README.md).
+.PHONY: up down status demo test install test-stack-up test-stack-down
+
+# Install what is missing, start the whole local stack (idempotent).
+up:
+	scripts/stack.sh up
+
+# Stop exactly what `make up` started.
+down:
+	scripts/stack.sh down
+
+# Every part with its port, pid and health; exits 1 if a part is down.
+status:
+	scripts/stack.sh status
+
+install:
+	scripts/stack.sh install
+
+# `make up`, then a demo event, published, and (once the hot path lands) a short sale.
+demo: up
+	scripts/demo.sh
+
+# fmt, clippy, unit tests, end-to-end tests on a stack of their own.
+test:
+	scripts/test.sh
+
+# For running `cargo test` by hand against the test stack.
+TEST_ENV = STACK_DIR=$(CURDIR)/.stack-test EDGE_PORT=18080 CORE_PORT=18081 ADMIN_PORT=19091 \
+	REDIS_PORT=16379 MYSQL_PORT=13306 NAMESRV_PORT=19876 BROKER_PORT=20911 CORE_PROFILE=dev
+test-stack-up:
+	$(TEST_ENV) scripts/stack.sh up
+test-stack-down:
+	$(TEST_ENV) scripts/stack.sh down

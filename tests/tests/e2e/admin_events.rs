@@ -1,0 +1,318 @@
+use redis::AsyncCommands;
+use serde_json::json;
+use stampede_e2e::{concert, spawn_app};
+
+#[tokio::test]
+async fn creating_an_event_writes_it_its_categories_and_seats_to_mysql() {
+    let app = spawn_app().await;
+    let (status, body) = app.post("/admin/events", concert()).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["event_id"].as_u64().unwrap();
+    assert_eq!(body["categories"].as_array().unwrap().len(), 2);
+
+    assert_eq!(
+        app.count(&format!(
+            "SELECT COUNT(*) FROM event WHERE id = {id} AND status = 'DRAFT'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        app.count(&format!(
+            "SELECT SUM(total) FROM ticket_category WHERE event_id = {id} AND remain = total"
+        ))
+        .await,
+        500
+    );
+    assert_eq!(
+        app.count(&format!(
+            "SELECT COUNT(*) FROM seat WHERE event_id = {id} AND status = 'FREE'"
+        ))
+        .await,
+        200
+    );
+
+    let (status, event) = app.get(&format!("/admin/events/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(event["title"], "Concert");
+    assert_eq!(
+        event["categories"][1]["seats"],
+        json!({"rows": 10, "cols": 20})
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bad_admin_input_gets_400_and_leaves_no_rows() {
+    let app = spawn_app().await;
+    let mut bad_times = concert();
+    bad_times["sale_start"] = json!("2031-06-01T13:00:00Z"); // after sale_end
+    let mut not_a_time = concert();
+    not_a_time["show_time"] = json!("next friday");
+    let mut no_categories = concert();
+    no_categories["categories"] = json!([]);
+    let mut zero_seats = concert();
+    zero_seats["categories"][1]["seats"]["rows"] = json!(0);
+    let mut negative_quantity = concert();
+    negative_quantity["categories"][0]["quantity"] = json!(-5);
+    let mut unknown_field = concert();
+    unknown_field["colour"] = json!("red");
+    for (why, body) in [
+        ("sale window reversed", bad_times),
+        ("not a time", not_a_time),
+        ("no categories", no_categories),
+        ("zero rows", zero_seats),
+        ("negative quantity", negative_quantity),
+        ("unknown field", unknown_field),
+    ] {
+        let (status, answer) = app.post("/admin/events", body).await;
+        assert_eq!(status, 400, "{why}: {answer}");
+        assert_eq!(answer["error"]["code"], "INVALID", "{why}");
+        assert!(
+            !answer["error"]["message"].as_str().unwrap().is_empty(),
+            "{why}"
+        );
+    }
+    let raw = app
+        .http
+        .post(format!("{}/admin/events", app.admin_url))
+        .bearer_auth(&app.admin_token)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 400);
+    for table in ["event", "ticket_category", "seat"] {
+        assert_eq!(
+            app.count(&format!("SELECT COUNT(*) FROM {table}")).await,
+            0,
+            "{table}"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn publishing_preloads_stock_seats_and_the_sale_window_into_redis() {
+    let app = spawn_app().await;
+    let (_, created) = app.post("/admin/events", concert()).await;
+    let id = created["event_id"].as_u64().unwrap();
+    let ga = created["categories"][0]["id"].as_u64().unwrap();
+    let seated = created["categories"][1]["id"].as_u64().unwrap();
+
+    let (status, body) = app
+        .post(&format!("/admin/events/{id}/publish"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "PUBLISHED");
+
+    let mut r = app.redis.clone();
+    let stock: std::collections::HashMap<u64, i64> = r
+        .hgetall(app.key(&format!("{{ev:{id}}}:stock")))
+        .await
+        .unwrap();
+    assert_eq!(stock.get(&ga), Some(&300));
+    assert_eq!(stock.get(&seated), Some(&200));
+    let seats: std::collections::HashMap<String, String> = r
+        .hgetall(app.key(&format!("{{ev:{id}}}:seats:{seated}")))
+        .await
+        .unwrap();
+    assert_eq!(seats.len(), 200);
+    assert!(seats.values().all(|s| s == "F"));
+    assert_eq!(seats.get("10:20").map(String::as_str), Some("F"));
+    let row_free: Vec<u32> = r
+        .hvals(app.key(&format!("{{ev:{id}}}:rowfree:{seated}")))
+        .await
+        .unwrap();
+    assert_eq!(row_free, vec![20; 10]);
+    let status_field: String = r
+        .hget(app.key(&format!("{{ev:{id}}}:meta")), "status")
+        .await
+        .unwrap();
+    assert_eq!(status_field, "open");
+    let start: i64 = r
+        .hget(app.key(&format!("{{ev:{id}}}:meta")), "sale_start_ms")
+        .await
+        .unwrap();
+    assert_eq!(start, 1_577_836_800_000);
+    let index: String = r.hget(app.key("sales"), id).await.unwrap();
+    assert_eq!(index, "open:1577836800000:1938081600000");
+    assert_eq!(
+        app.count(&format!(
+            "SELECT COUNT(*) FROM event WHERE id = {id} AND status = 'PUBLISHED'"
+        ))
+        .await,
+        1
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn publishing_again_during_a_sale_never_resets_stock() {
+    let app = spawn_app().await;
+    let (_, created) = app.post("/admin/events", concert()).await;
+    let id = created["event_id"].as_u64().unwrap();
+    let ga = created["categories"][0]["id"].as_u64().unwrap();
+    app.post(&format!("/admin/events/{id}/publish"), json!({}))
+        .await;
+    let mut r = app.redis.clone();
+    let stock_key = app.key(&format!("{{ev:{id}}}:stock"));
+    // A sale has taken 7 units.
+    let _: i64 = r.hincr(&stock_key, ga, -7).await.unwrap();
+    let (status, body) = app
+        .post(&format!("/admin/events/{id}/publish"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["preload"]["stock_written"], 0);
+    assert_eq!(body["preload"]["seat_maps_written"], 0);
+    let left: i64 = r.hget(&stock_key, ga).await.unwrap();
+    assert_eq!(left, 293);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn close_and_reopen_move_the_sale_in_mysql_and_redis() {
+    let app = spawn_app().await;
+    let (_, created) = app.post("/admin/events", concert()).await;
+    let id = created["event_id"].as_u64().unwrap();
+    // A draft cannot be closed.
+    let (status, body) = app
+        .post(&format!("/admin/events/{id}/close"), json!({}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("INVALID_STATE"))
+    );
+
+    app.post(&format!("/admin/events/{id}/publish"), json!({}))
+        .await;
+    let (status, _) = app
+        .post(&format!("/admin/events/{id}/close"), json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let mut r = app.redis.clone();
+    let meta = app.key(&format!("{{ev:{id}}}:meta"));
+    assert_eq!(
+        r.hget::<_, _, String>(&meta, "status").await.unwrap(),
+        "closed"
+    );
+    assert!(
+        r.hget::<_, _, String>(app.key("sales"), id)
+            .await
+            .unwrap()
+            .starts_with("closed:")
+    );
+    // A closed sale is reopened, not published.
+    let (status, _) = app
+        .post(&format!("/admin/events/{id}/publish"), json!({}))
+        .await;
+    assert_eq!(status, 409);
+
+    let (status, body) = app
+        .post(&format!("/admin/events/{id}/reopen"), json!({}))
+        .await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("PUBLISHED")));
+    assert_eq!(
+        r.hget::<_, _, String>(&meta, "status").await.unwrap(),
+        "open"
+    );
+    assert_eq!(
+        app.count(&format!(
+            "SELECT COUNT(*) FROM event WHERE id = {id} AND status = 'PUBLISHED'"
+        ))
+        .await,
+        1
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_scheduler_preloads_a_published_event_whose_keys_are_gone() {
+    let app = spawn_app().await;
+    let (_, created) = app.post("/admin/events", concert()).await;
+    let id = created["event_id"].as_u64().unwrap();
+    app.post(&format!("/admin/events/{id}/publish"), json!({}))
+        .await;
+    let mut r = app.redis.clone();
+    let meta = app.key(&format!("{{ev:{id}}}:meta"));
+    let stock = app.key(&format!("{{ev:{id}}}:stock"));
+    let _: () = r.del(&[&meta, &stock]).await.unwrap();
+    let mut back = false;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if r.exists::<_, bool>(&stock).await.unwrap() && r.exists::<_, bool>(&meta).await.unwrap() {
+            back = true;
+            break;
+        }
+    }
+    assert!(
+        back,
+        "the scheduler did not preload the event again within 5 s"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn stats_show_every_category_with_redis_and_mysql_figures() {
+    let app = spawn_app().await;
+    let (_, created) = app.post("/admin/events", concert()).await;
+    let id = created["event_id"].as_u64().unwrap();
+    let (status, before) = app.get(&format!("/admin/events/{id}/stats")).await;
+    assert_eq!(status, 200);
+    assert_eq!(before["categories"][0]["redis_available"], json!(null));
+    app.post(&format!("/admin/events/{id}/publish"), json!({}))
+        .await;
+    let (_, stats) = app.get(&format!("/admin/events/{id}/stats")).await;
+    let ga = &stats["categories"][0];
+    for field in [
+        "category_id",
+        "name",
+        "total",
+        "redis_available",
+        "queued",
+        "unpaid",
+        "paid",
+        "db_remain",
+    ] {
+        assert!(ga.get(field).is_some(), "missing {field} in {ga}");
+    }
+    assert_eq!(
+        (
+            ga["total"].as_u64(),
+            ga["redis_available"].as_i64(),
+            ga["db_remain"].as_i64()
+        ),
+        (Some(300), Some(300), Some(300))
+    );
+    assert_eq!(stats["categories"][1]["total"], 200);
+    let (status, _) = app.get("/admin/events/999999/stats").await;
+    assert_eq!(status, 404);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn admin_calls_need_the_admin_token() {
+    let app = spawn_app().await;
+    for token in [None, Some("wrong-token-of-good-length")] {
+        let mut req = app
+            .http
+            .post(format!("{}/admin/events", app.admin_url))
+            .json(&concert());
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 401);
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "UNAUTHORIZED");
+    }
+    assert_eq!(app.count("SELECT COUNT(*) FROM event").await, 0);
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.admin_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 401);
+    app.stop().await;
+}

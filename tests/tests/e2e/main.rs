@@ -1,0 +1,6 @@
+//! End-to-end tests against the real stack: one binary, one module per area.
+
+mod admin_events;
+mod admin_users;
+mod edge;
+mod health;
