@@ -208,6 +208,37 @@ impl TestApp {
         conn.query_first::<u64, _>(sql).await.unwrap().unwrap_or(0)
     }
 
+    /// Creates an event; returns its id and its category ids in order.
+    pub async fn create_event(&self, body: Value) -> (u64, Vec<u64>) {
+        let (status, created) = self.post("/admin/events", body).await;
+        assert_eq!(status, 201, "{created}");
+        let categories = created["categories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_u64().unwrap())
+            .collect();
+        (created["event_id"].as_u64().unwrap(), categories)
+    }
+
+    /// Publishes an event; returns the answer's body.
+    pub async fn publish(&self, event_id: u64) -> Value {
+        let (status, body) = self
+            .post(&format!("/admin/events/{event_id}/publish"), Value::Null)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// The event's status column in MySQL.
+    pub async fn event_status(&self, event_id: u64) -> String {
+        let mut conn = self.mysql.get_conn().await.unwrap();
+        conn.exec_first("SELECT status FROM event WHERE id = ?", (event_id,))
+            .await
+            .unwrap()
+            .unwrap_or_default()
+    }
+
     /// A key of this app's, with its prefix.
     pub fn key(&self, suffix: &str) -> String {
         format!("{}{suffix}", self.prefix)
@@ -241,6 +272,24 @@ pub fn concert() -> Value {
             {"name": "Seated", "price_cents": 9000, "seats": {"rows": 10, "cols": 20}},
         ],
     })
+}
+
+/// Polls `check` every 100 ms until it holds or `within` passes; whether it held.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Ports that were free a moment ago (bound to 0, then released).

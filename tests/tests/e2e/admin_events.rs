@@ -1,36 +1,21 @@
+use std::collections::HashMap;
+use std::time::Duration;
+
 use redis::AsyncCommands;
 use serde_json::json;
-use stampede_e2e::{concert, spawn_app};
+use stampede_e2e::{concert, eventually, spawn_app};
 
 #[tokio::test]
 async fn creating_an_event_writes_it_its_categories_and_seats_to_mysql() {
     let app = spawn_app().await;
-    let (status, body) = app.post("/admin/events", concert()).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["event_id"].as_u64().unwrap();
-    assert_eq!(body["categories"].as_array().unwrap().len(), 2);
-
-    assert_eq!(
-        app.count(&format!(
-            "SELECT COUNT(*) FROM event WHERE id = {id} AND status = 'DRAFT'"
-        ))
-        .await,
-        1
-    );
-    assert_eq!(
-        app.count(&format!(
-            "SELECT SUM(total) FROM ticket_category WHERE event_id = {id} AND remain = total"
-        ))
-        .await,
-        500
-    );
-    assert_eq!(
-        app.count(&format!(
-            "SELECT COUNT(*) FROM seat WHERE event_id = {id} AND status = 'FREE'"
-        ))
-        .await,
-        200
-    );
+    let (id, categories) = app.create_event(concert()).await;
+    assert_eq!(categories.len(), 2);
+    assert_eq!(app.event_status(id).await, "DRAFT");
+    let sql =
+        format!("SELECT SUM(total) FROM ticket_category WHERE event_id = {id} AND remain = total");
+    assert_eq!(app.count(&sql).await, 500);
+    let sql = format!("SELECT COUNT(*) FROM seat WHERE event_id = {id} AND status = 'FREE'");
+    assert_eq!(app.count(&sql).await, 200);
 
     let (status, event) = app.get(&format!("/admin/events/{id}")).await;
     assert_eq!(status, 200);
@@ -39,30 +24,33 @@ async fn creating_an_event_writes_it_its_categories_and_seats_to_mysql() {
         event["categories"][1]["seats"],
         json!({"rows": 10, "cols": 20})
     );
+    let (status, _) = app.get("/admin/events/999999").await;
+    assert_eq!(status, 404);
     app.stop().await;
 }
 
 #[tokio::test]
 async fn bad_admin_input_gets_400_and_leaves_no_rows() {
     let app = spawn_app().await;
-    let mut bad_times = concert();
-    bad_times["sale_start"] = json!("2031-06-01T13:00:00Z"); // after sale_end
-    let mut not_a_time = concert();
-    not_a_time["show_time"] = json!("next friday");
-    let mut no_categories = concert();
-    no_categories["categories"] = json!([]);
-    let mut zero_seats = concert();
-    zero_seats["categories"][1]["seats"]["rows"] = json!(0);
-    let mut negative_quantity = concert();
-    negative_quantity["categories"][0]["quantity"] = json!(-5);
+    let with = |pointer: &str, value: serde_json::Value| {
+        let mut body = concert();
+        *body.pointer_mut(pointer).unwrap() = value;
+        body
+    };
     let mut unknown_field = concert();
     unknown_field["colour"] = json!("red");
     for (why, body) in [
-        ("sale window reversed", bad_times),
-        ("not a time", not_a_time),
-        ("no categories", no_categories),
-        ("zero rows", zero_seats),
-        ("negative quantity", negative_quantity),
+        (
+            "sale window reversed",
+            with("/sale_start", json!("2031-06-01T13:00:00Z")),
+        ),
+        ("not a time", with("/show_time", json!("next friday"))),
+        ("no categories", with("/categories", json!([]))),
+        ("zero rows", with("/categories/1/seats/rows", json!(0))),
+        (
+            "negative quantity",
+            with("/categories/0/quantity", json!(-5)),
+        ),
         ("unknown field", unknown_field),
     ] {
         let (status, answer) = app.post("/admin/events", body).await;
@@ -95,25 +83,18 @@ async fn bad_admin_input_gets_400_and_leaves_no_rows() {
 #[tokio::test]
 async fn publishing_preloads_stock_seats_and_the_sale_window_into_redis() {
     let app = spawn_app().await;
-    let (_, created) = app.post("/admin/events", concert()).await;
-    let id = created["event_id"].as_u64().unwrap();
-    let ga = created["categories"][0]["id"].as_u64().unwrap();
-    let seated = created["categories"][1]["id"].as_u64().unwrap();
-
-    let (status, body) = app
-        .post(&format!("/admin/events/{id}/publish"), json!({}))
-        .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["status"], "PUBLISHED");
+    let (id, categories) = app.create_event(concert()).await;
+    let (ga, seated) = (categories[0], categories[1]);
+    assert_eq!(app.publish(id).await["status"], "PUBLISHED");
+    assert_eq!(app.event_status(id).await, "PUBLISHED");
 
     let mut r = app.redis.clone();
-    let stock: std::collections::HashMap<u64, i64> = r
+    let stock: HashMap<u64, i64> = r
         .hgetall(app.key(&format!("{{ev:{id}}}:stock")))
         .await
         .unwrap();
-    assert_eq!(stock.get(&ga), Some(&300));
-    assert_eq!(stock.get(&seated), Some(&200));
-    let seats: std::collections::HashMap<String, String> = r
+    assert_eq!(stock, HashMap::from([(ga, 300), (seated, 200)]));
+    let seats: HashMap<String, String> = r
         .hgetall(app.key(&format!("{{ev:{id}}}:seats:{seated}")))
         .await
         .unwrap();
@@ -125,47 +106,34 @@ async fn publishing_preloads_stock_seats_and_the_sale_window_into_redis() {
         .await
         .unwrap();
     assert_eq!(row_free, vec![20; 10]);
-    let status_field: String = r
-        .hget(app.key(&format!("{{ev:{id}}}:meta")), "status")
+    let meta: HashMap<String, String> = r
+        .hgetall(app.key(&format!("{{ev:{id}}}:meta")))
         .await
         .unwrap();
-    assert_eq!(status_field, "open");
-    let start: i64 = r
-        .hget(app.key(&format!("{{ev:{id}}}:meta")), "sale_start_ms")
-        .await
-        .unwrap();
-    assert_eq!(start, 1_577_836_800_000);
+    assert_eq!(meta["status"], "open");
+    assert_eq!(meta["sale_start_ms"], "1577836800000");
+    assert_eq!(meta["per_user_limit"], "4");
+    assert_eq!(meta["categories"], format!("{ga},{seated}"));
     let index: String = r.hget(app.key("sales"), id).await.unwrap();
     assert_eq!(index, "open:1577836800000:1938081600000");
-    assert_eq!(
-        app.count(&format!(
-            "SELECT COUNT(*) FROM event WHERE id = {id} AND status = 'PUBLISHED'"
-        ))
-        .await,
-        1
-    );
     app.stop().await;
 }
 
 #[tokio::test]
 async fn publishing_again_during_a_sale_never_resets_stock() {
     let app = spawn_app().await;
-    let (_, created) = app.post("/admin/events", concert()).await;
-    let id = created["event_id"].as_u64().unwrap();
-    let ga = created["categories"][0]["id"].as_u64().unwrap();
-    app.post(&format!("/admin/events/{id}/publish"), json!({}))
-        .await;
+    let (id, categories) = app.create_event(concert()).await;
+    app.publish(id).await;
     let mut r = app.redis.clone();
     let stock_key = app.key(&format!("{{ev:{id}}}:stock"));
     // A sale has taken 7 units.
-    let _: i64 = r.hincr(&stock_key, ga, -7).await.unwrap();
-    let (status, body) = app
-        .post(&format!("/admin/events/{id}/publish"), json!({}))
-        .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["preload"]["stock_written"], 0);
-    assert_eq!(body["preload"]["seat_maps_written"], 0);
-    let left: i64 = r.hget(&stock_key, ga).await.unwrap();
+    let _: i64 = r.hincr(&stock_key, categories[0], -7).await.unwrap();
+    let again = app.publish(id).await;
+    assert_eq!(
+        again["preload"],
+        json!({"stock_written": 0, "seat_maps_written": 0})
+    );
+    let left: i64 = r.hget(&stock_key, categories[0]).await.unwrap();
     assert_eq!(left, 293);
     app.stop().await;
 }
@@ -173,23 +141,22 @@ async fn publishing_again_during_a_sale_never_resets_stock() {
 #[tokio::test]
 async fn close_and_reopen_move_the_sale_in_mysql_and_redis() {
     let app = spawn_app().await;
-    let (_, created) = app.post("/admin/events", concert()).await;
-    let id = created["event_id"].as_u64().unwrap();
-    // A draft cannot be closed.
+    let (id, _) = app.create_event(concert()).await;
     let (status, body) = app
         .post(&format!("/admin/events/{id}/close"), json!({}))
         .await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
-        (409, Some("INVALID_STATE"))
+        (409, Some("INVALID_STATE")),
+        "a draft cannot be closed"
     );
 
-    app.post(&format!("/admin/events/{id}/publish"), json!({}))
-        .await;
+    app.publish(id).await;
     let (status, _) = app
         .post(&format!("/admin/events/{id}/close"), json!({}))
         .await;
     assert_eq!(status, 200);
+    assert_eq!(app.event_status(id).await, "CLOSED");
     let mut r = app.redis.clone();
     let meta = app.key(&format!("{{ev:{id}}}:meta"));
     assert_eq!(
@@ -202,11 +169,10 @@ async fn close_and_reopen_move_the_sale_in_mysql_and_redis() {
             .unwrap()
             .starts_with("closed:")
     );
-    // A closed sale is reopened, not published.
     let (status, _) = app
         .post(&format!("/admin/events/{id}/publish"), json!({}))
         .await;
-    assert_eq!(status, 409);
+    assert_eq!(status, 409, "a closed sale is reopened, not published");
 
     let (status, body) = app
         .post(&format!("/admin/events/{id}/reopen"), json!({}))
@@ -216,35 +182,28 @@ async fn close_and_reopen_move_the_sale_in_mysql_and_redis() {
         r.hget::<_, _, String>(&meta, "status").await.unwrap(),
         "open"
     );
-    assert_eq!(
-        app.count(&format!(
-            "SELECT COUNT(*) FROM event WHERE id = {id} AND status = 'PUBLISHED'"
-        ))
-        .await,
-        1
-    );
+    assert_eq!(app.event_status(id).await, "PUBLISHED");
     app.stop().await;
 }
 
 #[tokio::test]
 async fn the_scheduler_preloads_a_published_event_whose_keys_are_gone() {
     let app = spawn_app().await;
-    let (_, created) = app.post("/admin/events", concert()).await;
-    let id = created["event_id"].as_u64().unwrap();
-    app.post(&format!("/admin/events/{id}/publish"), json!({}))
-        .await;
-    let mut r = app.redis.clone();
-    let meta = app.key(&format!("{{ev:{id}}}:meta"));
-    let stock = app.key(&format!("{{ev:{id}}}:stock"));
-    let _: () = r.del(&[&meta, &stock]).await.unwrap();
-    let mut back = false;
-    for _ in 0..50 {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        if r.exists::<_, bool>(&stock).await.unwrap() && r.exists::<_, bool>(&meta).await.unwrap() {
-            back = true;
-            break;
+    let (id, _) = app.create_event(concert()).await;
+    app.publish(id).await;
+    let r = app.redis.clone();
+    let (meta, stock) = (
+        app.key(&format!("{{ev:{id}}}:meta")),
+        app.key(&format!("{{ev:{id}}}:stock")),
+    );
+    let _: () = r.clone().del(&[&meta, &stock]).await.unwrap();
+    let back = eventually(Duration::from_secs(5), || {
+        let (mut r, meta, stock) = (r.clone(), meta.clone(), stock.clone());
+        async move {
+            r.exists::<_, bool>(&stock).await.unwrap() && r.exists::<_, bool>(&meta).await.unwrap()
         }
-    }
+    })
+    .await;
     assert!(
         back,
         "the scheduler did not preload the event again within 5 s"
@@ -255,13 +214,11 @@ async fn the_scheduler_preloads_a_published_event_whose_keys_are_gone() {
 #[tokio::test]
 async fn stats_show_every_category_with_redis_and_mysql_figures() {
     let app = spawn_app().await;
-    let (_, created) = app.post("/admin/events", concert()).await;
-    let id = created["event_id"].as_u64().unwrap();
+    let (id, _) = app.create_event(concert()).await;
     let (status, before) = app.get(&format!("/admin/events/{id}/stats")).await;
     assert_eq!(status, 200);
     assert_eq!(before["categories"][0]["redis_available"], json!(null));
-    app.post(&format!("/admin/events/{id}/publish"), json!({}))
-        .await;
+    app.publish(id).await;
     let (_, stats) = app.get(&format!("/admin/events/{id}/stats")).await;
     let ga = &stats["categories"][0];
     for field in [

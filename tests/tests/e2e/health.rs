@@ -1,7 +1,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use stampede_e2e::{Stack, free_port, root, spawn_app, spawn_app_with, test_settings};
+use stampede_e2e::{Stack, eventually, free_port, root, spawn_app, spawn_app_with, test_settings};
 
 #[tokio::test]
 async fn readyz_is_ready_when_redis_mysql_and_rocketmq_answer() {
@@ -99,15 +99,12 @@ async fn stopping_the_broker_turns_readyz_to_503_and_status_names_it() {
 
     let down = own_stack(&dir, namesrv, broker, &["down", "broker"]);
     assert!(down.status.success());
-    let mut last = (0, serde_json::Value::Null);
-    for _ in 0..50 {
-        last = readyz().await;
-        if last.0 == 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(last.0, 503, "{}", last.1);
+    let went_down = eventually(Duration::from_secs(10), || async {
+        readyz().await.0 == 503
+    })
+    .await;
+    let last = readyz().await;
+    assert!(went_down, "{}", last.1);
     assert!(
         last.1["dependencies"]["rocketmq"]
             .as_str()
@@ -140,15 +137,11 @@ async fn stopping_the_broker_turns_readyz_to_503_and_status_names_it() {
             .status
             .success()
     );
-    let mut back = 0;
-    for _ in 0..50 {
-        back = readyz().await.0;
-        if back == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(back, 200);
+    let back = eventually(Duration::from_secs(10), || async {
+        readyz().await.0 == 200
+    })
+    .await;
+    assert!(back, "ready again once the broker is back");
     app.stop().await;
     own_stack(&dir, namesrv, broker, &["down"]);
     std::fs::remove_dir_all(&dir).ok();
@@ -210,19 +203,11 @@ async fn sigterm_stops_the_core_cleanly() {
         .spawn()
         .unwrap();
     let http = reqwest::Client::new();
-    let mut up = false;
-    for _ in 0..100 {
-        if http
-            .get(format!("http://127.0.0.1:{admin}/healthz"))
-            .send()
-            .await
-            .is_ok()
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let healthz = format!("http://127.0.0.1:{admin}/healthz");
+    let up = eventually(Duration::from_secs(10), || async {
+        http.get(&healthz).send().await.is_ok()
+    })
+    .await;
     assert!(up, "the core did not start");
     let pid = child.id().unwrap().to_string();
     assert!(
