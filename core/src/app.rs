@@ -11,12 +11,16 @@ use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::admission::throttle::Throttle;
 use crate::auth::token::TokenSigner;
+use crate::catalog::EventCache;
 use crate::config::Resolved;
 use crate::http::server::{self, Handler};
 use crate::http::{Request, Response};
+use crate::ids::{self, OrderIds};
 use crate::infra;
 use crate::keys::Keys;
+use crate::lock::Lock;
 use crate::metrics::Metrics;
 use crate::preload::Preloader;
 
@@ -32,6 +36,12 @@ pub struct AppState {
     pub tokens: TokenSigner,
     pub preloader: Preloader,
     pub metrics: Metrics,
+    /// Events as the hot path reads them (moka, short TTL).
+    pub events: EventCache,
+    /// The core's own rate limits, behind the edge's.
+    pub limits: Throttle,
+    /// Mints order numbers with this instance's leased worker id.
+    pub order_ids: Arc<OrderIds>,
 }
 
 /// Why the core could not start; the binary maps it to an exit code.
@@ -50,6 +60,7 @@ pub enum BuildError {
 /// A built core: connected, migrated, listening.
 pub struct App {
     state: Arc<AppState>,
+    worker_lease: Lock,
     public: TcpListener,
     admin: TcpListener,
     stop: watch::Sender<bool>,
@@ -106,6 +117,20 @@ impl App {
         let public = bind("public API", config.public_addr).await?;
         let admin = bind("admin API", config.admin_addr).await?;
         let keys = Keys::new(&s.redis.key_prefix);
+        let lease = Duration::from_secs(s.ids.worker_lease_s);
+        let worker_lease = ids::lease_worker_id(&mut redis.clone(), &keys, lease)
+            .await
+            .map_err(BuildError::Dependency)?;
+        let order_ids = Arc::new(OrderIds::new(ids::leased_id(&worker_lease)));
+        tracing::info!(
+            worker_id = order_ids.worker(),
+            "leased an order-number worker id"
+        );
+        let events = EventCache::new(
+            mysql.clone(),
+            Duration::from_millis(s.admission.event_cache_ttl_ms),
+        );
+        let limits = Throttle::new(&s.admission);
         let preloader = Preloader {
             redis: redis.clone(),
             mysql: mysql.clone(),
@@ -120,10 +145,14 @@ impl App {
             keys,
             preloader,
             metrics: Metrics::new(),
+            events,
+            limits,
+            order_ids,
         });
         let (stop, _) = watch::channel(false);
         Ok(App {
             state,
+            worker_lease,
             public,
             admin,
             stop,
@@ -146,6 +175,7 @@ impl App {
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let App {
             state,
+            worker_lease,
             public,
             admin,
             stop,
@@ -157,6 +187,26 @@ impl App {
             Duration::from_secs(p.window_s),
             stop.subscribe(),
         ));
+        let lease = tokio::spawn(ids::keep_lease(
+            worker_lease,
+            state.order_ids.clone(),
+            state.redis.clone(),
+            state.keys.clone(),
+            Duration::from_secs(state.config.settings.ids.worker_lease_s),
+            stop.subscribe(),
+        ));
+        let forget = tokio::spawn({
+            let (state, mut stop) = (state.clone(), stop.subscribe());
+            async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(30));
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => state.limits.forget_idle(),
+                        _ = stopped(&mut stop) => return,
+                    }
+                }
+            }
+        });
         tracing::info!(
             public = %public.local_addr()?, admin = %admin.local_addr()?, "stampede core serving"
         );
@@ -177,6 +227,8 @@ impl App {
             ),
         );
         scheduler.await.context("the preload scheduler panicked")?;
+        lease.await.context("the worker lease task panicked")?;
+        forget.await.context("the throttle cleaner panicked")?;
         state
             .mysql
             .clone()

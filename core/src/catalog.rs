@@ -9,6 +9,57 @@ use serde::Serialize;
 
 use crate::domain::event::{NewEvent, Stock};
 
+/// Events as the hot path reads them: from MySQL at most once per `ttl` per event, with
+/// concurrent misses coalesced, so a cold cache in a stampede costs one query, not one
+/// per buyer. Missing events are cached too (as None), so bogus ids cannot hammer MySQL.
+pub struct EventCache {
+    pool: Pool,
+    events: moka::future::Cache<u64, Option<std::sync::Arc<EventRecord>>>,
+    listing: moka::future::Cache<(), std::sync::Arc<Vec<EventRecord>>>,
+}
+
+impl EventCache {
+    pub fn new(pool: Pool, ttl: std::time::Duration) -> EventCache {
+        EventCache {
+            pool,
+            events: moka::future::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(ttl)
+                .build(),
+            listing: moka::future::Cache::builder()
+                .max_capacity(1)
+                .time_to_live(ttl)
+                .build(),
+        }
+    }
+
+    pub async fn get(&self, event_id: u64) -> anyhow::Result<Option<std::sync::Arc<EventRecord>>> {
+        self.events
+            .try_get_with(event_id, async {
+                load(&self.pool, event_id)
+                    .await
+                    .map(|e| e.map(std::sync::Arc::new))
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:#}"))
+    }
+
+    /// Events buyers may see (published or closed), newest first, without categories.
+    pub async fn on_sale(&self) -> anyhow::Result<std::sync::Arc<Vec<EventRecord>>> {
+        self.listing
+            .try_get_with((), async {
+                let all = list(&self.pool, 1_000).await?;
+                anyhow::Ok(std::sync::Arc::new(
+                    all.into_iter()
+                        .filter(|e| e.status != EventStatus::Draft)
+                        .collect(),
+                ))
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:#}"))
+    }
+}
+
 /// Seats inserted per statement when an event is created.
 const SEAT_ROWS_PER_INSERT: usize = 5_000;
 

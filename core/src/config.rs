@@ -21,6 +21,8 @@ pub struct Settings {
     pub mysql: MysqlSettings,
     pub rocketmq: RocketmqSettings,
     pub auth: AuthSettings,
+    pub admission: AdmissionSettings,
+    pub ids: IdSettings,
     pub startup: StartupSettings,
     pub preload: PreloadSettings,
     pub log: LogSettings,
@@ -72,6 +74,23 @@ pub struct AuthSettings {
     pub admin_token_file: Option<PathBuf>,
     pub token_secret: Option<SecretString>,
     pub token_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionSettings {
+    pub token_ttl_s: u64,
+    pub event_cache_ttl_ms: u64,
+    /// Second-line rate limits, behind the edge's.
+    pub user_per_s: u32,
+    pub user_burst: u32,
+    pub global_per_s: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdSettings {
+    pub worker_lease_s: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -169,10 +188,20 @@ impl Settings {
         }
         redis::Client::open(self.redis.url.as_str())
             .map_err(|e| ConfigError(format!("redis.url: {e}")))?;
-        if !(1..=64).contains(&self.mysql.order_shards) {
+        if !(self.mysql.order_shards.is_power_of_two() && self.mysql.order_shards <= 64) {
             return Err(ConfigError(
-                "mysql.order_shards must be within 1..=64".into(),
+                "mysql.order_shards must be a power of two up to 64 (1, 2, 4 … 64)".into(),
             ));
+        }
+        let a = &self.admission;
+        if a.token_ttl_s == 0 || a.user_per_s == 0 || a.user_burst == 0 || a.global_per_s == 0 {
+            return Err(ConfigError(
+                "admission.token_ttl_s, user_per_s, user_burst and global_per_s must be positive"
+                    .into(),
+            ));
+        }
+        if self.ids.worker_lease_s < 3 {
+            return Err(ConfigError("ids.worker_lease_s must be at least 3".into()));
         }
         if self.mysql.pool_max == 0 {
             return Err(ConfigError("mysql.pool_max must be positive".into()));
@@ -316,9 +345,14 @@ mod tests {
         let mut s = with_secrets();
         s.server.admin_addr = "localhost".into();
         assert!(s.resolve().unwrap_err().0.contains("server.admin_addr"));
-        let mut s = with_secrets();
-        s.mysql.order_shards = 0;
-        assert!(s.resolve().unwrap_err().0.contains("order_shards"));
+        for shards in [0, 3, 128] {
+            let mut s = with_secrets();
+            s.mysql.order_shards = shards;
+            assert!(
+                s.resolve().unwrap_err().0.contains("order_shards"),
+                "{shards}"
+            );
+        }
         let mut s = with_secrets();
         s.redis.key_prefix = "a{b".into();
         assert!(s.resolve().unwrap_err().0.contains("key_prefix"));

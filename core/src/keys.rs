@@ -47,9 +47,40 @@ impl Keys {
         self.event_key(event_id, &format!("rowfree:{category_id}"))
     }
 
+    /// Hash: user id → units the user holds in this event (reserved, unpaid or paid).
+    pub fn held(&self, event_id: u64) -> String {
+        self.event_key(event_id, "held")
+    }
+
+    /// Hash: `<user id>:<Idempotency-Key>` → `<request id>|<fingerprint>|<seats>`.
+    pub fn idempotency(&self, event_id: u64) -> String {
+        self.event_key(event_id, "idem")
+    }
+
+    /// Hash: user id → the user's latest purchase: `QUEUED:<request id>`,
+    /// `CREATED:<order no>` or `FAILED:<reason>`.
+    pub fn purchase_status(&self, event_id: u64) -> String {
+        self.event_key(event_id, "status")
+    }
+
+    /// Stream: admitted reservations, read by the order workers.
+    pub fn order_stream(&self, event_id: u64) -> String {
+        self.event_key(event_id, "orders")
+    }
+
     /// String: the preload lock, holding its owner's token.
     pub fn preload_lock(&self, event_id: u64) -> String {
         self.event_key(event_id, "preload-lock")
+    }
+
+    /// String: the lease of order-id worker `id`, holding its owner's token.
+    pub fn worker_lease(&self, id: u64) -> String {
+        format!("{}worker:{id}", self.prefix)
+    }
+
+    /// Hash: edge limit name → JSON settings, overriding nginx.conf's defaults.
+    pub fn edge_limits(&self) -> String {
+        format!("{}edge:limits", self.prefix)
     }
 
     /// Hash: event id → `status:sale_start_ms:sale_end_ms`, read by the edge's refresh

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod app;
 pub mod auth;
 pub mod catalog;
@@ -10,8 +11,10 @@ pub mod config;
 pub mod domain;
 pub mod health;
 pub mod http;
+pub mod ids;
 pub mod infra;
 pub mod keys;
+pub mod lock;
 pub mod metrics;
 pub mod preload;
 pub mod public;

@@ -3,7 +3,7 @@
 -- KEYS[1]  the lock key
 -- ARGV[1]  the owner token written when the lock was taken
 --
--- Returns (mirrored by LockRelease in core/src/preload/lock.rs):
+-- Returns (mirrored by LockRelease in core/src/lock.rs):
 --    1  released
 --    0  not released: expired, or now held by another owner
 local rcall = redis.call

@@ -2,6 +2,7 @@
 //! metrics. Every call but the health probes needs `Authorization: Bearer <admin token>`.
 
 mod events;
+mod limits;
 mod stats;
 mod tokens;
 mod users;
@@ -30,7 +31,7 @@ pub async fn route(state: &AppState, req: Request) -> Response {
         )
     });
     if !authorized {
-        return ApiError::Unauthorized.into_response();
+        return ApiError::Unauthorized("missing or wrong admin token".into()).into_response();
     }
     let limit = state.config.settings.server.max_body_bytes;
     let outcome = match (&method, segs.as_slice()) {
@@ -58,6 +59,8 @@ pub async fn route(state: &AppState, req: Request) -> Response {
             Ok(id) => stats::event_stats(state, id).await,
             Err(e) => Err(e),
         },
+        (&Method::PUT, ["admin", "limits"]) => limits::put(state, req, limit).await,
+        (&Method::GET, ["admin", "limits"]) => limits::get(state).await,
         (&Method::POST, ["admin", "users"]) => users::create(state, req, limit).await,
         (&Method::POST, ["admin", "tokens"]) => tokens::issue(state, req, limit).await,
         _ => Err(not_found(&path)),

@@ -1,3 +1,4 @@
 //! Validated domain types: input becomes one of these before any Redis or MySQL call.
 
 pub mod event;
+pub mod limit;

@@ -10,8 +10,12 @@ pub enum ApiError {
     /// Input that fails validation; nothing was changed.
     #[error("{0}")]
     Invalid(String),
-    #[error("missing or wrong bearer token")]
-    Unauthorized,
+    /// Missing, malformed, forged or expired credentials (message says which).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// Not allowed now (code, message), e.g. NOT_OPEN outside the sale window.
+    #[error("{1}")]
+    Forbidden(&'static str, String),
     #[error("{0}")]
     NotFound(String),
     /// A business outcome that conflicts with the current state (code, message).
@@ -19,6 +23,8 @@ pub enum ApiError {
     Conflict(&'static str, String),
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
+    #[error("too many requests; retry in {retry_after_s} s")]
+    RateLimited { retry_after_s: u64 },
     /// A dependency is down or busy; the client may retry.
     #[error("{0}")]
     Unavailable(String),
@@ -30,10 +36,12 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(..) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(..) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -42,10 +50,12 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::Invalid(_) => "INVALID",
-            ApiError::Unauthorized => "UNAUTHORIZED",
+            ApiError::Unauthorized(_) => "UNAUTHORIZED",
+            ApiError::Forbidden(code, _) => code,
             ApiError::NotFound(_) => "NOT_FOUND",
             ApiError::Conflict(code, _) => code,
             ApiError::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
+            ApiError::RateLimited { .. } => "RATE_LIMITED",
             ApiError::Unavailable(_) => "UNAVAILABLE",
             ApiError::Unexpected(_) => "INTERNAL",
         }
@@ -60,16 +70,38 @@ impl ApiError {
             }
             other => other.to_string(),
         };
-        json(
+        let mut resp = json(
             self.status(),
             &serde_json::json!({"error": {"code": self.code(), "message": message}}),
-        )
+        );
+        if let ApiError::RateLimited { retry_after_s } = self {
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, retry_after_s.into());
+        }
+        resp
     }
 }
 
 impl From<mysql_async::Error> for ApiError {
     fn from(e: mysql_async::Error) -> Self {
         ApiError::Unexpected(anyhow::Error::new(e).context("MySQL call failed"))
+    }
+}
+
+impl From<crate::admission::Refusal> for ApiError {
+    fn from(r: crate::admission::Refusal) -> Self {
+        use crate::admission::Refusal;
+        let message = r.to_string();
+        match r {
+            Refusal::Invalid(m) => ApiError::Invalid(m),
+            Refusal::NoSuchEvent(_) => ApiError::NotFound(message),
+            Refusal::NotOpen => ApiError::Forbidden("NOT_OPEN", message),
+            Refusal::SoldOut => ApiError::Conflict("SOLD_OUT", message),
+            Refusal::LimitReached => ApiError::Conflict("LIMIT_REACHED", message),
+            Refusal::SeatTaken => ApiError::Conflict("SEAT_TAKEN", message),
+            Refusal::KeyReused => ApiError::Conflict("DUPLICATE", message),
+            Refusal::RateLimited { retry_after_s } => ApiError::RateLimited { retry_after_s },
+        }
     }
 }
 

@@ -4,8 +4,6 @@
 //! sale never hands out units twice. Guarded by a per-event lock, so two core
 //! instances never load one event at once.
 
-pub mod lock;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -16,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::catalog::{self, EventRecord, EventStatus};
 use crate::keys::{Keys, seat_state};
-use lock::Lock;
+use crate::lock::Lock;
 
 /// Fields per HSET when loading a seat hash.
 const SEAT_FIELDS_PER_HSET: usize = 10_000;

@@ -1,0 +1,99 @@
+//! Admission (DESIGN.md "Admission"): `POST /api/events/{id}/orders`. The request goes
+//! through the validation chain against the cached event, then one Lua script in Redis
+//! decides and records everything atomically. No lock is taken on this path.
+
+pub mod reserve;
+pub mod status;
+pub mod throttle;
+pub mod validate;
+
+use chrono::Utc;
+
+use crate::app::AppState;
+use reserve::Reserved;
+use validate::OrderBody;
+
+/// Why a purchase was not admitted. Each is an answer for the buyer, not a failure;
+/// their HTTP mapping is in `http::error`.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no event {0} on sale")]
+    NoSuchEvent(u64),
+    #[error("the sale is not open")]
+    NotOpen,
+    #[error("sold out")]
+    SoldOut,
+    #[error("the per-user limit for this event is reached")]
+    LimitReached,
+    #[error("a chosen seat is taken")]
+    SeatTaken,
+    #[error("this Idempotency-Key was used for a different purchase")]
+    KeyReused,
+    #[error("too many purchases; retry in {retry_after_s} s")]
+    RateLimited { retry_after_s: u64 },
+}
+
+/// What a buyer asked for, after validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Purchase {
+    pub event_id: u64,
+    pub category_id: u64,
+    pub user_id: u64,
+    pub quantity: u32,
+    pub seats: Seats,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seats {
+    /// An unseated category.
+    None,
+    /// The best free seats, `cols` per row (adjacent in one row when possible).
+    Best { cols: u32 },
+    /// These seats, `(row, col)`.
+    Chosen { cols: u32, seats: Vec<(u32, u32)> },
+}
+
+/// Admits one purchase: the governor, the validation chain, then the one script.
+pub async fn admit(
+    state: &AppState,
+    event_id: u64,
+    user_id: u64,
+    idempotency_key: &str,
+    body: OrderBody,
+) -> Result<Reserved, AdmissionError> {
+    state.limits.check(user_id)?;
+    let event = state
+        .events
+        .get(event_id)
+        .await?
+        .ok_or(Refusal::NoSuchEvent(event_id))?;
+    let purchase = validate::validate(&body, &event, user_id, Utc::now())?;
+    let request_id = state.order_ids.next(user_id);
+    let outcome = reserve::reserve(
+        &mut state.redis.clone(),
+        &state.keys,
+        &purchase,
+        request_id,
+        idempotency_key,
+        Utc::now().timestamp_millis(),
+    )
+    .await?;
+    Ok(outcome?)
+}
+
+/// A refusal for the buyer, or an infrastructure failure.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error(transparent)]
+    Unexpected(#[from] anyhow::Error),
+}
+
+impl From<redis::RedisError> for AdmissionError {
+    fn from(e: redis::RedisError) -> Self {
+        AdmissionError::Unexpected(anyhow::Error::new(e).context("Redis call failed"))
+    }
+}

@@ -1,0 +1,159 @@
+//! The one Redis round trip of an admission: `lua/redis/reserve.lua`.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionManager;
+
+use super::{Purchase, Refusal, Seats};
+use crate::keys::Keys;
+
+static RESERVE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/reserve.lua")));
+
+/// The return codes of `reserve.lua`, one to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReserveCode {
+    Queued = 1,
+    Replayed = 2,
+    NotLoaded = -1,
+    NotOpen = -2,
+    SoldOut = -3,
+    LimitReached = -4,
+    SeatTaken = -5,
+    UnknownCategory = -6,
+    UnknownSeat = -7,
+    KeyReused = -8,
+}
+
+impl ReserveCode {
+    pub const ALL: [ReserveCode; 10] = [
+        ReserveCode::Queued,
+        ReserveCode::Replayed,
+        ReserveCode::NotLoaded,
+        ReserveCode::NotOpen,
+        ReserveCode::SoldOut,
+        ReserveCode::LimitReached,
+        ReserveCode::SeatTaken,
+        ReserveCode::UnknownCategory,
+        ReserveCode::UnknownSeat,
+        ReserveCode::KeyReused,
+    ];
+
+    pub fn from_code(code: i64) -> anyhow::Result<ReserveCode> {
+        ReserveCode::ALL
+            .into_iter()
+            .find(|c| *c as i64 == code)
+            .ok_or_else(|| anyhow::anyhow!("reserve.lua returned unknown code {code}"))
+    }
+
+    /// The buyer's answer for a refusing code; None for the two admitting ones.
+    pub fn refusal(self) -> Option<Refusal> {
+        Some(match self {
+            ReserveCode::Queued | ReserveCode::Replayed => return None,
+            // Not in Redis yet means not published: to the buyer, not open.
+            ReserveCode::NotLoaded | ReserveCode::NotOpen => Refusal::NotOpen,
+            ReserveCode::SoldOut => Refusal::SoldOut,
+            ReserveCode::LimitReached => Refusal::LimitReached,
+            ReserveCode::SeatTaken => Refusal::SeatTaken,
+            ReserveCode::UnknownCategory => Refusal::Invalid("no such category on sale".into()),
+            ReserveCode::UnknownSeat => Refusal::Invalid("no such seat in the category".into()),
+            ReserveCode::KeyReused => Refusal::KeyReused,
+        })
+    }
+}
+
+/// An admitted purchase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserved {
+    /// The request id, which is also the order number the order will have.
+    pub request_id: u64,
+    /// True when this answers a repeated Idempotency-Key; nothing new was reserved.
+    pub replayed: bool,
+    /// Seats taken, `"row:col"`.
+    pub seats: Vec<String>,
+}
+
+/// Runs the script; Ok(Err(refusal)) for a buyer's answer, Err for Redis trouble.
+pub async fn reserve(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    p: &Purchase,
+    request_id: u64,
+    idempotency_key: &str,
+    now_ms: i64,
+) -> anyhow::Result<Result<Reserved, Refusal>> {
+    let (mode, cols, chosen): (&str, u32, Vec<String>) = match &p.seats {
+        Seats::None => ("none", 0, Vec::new()),
+        Seats::Best { cols } => ("auto", *cols, Vec::new()),
+        Seats::Chosen { cols, seats } => (
+            "pick",
+            *cols,
+            seats.iter().map(|(r, c)| format!("{r}:{c}")).collect(),
+        ),
+    };
+    let e = p.event_id;
+    let (code, rid, seats): (i64, String, String) = RESERVE
+        .key(keys.event_meta(e))
+        .key(keys.stock(e))
+        .key(keys.sold_out(e))
+        .key(keys.held(e))
+        .key(keys.idempotency(e))
+        .key(keys.purchase_status(e))
+        .key(keys.order_stream(e))
+        .key(keys.seats(e, p.category_id))
+        .key(keys.row_free(e, p.category_id))
+        .arg(p.category_id)
+        .arg(p.user_id)
+        .arg(p.quantity)
+        .arg(request_id)
+        .arg(idempotency_key)
+        .arg(now_ms)
+        .arg(mode)
+        .arg(cols)
+        .arg(chosen)
+        .invoke_async(redis)
+        .await?;
+    let code = ReserveCode::from_code(code)?;
+    if let Some(refusal) = code.refusal() {
+        return Ok(Err(refusal));
+    }
+    Ok(Ok(Reserved {
+        request_id: rid.parse()?,
+        replayed: code == ReserveCode::Replayed,
+        seats: if seats.is_empty() {
+            Vec::new()
+        } else {
+            seats.split(',').map(str::to_owned).collect()
+        },
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_of_the_script_maps_to_one_variant() {
+        let script = include_str!("../../../lua/redis/reserve.lua");
+        for code in ReserveCode::ALL {
+            let n = code as i64;
+            let mut name = String::new();
+            for (i, ch) in format!("{code:?}").chars().enumerate() {
+                if ch.is_uppercase() && i > 0 {
+                    name.push('_');
+                }
+                name.push(ch.to_ascii_uppercase());
+            }
+            let documented = format!(" {n} {name} ");
+            assert!(
+                script.contains(&documented),
+                "{documented:?} is not in reserve.lua's header"
+            );
+            assert_eq!(ReserveCode::from_code(n).unwrap(), code);
+            let admits = matches!(code, ReserveCode::Queued | ReserveCode::Replayed);
+            assert_eq!(code.refusal().is_none(), admits, "{code:?}");
+        }
+        assert!(ReserveCode::from_code(0).is_err());
+        assert!(ReserveCode::from_code(-9).is_err());
+    }
+}

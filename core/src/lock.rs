@@ -1,0 +1,124 @@
+//! A Redis lock with an owner token (seed 004): taken with `SET NX PX`, renewed and
+//! released by Lua scripts that check the token, so one core instance can never free
+//! or extend a lock another one holds after its own has expired. Used by preload and
+//! by the order-id worker lease.
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+
+static RELEASE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/release_lock.lua")));
+static RENEW: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/renew_lock.lua")));
+
+/// The return codes of `release_lock.lua` and `renew_lock.lua`: 1 done, 0 not the owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owned {
+    Yes = 1,
+    No = 0,
+}
+
+impl Owned {
+    fn from_code(script: &str, code: i64) -> anyhow::Result<Owned> {
+        match code {
+            1 => Ok(Owned::Yes),
+            0 => Ok(Owned::No),
+            other => anyhow::bail!("{script} returned unknown code {other}"),
+        }
+    }
+}
+
+/// A held lock; release it with [`Lock::release`].
+#[derive(Debug)]
+pub struct Lock {
+    key: String,
+    token: String,
+}
+
+impl Lock {
+    /// Tries once to take `key` for `ttl`.
+    pub async fn try_acquire(
+        redis: &mut ConnectionManager,
+        key: String,
+        ttl: Duration,
+    ) -> redis::RedisResult<Option<Lock>> {
+        let token = format!("{:032x}", rand::random::<u128>());
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .query_async(redis)
+            .await?;
+        Ok(taken.map(|_| Lock { key, token }))
+    }
+
+    /// Tries to take `key` for `ttl`, waiting up to `wait`; None if someone else holds it.
+    pub async fn acquire(
+        redis: &mut ConnectionManager,
+        key: String,
+        ttl: Duration,
+        wait: Duration,
+    ) -> redis::RedisResult<Option<Lock>> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(lock) = Lock::try_acquire(redis, key.clone(), ttl).await? {
+                return Ok(Some(lock));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Extends the lock to `ttl` from now if still ours.
+    pub async fn renew(
+        &self,
+        redis: &mut ConnectionManager,
+        ttl: Duration,
+    ) -> anyhow::Result<Owned> {
+        let code: i64 = RENEW
+            .key(&self.key)
+            .arg(&self.token)
+            .arg(ttl.as_millis() as u64)
+            .invoke_async(redis)
+            .await?;
+        Owned::from_code("renew_lock.lua", code)
+    }
+
+    pub async fn release(self, redis: &mut ConnectionManager) -> anyhow::Result<Owned> {
+        let code: i64 = RELEASE
+            .key(&self.key)
+            .arg(&self.token)
+            .invoke_async(redis)
+            .await?;
+        let outcome = Owned::from_code("release_lock.lua", code)?;
+        if outcome == Owned::No {
+            tracing::warn!(
+                key = self.key,
+                "lock expired before release; the work outlived its ttl"
+            );
+        }
+        Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_code_maps_to_one_variant() {
+        assert_eq!(Owned::from_code("s", 1).unwrap(), Owned::Yes);
+        assert_eq!(Owned::from_code("s", 0).unwrap(), Owned::No);
+        assert!(Owned::from_code("s", 2).is_err());
+    }
+}

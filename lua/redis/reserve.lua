@@ -1,0 +1,141 @@
+-- reserve.lua: admit one purchase, atomically, in one round trip (DESIGN.md "Admission").
+-- Checks the idempotency key, the sale window, the per-user limit and the stock; takes
+-- the units (and seats), records the buyer and the request status, queues the
+-- reservation for the order workers, and flags the category sold out at 0.
+--
+-- KEYS[1] meta     hash   status, sale_start_ms, sale_end_ms, per_user_limit
+-- KEYS[2] stock    hash   category id → units available
+-- KEYS[3] soldout  hash   category id → 1 once stock reached 0
+-- KEYS[4] held     hash   user id → units the user holds in this event
+-- KEYS[5] idem     hash   "<user>:<key>" → "<request id>|<fingerprint>|<seats>"
+-- KEYS[6] status   hash   user id → "QUEUED:<request id>"
+-- KEYS[7] stream   stream reservations for the order workers
+-- KEYS[8] seats    hash   "row:col" → "F" free, "L:<request id>" locked (seated mode)
+-- KEYS[9] rowfree  hash   row → free seats in it (seated mode)
+-- For an unseated category KEYS[8] and KEYS[9] are the category's would-be seat keys;
+-- they are never touched. Every key carries the event's hash tag.
+--
+-- ARGV[1] category id      ARGV[2] user id       ARGV[3] quantity
+-- ARGV[4] request id (the order number)          ARGV[5] Idempotency-Key
+-- ARGV[6] now, ms since the epoch
+-- ARGV[7] seat mode: "none" (unseated), "auto" (best ARGV[3] seats), "pick" (ARGV[9..])
+-- ARGV[8] seat columns per row (seated modes), else "0"
+-- ARGV[9..] chosen seats "row:col" (mode "pick"), distinct
+--
+-- Returns {code, request id, seats "r:c,r:c"} (mirrored by ReserveCode in
+-- core/src/admission/reserve.rs):
+--    1 QUEUED            reserved now
+--    2 REPLAYED          same key, same request before: its request id and seats
+--   -1 NOT_LOADED        the event is not in Redis (not published)
+--   -2 NOT_OPEN          closed, or outside the sale window
+--   -3 SOLD_OUT          fewer units left than asked for
+--   -4 LIMIT_REACHED     the user would hold more than per_user_limit
+--   -5 SEAT_TAKEN        a chosen seat is not free, or no free seats to pick
+--   -6 UNKNOWN_CATEGORY  no stock entry for the category
+--   -7 UNKNOWN_SEAT      a chosen seat is not in the category
+--   -8 KEY_REUSED        the Idempotency-Key was used for a different request
+local rcall = redis.call
+local tonumber, concat, unpack = tonumber, table.concat, unpack
+
+local cid, user, qty = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local rid, key, now = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local mode, cols = ARGV[7], tonumber(ARGV[8])
+local chosen = {}
+for i = 9, #ARGV do chosen[#chosen + 1] = ARGV[i] end
+local fingerprint = cid .. ':' .. qty .. ':' .. mode .. ':' .. concat(chosen, ',')
+
+-- 1. A repeated key answers what it answered the first time.
+local idem_field = user .. ':' .. key
+local seen = rcall('HGET', KEYS[5], idem_field)
+if seen then
+  local first_rid, first_fp, first_seats = string.match(seen, '^([^|]*)|([^|]*)|(.*)$')
+  if first_fp ~= fingerprint then return {-8, first_rid, ''} end
+  return {2, first_rid, first_seats}
+end
+
+-- 2. The sale must be open now.
+local meta = rcall('HMGET', KEYS[1], 'status', 'sale_start_ms', 'sale_end_ms', 'per_user_limit')
+if not meta[1] then return {-1, '', ''} end
+if meta[1] ~= 'open' or now < tonumber(meta[2]) or now >= tonumber(meta[3]) then
+  return {-2, '', ''}
+end
+
+-- 3. Stock, then the user's limit across everything held in this event.
+local stock = rcall('HGET', KEYS[2], cid)
+if not stock then return {-6, '', ''} end
+if tonumber(stock) < qty then return {-3, '', ''} end
+local held = tonumber(rcall('HGET', KEYS[4], user) or '0')
+if held + qty > tonumber(meta[4]) then return {-4, '', ''} end
+
+-- 4. Seats: the chosen ones if all free, or the best free ones.
+local function row_of(seat) return string.match(seat, '^(%d+):') end
+
+local function row_seats(row)
+  local names = {}
+  for c = 1, cols do names[c] = row .. ':' .. c end
+  return names, rcall('HMGET', KEYS[8], unpack(names))
+end
+
+-- Adjacent seats in the lowest row that has them, else the first free seats in row
+-- order (the fewest rows). Reads only rows with enough free seats, never the whole map.
+local function pick_best(n)
+  local counts = rcall('HGETALL', KEYS[9])
+  local rows = {}
+  for i = 1, #counts, 2 do
+    local free = tonumber(counts[i + 1])
+    if free > 0 then rows[#rows + 1] = {tonumber(counts[i]), free} end
+  end
+  table.sort(rows, function(a, b) return a[1] < b[1] end)
+  for _, r in ipairs(rows) do
+    if r[2] >= n then
+      local names, states = row_seats(r[1])
+      local run = 0
+      for c = 1, cols do
+        if states[c] == 'F' then
+          run = run + 1
+          if run == n then return {unpack(names, c - n + 1, c)} end
+        else
+          run = 0
+        end
+      end
+    end
+  end
+  local taken = {}
+  for _, r in ipairs(rows) do
+    local names, states = row_seats(r[1])
+    for c = 1, cols do
+      if states[c] == 'F' then
+        taken[#taken + 1] = names[c]
+        if #taken == n then return taken end
+      end
+    end
+  end
+  return nil
+end
+
+local seats = {}
+if mode == 'pick' then
+  local states = rcall('HMGET', KEYS[8], unpack(chosen))
+  for i = 1, #chosen do
+    if not states[i] then return {-7, '', ''} end
+    if states[i] ~= 'F' then return {-5, '', ''} end
+  end
+  seats = chosen
+elseif mode == 'auto' then
+  seats = pick_best(qty)
+  if not seats then return {-5, '', ''} end
+end
+
+-- 5. Everything checked: take it.
+local lock = 'L:' .. rid
+for _, seat in ipairs(seats) do
+  rcall('HSET', KEYS[8], seat, lock)
+  rcall('HINCRBY', KEYS[9], row_of(seat), -1)
+end
+local seat_list = concat(seats, ',')
+if rcall('HINCRBY', KEYS[2], cid, -qty) == 0 then rcall('HSET', KEYS[3], cid, 1) end
+rcall('HINCRBY', KEYS[4], user, qty)
+rcall('HSET', KEYS[5], idem_field, rid .. '|' .. fingerprint .. '|' .. seat_list)
+rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)
+rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now)
+return {1, rid, seat_list}
