@@ -240,29 +240,40 @@ start_core() {
 # ---------------------------------------------------------------- edge
 health_edge() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$EDGE_PORT/edge/health" 2>/dev/null)" = ok ]; }
 EDGE_PREFIX=$STACK_DIR/nginx
-render_edge_conf() { # openresty/conf/nginx.conf with the stack's ports and paths → $1
-  sed -e "s#\${EDGE_PORT}#$EDGE_PORT#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
-    -e "s#\${STAMPEDE_ROOT}#$ROOT#g" "$ROOT/openresty/conf/nginx.conf" >"$1"
+render_edge_conf() { # every file of openresty/conf/, ports and paths filled in → dir $1
+  mkdir -p "$1"
+  local f
+  for f in "$ROOT"/openresty/conf/*; do
+    sed -e "s#\${EDGE_PORT}#$EDGE_PORT#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
+      -e "s#\${REDIS_PORT}#$REDIS_PORT#g" -e "s#\${STAMPEDE_ROOT}#$ROOT#g" "$f" >"$1/$(basename "$f")"
+  done
 }
 start_edge() {
   if alive edge && health_edge; then
-    # Running: pick up an edited nginx.conf with a graceful reload, else leave it be.
-    render_edge_conf "$EDGE_PREFIX/conf/nginx.conf.new"
-    if cmp -s "$EDGE_PREFIX/conf/nginx.conf.new" "$EDGE_PREFIX/conf/nginx.conf"; then
-      rm "$EDGE_PREFIX/conf/nginx.conf.new"
+    # Running: pick up an edited openresty/conf with a graceful reload, else leave it be.
+    rm -rf "$EDGE_PREFIX/conf.new"
+    render_edge_conf "$EDGE_PREFIX/conf.new"
+    if diff -rq "$EDGE_PREFIX/conf.new" "$EDGE_PREFIX/conf" >/dev/null; then
+      rm -rf "$EDGE_PREFIX/conf.new"
       say "  edge: already running on 127.0.0.1:$EDGE_PORT"
     else
-      nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf.new -t -q || die "nginx rejected openresty/conf/nginx.conf"
-      mv "$EDGE_PREFIX/conf/nginx.conf.new" "$EDGE_PREFIX/conf/nginx.conf"
+      STAMPEDE_TOKEN_SECRET=x nginx -p "$EDGE_PREFIX/" -c conf.new/nginx.conf -t -q \
+        || die "nginx rejected openresty/conf/nginx.conf"
+      rm -rf "$EDGE_PREFIX/conf.old" && mv "$EDGE_PREFIX/conf" "$EDGE_PREFIX/conf.old"
+      mv "$EDGE_PREFIX/conf.new" "$EDGE_PREFIX/conf" && rm -rf "$EDGE_PREFIX/conf.old"
       kill -HUP "$(pid_of edge)"
-      say "  edge: nginx.conf changed; reloaded"
+      say "  edge: openresty/conf changed; reloaded"
     fi
     return 0
   fi
   before_start edge "$EDGE_PORT" EDGE_PORT || return 0
-  mkdir -p "$EDGE_PREFIX/conf" "$EDGE_PREFIX/logs" "$EDGE_PREFIX/temp"
+  secret_file token.secret >/dev/null
+  mkdir -p "$EDGE_PREFIX/logs" "$EDGE_PREFIX/temp"
   chmod 0777 "$EDGE_PREFIX/temp" # workers run as nobody and buffer request bodies here
-  render_edge_conf "$EDGE_PREFIX/conf/nginx.conf"
+  rm -rf "$EDGE_PREFIX/conf"
+  render_edge_conf "$EDGE_PREFIX/conf"
+  export STAMPEDE_TOKEN_SECRET
+  STAMPEDE_TOKEN_SECRET=$(cat "$STACK_DIR/token.secret")
   nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf -t -q || die "nginx rejected openresty/conf/nginx.conf"
   nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf
   wait_for edge 20 || die "the edge did not come up; see $EDGE_PREFIX/logs/error.log"

@@ -72,6 +72,7 @@ impl Stack {
 
 /// A core of the test's own, running in-process.
 pub struct TestApp {
+    pub admin_api: AdminClient,
     pub admin_url: String,
     pub public_url: String,
     pub admin_token: String,
@@ -142,7 +143,23 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
         .await
         .expect("Redis of the test stack");
     use secrecy::ExposeSecret;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let admin_token = settings
+        .auth
+        .admin_token
+        .clone()
+        .unwrap()
+        .expose_secret()
+        .to_owned();
     TestApp {
+        admin_api: AdminClient {
+            http: http.clone(),
+            url: admin_url.clone(),
+            token: admin_token,
+        },
         admin_url,
         public_url,
         admin_token: settings
@@ -161,18 +178,23 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
         prefix,
         mysql,
         redis,
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap(),
+        http,
         stopper,
         task,
     }
 }
 
-impl TestApp {
+/// An admin API with its token.
+#[derive(Clone)]
+pub struct AdminClient {
+    pub http: reqwest::Client,
+    pub url: String,
+    pub token: String,
+}
+
+impl AdminClient {
     /// An admin call with the admin token; returns status and JSON body.
-    pub async fn admin(
+    pub async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -180,8 +202,8 @@ impl TestApp {
     ) -> (u16, Value) {
         let mut req = self
             .http
-            .request(method, format!("{}{path}", self.admin_url))
-            .bearer_auth(&self.admin_token);
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.token);
         if let Some(body) = body {
             req = req.json(&body);
         }
@@ -195,17 +217,11 @@ impl TestApp {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        self.admin(reqwest::Method::GET, path, None).await
+        self.call(reqwest::Method::GET, path, None).await
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        self.admin(reqwest::Method::POST, path, Some(body)).await
-    }
-
-    /// One number from MariaDB.
-    pub async fn count(&self, sql: &str) -> u64 {
-        let mut conn = self.mysql.get_conn().await.unwrap();
-        conn.query_first::<u64, _>(sql).await.unwrap().unwrap_or(0)
+        self.call(reqwest::Method::POST, path, Some(body)).await
     }
 
     /// Creates an event; returns its id and its category ids in order.
@@ -228,6 +244,47 @@ impl TestApp {
             .await;
         assert_eq!(status, 200, "{body}");
         body
+    }
+
+    /// `count` new users with tokens valid for an hour.
+    pub async fn buyers(&self, count: u64) -> Vec<Buyer> {
+        let (status, users) = self
+            .post("/admin/users", serde_json::json!({"count": count}))
+            .await;
+        assert_eq!(status, 201, "{users}");
+        let first = users["first_user_id"].as_u64().unwrap();
+        let (status, tokens) = self
+            .post(
+                "/admin/tokens",
+                serde_json::json!({"first_user_id": first, "count": count, "ttl_s": 3600}),
+            )
+            .await;
+        assert_eq!(status, 200, "{tokens}");
+        tokens["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Buyer {
+                user_id: first + i as u64,
+                token: t.as_str().unwrap().to_owned(),
+            })
+            .collect()
+    }
+}
+
+impl std::ops::Deref for TestApp {
+    type Target = AdminClient;
+    fn deref(&self) -> &AdminClient {
+        &self.admin_api
+    }
+}
+
+impl TestApp {
+    /// One number from MariaDB.
+    pub async fn count(&self, sql: &str) -> u64 {
+        let mut conn = self.mysql.get_conn().await.unwrap();
+        conn.query_first::<u64, _>(sql).await.unwrap().unwrap_or(0)
     }
 
     /// The event's status column in MySQL.
@@ -299,4 +356,120 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A buyer: a user id and a signed token, from the admin API.
+pub struct Buyer {
+    pub user_id: u64,
+    pub token: String,
+}
+
+impl TestApp {
+    /// A purchase through this core's public port: status and body.
+    pub async fn buy(&self, event_id: u64, buyer: &Buyer, key: &str, body: Value) -> (u16, Value) {
+        purchase(
+            &self.http,
+            &self.public_url,
+            event_id,
+            &buyer.token,
+            key,
+            body,
+        )
+        .await
+    }
+}
+
+/// `POST {base}/api/events/{id}/orders` with a token and an Idempotency-Key.
+pub async fn purchase(
+    http: &reqwest::Client,
+    base: &str,
+    event_id: u64,
+    token: &str,
+    key: &str,
+    body: Value,
+) -> (u16, Value) {
+    let resp = http
+        .post(format!("{base}/api/events/{event_id}/orders"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&body)
+        .send()
+        .await
+        .expect("the purchase gets an answer");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// The test stack's own core and edge (ports of `make test`), shared by the edge tests.
+pub struct StackApp {
+    pub admin: AdminClient,
+    pub edge_url: String,
+    pub redis: redis::aio::MultiplexedConnection,
+    pub http: reqwest::Client,
+}
+
+/// The stack's core and edge, and the lock every test that uses them holds: they share
+/// one edge, whose limits a test may change.
+pub async fn stack_app() -> (StackApp, tokio::sync::MutexGuard<'static, ()>) {
+    static EDGE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let guard = EDGE.lock().await;
+    let stack = Stack::from_env();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(512)
+        .build()
+        .unwrap();
+    let app = StackApp {
+        admin: AdminClient {
+            http: http.clone(),
+            url: format!("http://127.0.0.1:{}", stack.admin_port),
+            token: stack.secret("admin.token"),
+        },
+        edge_url: format!("http://127.0.0.1:{}", stack.edge_port),
+        redis: redis::Client::open(format!("redis://127.0.0.1:{}/", stack.redis_port).as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("the test stack's Redis"),
+        http,
+    };
+    (app, guard)
+}
+
+impl StackApp {
+    /// The stack core's keys use the default prefix.
+    pub fn key(&self, suffix: &str) -> String {
+        format!("stampede:{suffix}")
+    }
+
+    /// A purchase through the edge.
+    pub async fn buy(&self, event_id: u64, buyer: &Buyer, key: &str, body: Value) -> (u16, Value) {
+        purchase(
+            &self.http,
+            &self.edge_url,
+            event_id,
+            &buyer.token,
+            key,
+            body,
+        )
+        .await
+    }
+}
+
+/// A small event on sale now: `units` unseated units and a rows × cols seated block.
+pub fn small_sale(units: u32, rows: u32, cols: u32, per_user_limit: u32) -> Value {
+    serde_json::json!({
+        "title": "Small sale", "venue": "Loopback",
+        "show_time": "2031-06-01T20:00:00Z",
+        "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+        "per_user_limit": per_user_limit, "pay_timeout_s": 900,
+        "categories": [
+            {"name": "GA", "price_cents": 5000, "quantity": units},
+            {"name": "Seated", "price_cents": 9000, "seats": {"rows": rows, "cols": cols}},
+        ],
+    })
 }

@@ -1,53 +1,53 @@
-//! The edge of the test stack (nginx + Lua), in front of the test stack's core.
+//! Through the real nginx + Lua edge of the test stack, in front of the stack's core.
+//! These tests share that edge (and may change its limits), so each holds its lock.
 
-use stampede_e2e::Stack;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
-fn edge(path: &str) -> String {
-    format!("http://127.0.0.1:{}{path}", Stack::from_env().edge_port)
+use redis::AsyncCommands;
+use serde_json::json;
+use stampede_core::auth::token::TokenSigner;
+use stampede_e2e::{Stack, StackApp, eventually, small_sale, stack_app};
+
+async fn edge_get(app: &StackApp, path: &str, token: Option<&str>) -> reqwest::Response {
+    let mut req = app.http.get(format!("{}{path}", app.edge_url));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    req.send().await.expect("the test stack's edge answers")
+}
+
+/// Creates and publishes a sale, then waits until the edge knows it is open.
+async fn open_sale(app: &StackApp, sale: serde_json::Value) -> (u64, Vec<u64>) {
+    let (event, categories) = app.admin.create_event(sale).await;
+    app.admin.publish(event).await;
+    let probe = app.admin.buyers(1).await.remove(0);
+    let known = eventually(Duration::from_secs(3), || async {
+        // An empty body reaches the core (400) once the edge's gate lets the event through.
+        let (status, _) = app.buy(event, &probe, "probe", json!({})).await;
+        status != 403
+    })
+    .await;
+    assert!(known, "the edge did not learn of event {event}");
+    (event, categories)
 }
 
 #[tokio::test]
-async fn the_edge_serves_the_app_and_runs_lua() {
-    let http = reqwest::Client::new();
-    let page = http
-        .get(edge("/"))
-        .send()
-        .await
-        .expect("the test stack's edge answers");
+async fn the_edge_serves_the_app_runs_lua_and_hides_the_admin_api() {
+    let (app, _edge) = stack_app().await;
+    let page = edge_get(&app, "/", None).await;
     assert_eq!(page.status(), 200);
     assert!(page.text().await.unwrap().contains("<h1>Stampede</h1>"));
-    let health = http.get(edge("/edge/health")).send().await.unwrap();
-    assert_eq!(health.text().await.unwrap(), "ok");
-}
-
-#[tokio::test]
-async fn the_edge_proxies_the_api_to_the_core() {
-    let resp = reqwest::get(edge("/api/no-such-thing")).await.unwrap();
-    assert_eq!(resp.status(), 404);
-    // The core's own error shape, so the request went through to it.
-    let body: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "NOT_FOUND");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("/api/no-such-thing"),
-        "{body}"
-    );
-}
-
-#[tokio::test]
-async fn the_edge_never_exposes_the_admin_api() {
-    let stack = Stack::from_env();
-    let token = stack.secret("admin.token");
-    let http = reqwest::Client::new();
-    for path in ["/admin/events", "/admin", "/admin/../admin/events"] {
-        let resp = http
-            .get(edge(path))
-            .bearer_auth(&token)
-            .send()
+    assert_eq!(
+        edge_get(&app, "/edge/health", None)
             .await
-            .unwrap();
+            .text()
+            .await
+            .unwrap(),
+        "ok"
+    );
+    for path in ["/admin/events", "/admin", "/admin/../admin/events"] {
+        let resp = edge_get(&app, path, Some(&app.admin.token)).await;
         assert_eq!(resp.status(), 404, "{path}");
         let body: serde_json::Value = resp.json().await.unwrap();
         assert_eq!(body["error"]["code"], "NOT_FOUND");
@@ -55,9 +55,34 @@ async fn the_edge_never_exposes_the_admin_api() {
 }
 
 #[tokio::test]
+async fn the_edge_proxies_the_api_to_the_core_for_a_valid_token() {
+    let (app, _edge) = stack_app().await;
+    let buyer = app.admin.buyers(1).await.remove(0);
+    let resp = edge_get(&app, "/api/events", Some(&buyer.token)).await;
+    assert_eq!(resp.status(), 200);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert!(
+        body["events"].is_array() && body["server_time_ms"].is_i64(),
+        "{body}"
+    );
+    let resp = edge_get(&app, "/api/no-such-thing", Some(&buyer.token)).await;
+    assert_eq!(resp.status(), 404);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/api/no-such-thing"),
+        "the core's answer: {body}"
+    );
+}
+
+#[tokio::test]
 async fn oversized_bodies_get_413_in_the_error_shape() {
-    let resp = reqwest::Client::new()
-        .post(edge("/api/events/1/orders"))
+    let (app, _edge) = stack_app().await;
+    let resp = app
+        .http
+        .post(format!("{}/api/events/1/orders", app.edge_url))
         .body(vec![b'x'; 64 * 1024])
         .send()
         .await
@@ -65,4 +90,329 @@ async fn oversized_bodies_get_413_in_the_error_shape() {
     assert_eq!(resp.status(), 413);
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "PAYLOAD_TOO_LARGE");
+}
+
+#[tokio::test]
+async fn bad_expired_and_forged_tokens_get_401_at_the_edge() {
+    let (app, _edge) = stack_app().await;
+    let buyer = app.admin.buyers(1).await.remove(0);
+    let secret = Stack::from_env().secret("token.secret");
+    let signer = TokenSigner::new(secret.into());
+    let forger = TokenSigner::new("some-other-secret-entirely".to_owned().into());
+    let cases = [
+        ("no token", None),
+        ("garbage", Some("garbage".to_owned())),
+        ("expired", Some(signer.sign(buyer.user_id, 1_000))),
+        ("forged", Some(forger.sign(buyer.user_id, 4_000_000_000))),
+        (
+            "tampered",
+            Some(buyer.token.replacen(
+                &buyer.user_id.to_string(),
+                &(buyer.user_id + 1).to_string(),
+                1,
+            )),
+        ),
+    ];
+    for (why, token) in cases {
+        let mut req = app
+            .http
+            .post(format!("{}/api/events/1/orders", app.edge_url))
+            .json(&json!({}));
+        if let Some(t) = &token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 401, "{why}");
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "UNAUTHORIZED", "{why}");
+    }
+}
+
+#[tokio::test]
+async fn a_sale_not_yet_open_gets_403_at_the_edge() {
+    let (app, _edge) = stack_app().await;
+    let mut later = small_sale(5, 1, 1, 2);
+    later["sale_start"] = json!("2031-01-01T00:00:00Z");
+    let (event, categories) = app.admin.create_event(later).await;
+    app.admin.publish(event).await;
+    let buyer = app.admin.buyers(1).await.remove(0);
+    tokio::time::sleep(Duration::from_millis(600)).await; // past two edge refreshes
+    let (status, body) = app
+        .buy(
+            event,
+            &buyer,
+            "k",
+            json!({"category_id": categories[0], "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("NOT_OPEN")),
+        "{body}"
+    );
+    let stock: i64 = app
+        .redis
+        .clone()
+        .hget(app.key(&format!("{{ev:{event}}}:stock")), categories[0])
+        .await
+        .unwrap();
+    assert_eq!(stock, 5);
+}
+
+#[tokio::test]
+async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, small_sale(1, 1, 1, 2)).await;
+    let (ga, seated) = (categories[0], categories[1]);
+    let buyers = app.admin.buyers(3).await;
+    let crowd = app.admin.buyers(200).await;
+    assert_eq!(
+        app.buy(
+            event,
+            &buyers[0],
+            "a",
+            json!({"category_id": ga, "quantity": 1})
+        )
+        .await
+        .0,
+        202
+    );
+    assert_eq!(
+        app.buy(
+            event,
+            &buyers[1],
+            "b",
+            json!({"category_id": seated, "quantity": 1})
+        )
+        .await
+        .0,
+        202
+    );
+    // Every category is sold out now; the edge learns it from its refresh.
+    let learned = eventually(Duration::from_secs(3), || async {
+        let (status, body) = app
+            .buy(
+                event,
+                &buyers[2],
+                "c",
+                json!({"category_id": ga, "quantity": 1}),
+            )
+            .await;
+        status == 409 && body["error"]["code"] == "SOLD_OUT"
+    })
+    .await;
+    assert!(learned);
+
+    // Watch every command Redis receives while 200 more buyers try.
+    let stack = Stack::from_env();
+    let mut monitor = tokio::process::Command::new("redis-cli")
+        .args(["-p", &stack.redis_port.to_string(), "monitor"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("redis-cli");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Each a different buyer: one buyer trying 200 times would meet the rate limits first.
+    for (i, buyer) in crowd.iter().enumerate() {
+        let (status, body) = app
+            .buy(
+                event,
+                buyer,
+                &format!("k{i}"),
+                json!({"category_id": ga, "quantity": 1}),
+            )
+            .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (409, Some("SOLD_OUT"))
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    monitor.start_kill().unwrap();
+    let out = monitor.wait_with_output().await.unwrap();
+    let seen = String::from_utf8_lossy(&out.stdout);
+    let tag = format!("{{ev:{event}}}");
+    let scripts: Vec<&str> = seen
+        .lines()
+        .filter(|l| {
+            l.contains(&tag)
+                && (l.contains("\"EVALSHA\"")
+                    || l.contains("\"EVAL\"")
+                    || l.contains("\"evalsha\""))
+        })
+        .collect();
+    assert!(
+        scripts.is_empty(),
+        "sold-out requests reached Redis: {scripts:?}"
+    );
+    assert!(
+        seen.lines().count() > 0,
+        "MONITOR saw the edge's own refreshes, so it was watching"
+    );
+}
+
+#[tokio::test]
+async fn rate_limits_answer_429_and_a_changed_limit_applies_within_a_second() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, small_sale(1000, 1, 1, 100)).await;
+    let buyer = app.admin.buyers(1).await.remove(0);
+    let (status, body) = app
+        .admin
+        .call(
+            reqwest::Method::PUT,
+            "/admin/limits",
+            Some(json!({"orders_user": {"algo": "token_bucket", "rate": 0}})),
+        )
+        .await;
+    assert_eq!(status, 400, "an unusable limit is refused: {body}");
+
+    let changed = Instant::now();
+    let (status, body) = app
+        .admin
+        .call(
+            reqwest::Method::PUT,
+            "/admin/limits",
+            Some(json!({"orders_user": {"algo": "fixed_window", "limit": 2, "window_s": 60}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let body_of = json!({"category_id": categories[0], "quantity": 1});
+    let mut answers = Vec::new();
+    let mut n = 0;
+    let took = loop {
+        n += 1;
+        let resp = app
+            .http
+            .post(format!("{}/api/events/{event}/orders", app.edge_url))
+            .bearer_auth(&buyer.token)
+            .header("Idempotency-Key", format!("r{n}"))
+            .json(&body_of)
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == 429 {
+            let retry: u64 = resp.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            // Only the 60 s window of the override (not the default 1 s one) waits this long.
+            assert!((2..=60).contains(&retry), "Retry-After {retry}");
+            let body: serde_json::Value = resp.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "RATE_LIMITED");
+            break changed.elapsed();
+        }
+        answers.push(resp.status().as_u16());
+        assert!(
+            changed.elapsed() < Duration::from_secs(3),
+            "the new limit never applied: {answers:?}"
+        );
+        // 4 a second: under the default limit (5 a second), so only the override trips.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        took <= Duration::from_secs(1),
+        "the changed limit applied after {took:?}"
+    );
+
+    // Back to nginx.conf's default: the same user buys again.
+    let (status, _) = app
+        .admin
+        .call(
+            reqwest::Method::PUT,
+            "/admin/limits",
+            Some(json!({"orders_user": null})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let restored = eventually(Duration::from_secs(3), || async {
+        let (status, _) = app
+            .buy(
+                event,
+                &buyer,
+                &format!("after{}", rand_key()),
+                body_of.clone(),
+            )
+            .await;
+        status == 202
+    })
+    .await;
+    assert!(restored, "the default limit did not come back");
+}
+
+fn rand_key() -> u64 {
+    rand::random::<u64>()
+}
+
+#[tokio::test]
+async fn two_thousand_concurrent_buyers_take_exactly_the_hundred_seats() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, small_sale(1, 10, 10, 2)).await;
+    let seated = categories[1];
+    let buyers = app.admin.buyers(2000).await;
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(256));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, b) in buyers.into_iter().enumerate() {
+        let (http, url, gate) = (app.http.clone(), app.edge_url.clone(), gate.clone());
+        tasks.spawn(async move {
+            let _permit = gate.acquire().await.unwrap();
+            let q = 1 + (i % 2) as u64;
+            let body = json!({"category_id": seated, "quantity": q});
+            let (status, answer) =
+                stampede_e2e::purchase(&http, &url, event, &b.token, "k", body).await;
+            (b.user_id, q, status, answer)
+        });
+    }
+    let mut units = 0;
+    let mut seats_taken = HashSet::new();
+    let mut admitted = 0;
+    while let Some(done) = tasks.join_next().await {
+        let (_, q, status, answer) = done.unwrap();
+        match status {
+            202 => {
+                admitted += 1;
+                units += q;
+                let seats = answer["seats"].as_array().unwrap();
+                assert_eq!(seats.len() as u64, q);
+                for s in seats {
+                    assert!(
+                        seats_taken.insert(s.as_str().unwrap().to_owned()),
+                        "seat {s} held twice"
+                    );
+                }
+            }
+            409 => assert_eq!(answer["error"]["code"], "SOLD_OUT", "{answer}"),
+            other => panic!("unexpected {other}: {answer}"),
+        }
+    }
+    assert_eq!(units, 100);
+    assert_eq!(seats_taken.len(), 100);
+    let mut r = app.redis.clone();
+    let stock: i64 = r
+        .hget(app.key(&format!("{{ev:{event}}}:stock")), seated)
+        .await
+        .unwrap();
+    assert_eq!(stock, 0);
+    let seat_map: HashMap<String, String> = r
+        .hgetall(app.key(&format!("{{ev:{event}}}:seats:{seated}")))
+        .await
+        .unwrap();
+    assert!(
+        seat_map.values().all(|s| s.starts_with("L:")),
+        "every seat locked"
+    );
+    let held: HashMap<u64, u64> = r
+        .hgetall(app.key(&format!("{{ev:{event}}}:held")))
+        .await
+        .unwrap();
+    assert!(
+        held.values().all(|n| *n <= 2),
+        "nobody over the per-user limit"
+    );
+    assert_eq!(held.values().sum::<u64>(), 100);
+    let queued: u64 = r
+        .xlen(app.key(&format!("{{ev:{event}}}:orders")))
+        .await
+        .unwrap();
+    assert_eq!(queued, admitted);
 }

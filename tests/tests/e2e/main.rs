@@ -4,3 +4,4 @@ mod admin_events;
 mod admin_users;
 mod edge;
 mod health;
+mod purchase;

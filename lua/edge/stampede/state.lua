@@ -1,0 +1,130 @@
+-- What the edge knows of the sales: window and status per event, sold-out flags, limit
+-- overrides. One worker per tick (whoever takes the tick's lock in the shared dict)
+-- reads Redis and stores a snapshot in the shared dict; every worker's timer copies a
+-- new snapshot into a worker-local table. A request reads that table only: no Redis
+-- call and no shared-dict operation per request.
+--
+-- If Redis does not answer, the last snapshot stays in force (logged once a second);
+-- the core checks everything again in its one script, so a stale edge can only let
+-- through requests the core then refuses — never sell what Redis does not have.
+local ngx = ngx
+local cjson = require "cjson.safe"
+local redis = require "nginx.redis"
+local limit = require "stampede.limit"
+local tonumber, floor = tonumber, math.floor
+local shared = ngx.shared
+
+local _M = {}
+
+local dict, cfg
+local version = -1
+local events = {} -- event id → {open, start_ms, end_ms, all_sold, sold = {[cid string] = true}}
+
+local LOCK, SNAPSHOT, VERSION = "refresh-lock", "snapshot", "version"
+
+-- Reads everything from Redis; the snapshot table, or nil and an error.
+local function pull()
+  local red = redis:new()
+  red:set_timeout(cfg.timeout_ms)
+  local ok, err = red:connect(cfg.host, cfg.port)
+  if not ok then return nil, "connect: " .. tostring(err) end
+  local p = cfg.prefix
+  local sales, serr = red:hgetall(p .. "sales")
+  if not sales then return nil, "sales: " .. tostring(serr) end
+  local overrides = red:hgetall(p .. "edge:limits")
+  local snap = { events = {}, limits = {} }
+  local ids = {}
+  red:init_pipeline()
+  for i = 1, #sales, 2 do
+    local id = sales[i]
+    local status, start_ms, end_ms = string.match(sales[i + 1], "^(%a+):(%d+):(%d+)$")
+    if status then
+      ids[#ids + 1] = id
+      snap.events[id] = { open = status == "open", start_ms = tonumber(start_ms), end_ms = tonumber(end_ms), sold = {} }
+      local tag = p .. "{ev:" .. id .. "}:"
+      red:hgetall(tag .. "soldout")
+      red:hget(tag .. "meta", "categories")
+    end
+  end
+  local replies, perr = red:commit_pipeline()
+  if not replies then return nil, "pipeline: " .. tostring(perr) end
+  red:set_keepalive(10000, 4)
+  for i, id in ipairs(ids) do
+    local ev, flags, categories = snap.events[id], replies[2 * i - 1], replies[2 * i]
+    local sold = 0
+    if type(flags) == "table" then
+      for j = 1, #flags, 2 do
+        ev.sold[flags[j]] = true
+        sold = sold + 1
+      end
+    end
+    local count = 0
+    if type(categories) == "string" then
+      for _ in string.gmatch(categories, "[^,]+") do count = count + 1 end
+    end
+    ev.all_sold = count > 0 and sold >= count
+  end
+  if type(overrides) == "table" then
+    for i = 1, #overrides, 2 do
+      snap.limits[overrides[i]] = cjson.decode(overrides[i + 1])
+    end
+  end
+  return snap
+end
+
+local last_warning = 0
+local function refresh(premature)
+  if premature then return end
+  -- Leader for this tick: the first worker to add the lock pulls from Redis.
+  if dict:add(LOCK, true, cfg.interval_s * 0.9) then
+    local snap, err = pull()
+    if snap then
+      dict:set(SNAPSHOT, cjson.encode(snap))
+      dict:incr(VERSION, 1, 0)
+    elseif ngx.now() - last_warning >= 1 then
+      last_warning = ngx.now()
+      ngx.log(ngx.WARN, "edge state refresh from Redis failed, keeping the last state: ", err)
+    end
+  end
+  -- Every worker: adopt a newer snapshot.
+  local v = dict:get(VERSION)
+  if v and v ~= version then
+    local snap = cjson.decode(dict:get(SNAPSHOT) or "")
+    if snap then
+      events = snap.events
+      limit.apply(snap.limits)
+      version = v
+    end
+  end
+end
+
+-- opts: {dict, host, port, prefix, timeout_ms, interval_s}
+function _M.init(opts)
+  dict = assert(shared[opts.dict], "lua_shared_dict " .. tostring(opts.dict) .. " is not declared")
+  cfg = opts
+end
+
+-- From init_worker: start this worker's refresh timer.
+function _M.start()
+  assert(ngx.timer.every(cfg.interval_s, refresh))
+  assert(ngx.timer.at(0, refresh))
+end
+
+-- The sale gate and sold-out check for an event id (string). Returns nil when the
+-- request may go on, else status, code, message.
+function _M.gate(event_id, category_of)
+  local ev = events[event_id]
+  local now_ms = floor(ngx.now() * 1000)
+  if not ev or not ev.open or now_ms < ev.start_ms or now_ms >= ev.end_ms then
+    return 403, "NOT_OPEN", "the sale is not open"
+  end
+  if ev.all_sold then
+    return 409, "SOLD_OUT", "sold out"
+  end
+  if next(ev.sold) then
+    local cid = category_of()
+    if cid and ev.sold[cid] then return 409, "SOLD_OUT", "sold out" end
+  end
+end
+
+return _M

@@ -1,0 +1,410 @@
+//! Admission against a core of the test's own (its public port, not through the edge).
+
+use std::collections::HashMap;
+
+use redis::AsyncCommands;
+use serde_json::json;
+use stampede_core::auth::token::TokenSigner;
+use stampede_e2e::{TestApp, small_sale, spawn_app};
+
+async fn sale(app: &TestApp, units: u32, rows: u32, cols: u32, limit: u32) -> (u64, u64, u64) {
+    let (id, categories) = app.create_event(small_sale(units, rows, cols, limit)).await;
+    app.publish(id).await;
+    (id, categories[0], categories[1])
+}
+
+async fn stock(app: &TestApp, event: u64, category: u64) -> i64 {
+    app.redis
+        .clone()
+        .hget(app.key(&format!("{{ev:{event}}}:stock")), category)
+        .await
+        .unwrap()
+}
+
+async fn stream_len(app: &TestApp, event: u64) -> u64 {
+    app.redis
+        .clone()
+        .xlen(app.key(&format!("{{ev:{event}}}:orders")))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
+    let app = spawn_app().await;
+    let (event, ga, _) = sale(&app, 10, 2, 2, 4).await;
+    let buyer = &app.buyers(1).await[0];
+    let (status, body) = app
+        .buy(
+            event,
+            buyer,
+            "k1",
+            json!({"category_id": ga, "quantity": 3}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "QUEUED");
+    let request_id: u64 = body["request_id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(
+        request_id % 64,
+        buyer.user_id % 64,
+        "the order number carries the user's gene"
+    );
+
+    assert_eq!(stock(&app, event, ga).await, 7);
+    let mut r = app.redis.clone();
+    let held: u32 = r
+        .hget(app.key(&format!("{{ev:{event}}}:held")), buyer.user_id)
+        .await
+        .unwrap();
+    assert_eq!(held, 3);
+    let entries: redis::streams::StreamRangeReply = r
+        .xrange_all(app.key(&format!("{{ev:{event}}}:orders")))
+        .await
+        .unwrap();
+    assert_eq!(entries.ids.len(), 1);
+    let entry = &entries.ids[0];
+    assert_eq!(entry.get::<String>("r"), Some(request_id.to_string()));
+    assert_eq!(entry.get::<u64>("u"), Some(buyer.user_id));
+    assert_eq!(entry.get::<u32>("q"), Some(3));
+
+    let resp = app
+        .http
+        .get(format!(
+            "{}/api/events/{event}/orders/status",
+            app.public_url
+        ))
+        .bearer_auth(&buyer.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let status: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(
+        status,
+        json!({"status": "QUEUED", "request_id": request_id.to_string()})
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_repeated_idempotency_key_gets_the_first_answer_and_reserves_nothing_more() {
+    let app = spawn_app().await;
+    let (event, ga, _) = sale(&app, 10, 2, 2, 4).await;
+    let buyer = &app.buyers(1).await[0];
+    let body = json!({"category_id": ga, "quantity": 2});
+    let (_, first) = app.buy(event, buyer, "same-key", body.clone()).await;
+    for _ in 0..3 {
+        let (status, again) = app.buy(event, buyer, "same-key", body.clone()).await;
+        assert_eq!(status, 202);
+        assert_eq!(again["request_id"], first["request_id"]);
+    }
+    let (status, reused) = app
+        .buy(
+            event,
+            buyer,
+            "same-key",
+            json!({"category_id": ga, "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        (status, reused["error"]["code"].as_str()),
+        (409, Some("DUPLICATE"))
+    );
+    assert_eq!(stock(&app, event, ga).await, 8);
+    assert_eq!(stream_len(&app, event).await, 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn sold_out_and_the_per_user_limit_are_refused_with_409() {
+    let app = spawn_app().await;
+    let (event, ga, _) = sale(&app, 3, 1, 1, 2).await;
+    let buyers = app.buyers(3).await;
+    let one = json!({"category_id": ga, "quantity": 1});
+    assert_eq!(
+        app.buy(
+            event,
+            &buyers[0],
+            "a",
+            json!({"category_id": ga, "quantity": 2})
+        )
+        .await
+        .0,
+        202
+    );
+    let (status, body) = app.buy(event, &buyers[0], "b", one.clone()).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("LIMIT_REACHED"))
+    );
+    assert_eq!(app.buy(event, &buyers[1], "c", one.clone()).await.0, 202);
+    let (status, body) = app.buy(event, &buyers[2], "d", one).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("SOLD_OUT"))
+    );
+    assert_eq!(stock(&app, event, ga).await, 0);
+    let flag: Option<u8> = app
+        .redis
+        .clone()
+        .hget(app.key(&format!("{{ev:{event}}}:soldout")), ga)
+        .await
+        .unwrap();
+    assert_eq!(flag, Some(1));
+    assert_eq!(stream_len(&app, event).await, 2);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn chosen_seats_are_locked_once_and_best_seats_sit_together() {
+    let app = spawn_app().await;
+    let (event, _, seated) = sale(&app, 1, 3, 4, 4).await;
+    let buyers = app.buyers(3).await;
+    let (status, body) = app
+        .buy(
+            event,
+            &buyers[0],
+            "a",
+            json!({"category_id": seated, "seat_ids": ["1:2", "1:3"]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["seats"], json!(["1:2", "1:3"]));
+    let (status, body) = app
+        .buy(
+            event,
+            &buyers[1],
+            "b",
+            json!({"category_id": seated, "seat_ids": ["1:3"]}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("SEAT_TAKEN"))
+    );
+    // Row 1 has no 3 adjacent free seats left; row 2 does.
+    let (status, body) = app
+        .buy(
+            event,
+            &buyers[2],
+            "c",
+            json!({"category_id": seated, "quantity": 3}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["seats"], json!(["2:1", "2:2", "2:3"]));
+
+    let seats: HashMap<String, String> = app
+        .redis
+        .clone()
+        .hgetall(app.key(&format!("{{ev:{event}}}:seats:{seated}")))
+        .await
+        .unwrap();
+    let locked: Vec<&String> = seats
+        .iter()
+        .filter(|(_, s)| s.starts_with("L:"))
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(locked.len(), 5);
+    let row_free: HashMap<u32, i64> = app
+        .redis
+        .clone()
+        .hgetall(app.key(&format!("{{ev:{event}}}:rowfree:{seated}")))
+        .await
+        .unwrap();
+    assert_eq!(row_free, HashMap::from([(1, 2), (2, 1), (3, 4)]));
+    assert_eq!(stock(&app, event, seated).await, 7);
+
+    let map: serde_json::Value = app
+        .http
+        .get(format!(
+            "{}/api/events/{event}/seats?category={seated}",
+            app.public_url
+        ))
+        .bearer_auth(&buyers[0].token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(map["seats"], json!(["FLLF", "LLLF", "FFFF"]));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_purchases_get_400_and_change_nothing() {
+    let app = spawn_app().await;
+    let (event, ga, seated) = sale(&app, 5, 2, 2, 2).await;
+    let buyer = &app.buyers(1).await[0];
+    for (why, body) in [
+        ("neither quantity nor seats", json!({"category_id": ga})),
+        (
+            "both",
+            json!({"category_id": seated, "quantity": 1, "seat_ids": ["1:1"]}),
+        ),
+        (
+            "unknown category",
+            json!({"category_id": 999999, "quantity": 1}),
+        ),
+        (
+            "over the per-user limit",
+            json!({"category_id": ga, "quantity": 3}),
+        ),
+        (
+            "seat outside the grid",
+            json!({"category_id": seated, "seat_ids": ["3:1"]}),
+        ),
+        (
+            "seats in an unseated category",
+            json!({"category_id": ga, "seat_ids": ["1:1"]}),
+        ),
+        (
+            "unknown field",
+            json!({"category_id": ga, "quantity": 1, "coupon": "FREE"}),
+        ),
+    ] {
+        let (status, answer) = app.buy(event, buyer, why, body).await;
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (400, Some("INVALID")),
+            "{why}: {answer}"
+        );
+    }
+    let no_key = app
+        .http
+        .post(format!("{}/api/events/{event}/orders", app.public_url))
+        .bearer_auth(&buyer.token)
+        .json(&json!({"category_id": ga, "quantity": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_key.status(), 400);
+    assert_eq!(stock(&app, event, ga).await, 5);
+    assert_eq!(stock(&app, event, seated).await, 4);
+    assert_eq!(stream_len(&app, event).await, 0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bad_tokens_get_401_and_closed_sales_403() {
+    let app = spawn_app().await;
+    let (event, ga, _) = sale(&app, 5, 1, 1, 2).await;
+    let buyer = &app.buyers(1).await[0];
+    let signer = TokenSigner::new(app.token_secret.clone().into());
+    let forger = TokenSigner::new("not-the-secret-at-all".to_owned().into());
+    let body = json!({"category_id": ga, "quantity": 1});
+    for (why, token) in [
+        ("expired", signer.sign(buyer.user_id, 1_000)),
+        ("forged", forger.sign(buyer.user_id, 4_000_000_000)),
+        ("malformed", "garbage".to_owned()),
+    ] {
+        let (status, answer) =
+            stampede_e2e::purchase(&app.http, &app.public_url, event, &token, why, body.clone())
+                .await;
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (401, Some("UNAUTHORIZED")),
+            "{why}"
+        );
+    }
+    app.post(&format!("/admin/events/{event}/close"), json!({}))
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await; // the event cache's ttl
+    let (status, answer) = app.buy(event, buyer, "closed", body.clone()).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (403, Some("NOT_OPEN"))
+    );
+
+    let mut later = small_sale(5, 1, 1, 2);
+    later["sale_start"] = json!("2031-01-01T00:00:00Z");
+    let (future, categories) = app.create_event(later).await;
+    app.publish(future).await;
+    let (status, _) = app
+        .buy(
+            future,
+            buyer,
+            "early",
+            json!({"category_id": categories[0], "quantity": 1}),
+        )
+        .await;
+    assert_eq!(status, 403);
+    assert_eq!(stock(&app, event, ga).await, 5);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn login_gives_a_token_that_buys_and_a_wrong_password_gets_401() {
+    let app = spawn_app().await;
+    let (_, users) = app
+        .post(
+            "/admin/users",
+            json!({"count": 1, "password": "correct horse"}),
+        )
+        .await;
+    let user = users["first_user_id"].as_u64().unwrap();
+    let login = |password: &'static str| {
+        let http = app.http.clone();
+        let url = format!("{}/api/login", app.public_url);
+        async move {
+            let resp = http
+                .post(url)
+                .json(&json!({"username": format!("user{user}"), "password": password}))
+                .send()
+                .await
+                .unwrap();
+            (
+                resp.status().as_u16(),
+                resp.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let (status, body) = login("correct horse").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["user_id"], user);
+    let signer = TokenSigner::new(app.token_secret.clone().into());
+    assert_eq!(signer.verify(body["token"].as_str().unwrap(), 0), Ok(user));
+    let (status, body) = login("wrong horse").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("UNAUTHORIZED"))
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_buyers_never_take_more_than_the_stock() {
+    let app = spawn_app().await;
+    let (event, ga, _) = sale(&app, 50, 1, 1, 2).await;
+    let buyers = app.buyers(400).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, b) in buyers.into_iter().enumerate() {
+        let (http, url) = (app.http.clone(), app.public_url.clone());
+        tasks.spawn(async move {
+            let q = 1 + (i % 2) as u32;
+            let (status, _) = stampede_e2e::purchase(
+                &http,
+                &url,
+                event,
+                &b.token,
+                "k",
+                json!({"category_id": ga, "quantity": q}),
+            )
+            .await;
+            (status, q)
+        });
+    }
+    let mut admitted_units = 0;
+    while let Some(done) = tasks.join_next().await {
+        let (status, q) = done.unwrap();
+        assert!(status == 202 || status == 409, "{status}");
+        if status == 202 {
+            admitted_units += q;
+        }
+    }
+    assert_eq!(admitted_units, 50);
+    assert_eq!(stock(&app, event, ga).await, 0);
+    app.stop().await;
+}
