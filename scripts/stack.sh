@@ -32,7 +32,7 @@ MYSQL_USER=${MYSQL_USER:-stampede}
 BROKER_HEALTH_PORT=$((BROKER_PORT + 3))
 
 ROCKETMQ_VERSION=1.0.0
-APT_PACKAGES="redis-server mariadb-server mariadb-client nginx libnginx-mod-http-lua lua-resty-core lua-nginx-redis lua-cjson curl openssl python3"
+APT_PACKAGES="redis-server mariadb-server mariadb-client nginx libnginx-mod-http-lua lua-resty-core lua-nginx-redis lua-cjson curl openssl python3 wrk"
 # cargo install keeps its build here, so a second install or upgrade reuses it.
 ROCKETMQ_BUILD_DIR=${ROCKETMQ_BUILD_DIR:-$HOME/.cache/stampede/rocketmq-target}
 CARGO_BIN=${CARGO_HOME:-$HOME/.cargo}/bin
