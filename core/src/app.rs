@@ -22,6 +22,7 @@ use crate::infra;
 use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::metrics::Metrics;
+use crate::orders::{Pipeline, mq};
 use crate::preload::Preloader;
 
 /// How long start-up waits for the broker before going on without it (not ready).
@@ -42,6 +43,8 @@ pub struct AppState {
     pub limits: Throttle,
     /// Mints order numbers with this instance's leased worker id.
     pub order_ids: Arc<OrderIds>,
+    /// The order pipeline, when `orders.enabled`.
+    pub pipeline: Option<Arc<Pipeline>>,
 }
 
 /// Why the core could not start; the binary maps it to an exit code.
@@ -131,6 +134,25 @@ impl App {
             Duration::from_millis(s.admission.event_cache_ttl_ms),
         );
         let limits = Throttle::new(&s.admission);
+        let metrics = Metrics::new();
+        let pipeline = s.orders.enabled.then(|| {
+            Arc::new(Pipeline {
+                redis: redis.clone(),
+                mysql: mysql.clone(),
+                keys: keys.clone(),
+                events: EventCache::new(
+                    mysql.clone(),
+                    Duration::from_millis(s.admission.event_cache_ttl_ms),
+                ),
+                shards: s.mysql.order_shards,
+                settings: s.orders.clone(),
+                instance: format!("core{}", order_ids.worker()),
+                mq: Default::default(),
+                blocked: Default::default(),
+                orders_created: metrics.orders_created.clone(),
+                released: metrics.reservations_released.clone(),
+            })
+        });
         let preloader = Preloader {
             redis: redis.clone(),
             mysql: mysql.clone(),
@@ -144,10 +166,11 @@ impl App {
             mysql,
             keys,
             preloader,
-            metrics: Metrics::new(),
+            metrics,
             events,
             limits,
             order_ids,
+            pipeline,
         });
         let (stop, _) = watch::channel(false);
         Ok(App {
@@ -207,6 +230,27 @@ impl App {
                 }
             }
         });
+        let mut pipeline_tasks = Vec::new();
+        if let Some(pipeline) = &state.pipeline {
+            let s = &state.config.settings;
+            let settings = mq::MqSettings {
+                namesrv: s.rocketmq.namesrv_addr.clone(),
+                names: mq::Names::new(&s.rocketmq.namespace),
+                checkback_grace: Duration::from_secs(s.orders.checkback_grace_s),
+                inject_unknown: s.orders.inject_unknown,
+                send_threads: s.orders.workers + 1,
+                checkbacks: state.metrics.checkbacks.clone(),
+            };
+            pipeline_tasks.push(tokio::spawn(
+                pipeline.clone().start_mq(settings, stop.subscribe()),
+            ));
+            pipeline_tasks.push(tokio::spawn(pipeline.clone().run_sweeper(stop.subscribe())));
+            for i in 0..s.orders.workers {
+                pipeline_tasks.push(tokio::spawn(
+                    pipeline.clone().run_worker(i, stop.subscribe()),
+                ));
+            }
+        }
         tracing::info!(
             public = %public.local_addr()?, admin = %admin.local_addr()?, "stampede core serving"
         );
@@ -229,6 +273,12 @@ impl App {
         scheduler.await.context("the preload scheduler panicked")?;
         lease.await.context("the worker lease task panicked")?;
         forget.await.context("the throttle cleaner panicked")?;
+        for task in pipeline_tasks {
+            task.await.context("an order pipeline task panicked")?;
+        }
+        if let Some(mq) = state.pipeline.as_ref().and_then(|p| p.mq.get()) {
+            mq.shutdown().await;
+        }
         state
             .mysql
             .clone()

@@ -22,6 +22,7 @@ pub struct Settings {
     pub rocketmq: RocketmqSettings,
     pub auth: AuthSettings,
     pub admission: AdmissionSettings,
+    pub orders: OrderSettings,
     pub ids: IdSettings,
     pub startup: StartupSettings,
     pub preload: PreloadSettings,
@@ -65,6 +66,8 @@ pub struct MysqlSettings {
 #[serde(deny_unknown_fields)]
 pub struct RocketmqSettings {
     pub namesrv_addr: String,
+    /// Prefix of topics and groups, so deployments and tests can share a broker.
+    pub namespace: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -85,6 +88,21 @@ pub struct AdmissionSettings {
     pub user_per_s: u32,
     pub user_burst: u32,
     pub global_per_s: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderSettings {
+    pub enabled: bool,
+    pub workers: usize,
+    pub batch_size: usize,
+    pub claim_idle_ms: u64,
+    /// Backpressure: admission pauses (503 SALE_BUSY) past this many queued reservations.
+    pub max_stream_depth: u64,
+    pub sweep_after_s: u64,
+    pub checkback_grace_s: u64,
+    /// Test-only fault injection: report UNKNOW after a local commit.
+    pub inject_unknown: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -198,6 +216,24 @@ impl Settings {
             return Err(ConfigError(
                 "admission.token_ttl_s, user_per_s, user_burst and global_per_s must be positive"
                     .into(),
+            ));
+        }
+        let o = &self.orders;
+        if o.workers == 0 || o.batch_size == 0 || o.max_stream_depth == 0 || o.claim_idle_ms < 1000
+        {
+            return Err(ConfigError(
+                "orders.workers, batch_size and max_stream_depth must be positive, claim_idle_ms ≥ 1000"
+                    .into(),
+            ));
+        }
+        if !self
+            .rocketmq
+            .namespace
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(ConfigError(
+                "rocketmq.namespace may hold only letters, digits, '_' and '-'".into(),
             ));
         }
         if self.ids.worker_lease_s < 3 {

@@ -16,8 +16,10 @@ pub mod infra;
 pub mod keys;
 pub mod lock;
 pub mod metrics;
+pub mod orders;
 pub mod preload;
 pub mod public;
+pub mod stock_sync;
 pub mod telemetry;
 
 pub use app::{App, BuildError, Stopper};

@@ -11,6 +11,11 @@ pub struct Metrics {
     /// Preloads by outcome (ok, busy, error).
     pub preloads: IntCounterVec,
     pub users_created: IntCounter,
+    /// Transaction check-backs answered, by answer (commit, rollback, unknown).
+    pub checkbacks: IntCounterVec,
+    /// Orders the pipeline created, and reservations it released as FAILED.
+    pub orders_created: IntCounter,
+    pub reservations_released: IntCounter,
 }
 
 impl Metrics {
@@ -45,11 +50,30 @@ impl Metrics {
             "Users created through the admin API",
         )
         .expect("valid metric");
+        let checkbacks = IntCounterVec::new(
+            Opts::new(
+                "stampede_checkbacks_total",
+                "RocketMQ transaction check-backs answered, by answer",
+            ),
+            &["answer"],
+        )
+        .expect("valid metric");
+        let orders_created =
+            IntCounter::new("stampede_orders_created_total", "Orders created in MySQL")
+                .expect("valid metric");
+        let reservations_released = IntCounter::new(
+            "stampede_reservations_released_total",
+            "Reservations released as FAILED",
+        )
+        .expect("valid metric");
         for m in [
             Box::new(http_responses.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(dependency_up.clone()),
             Box::new(preloads.clone()),
             Box::new(users_created.clone()),
+            Box::new(checkbacks.clone()),
+            Box::new(orders_created.clone()),
+            Box::new(reservations_released.clone()),
         ] {
             registry.register(m).expect("metric registered once");
         }
@@ -59,6 +83,9 @@ impl Metrics {
             dependency_up,
             preloads,
             users_created,
+            checkbacks,
+            orders_created,
+            reservations_released,
         }
     }
 

@@ -20,7 +20,8 @@
 -- ARGV[6] now, ms since the epoch
 -- ARGV[7] seat mode: "none" (unseated), "auto" (best ARGV[3] seats), "pick" (ARGV[9..])
 -- ARGV[8] seat columns per row (seated modes), else "0"
--- ARGV[9..] chosen seats "row:col" (mode "pick"), distinct
+-- ARGV[9] most reservations the stream may hold before admission pauses
+-- ARGV[10..] chosen seats "row:col" (mode "pick"), distinct
 --
 -- Returns {code, request id, seats "r:c,r:c"} (mirrored by ReserveCode in
 -- core/src/admission/reserve.rs):
@@ -34,14 +35,15 @@
 --   -6 UNKNOWN_CATEGORY  no stock entry for the category
 --   -7 UNKNOWN_SEAT      a chosen seat is not in the category
 --   -8 KEY_REUSED        the Idempotency-Key was used for a different request
+--   -9 SALE_BUSY         the order workers are this far behind: try again shortly
 local rcall = redis.call
 local tonumber, concat, unpack = tonumber, table.concat, unpack
 
 local cid, user, qty = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local rid, key, now = ARGV[4], ARGV[5], tonumber(ARGV[6])
-local mode, cols = ARGV[7], tonumber(ARGV[8])
+local mode, cols, max_depth = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
 local chosen = {}
-for i = 9, #ARGV do chosen[#chosen + 1] = ARGV[i] end
+for i = 10, #ARGV do chosen[#chosen + 1] = ARGV[i] end
 local fingerprint = cid .. ':' .. qty .. ':' .. mode .. ':' .. concat(chosen, ',')
 
 -- 1. A repeated key answers what it answered the first time.
@@ -60,14 +62,17 @@ if meta[1] ~= 'open' or now < tonumber(meta[2]) or now >= tonumber(meta[3]) then
   return {-2, '', ''}
 end
 
--- 3. Stock, then the user's limit across everything held in this event.
+-- 3. Promise only what the order workers can keep up with.
+if rcall('XLEN', KEYS[7]) >= max_depth then return {-9, '', ''} end
+
+-- 4. Stock, then the user's limit across everything held in this event.
 local stock = rcall('HGET', KEYS[2], cid)
 if not stock then return {-6, '', ''} end
 if tonumber(stock) < qty then return {-3, '', ''} end
 local held = tonumber(rcall('HGET', KEYS[4], user) or '0')
 if held + qty > tonumber(meta[4]) then return {-4, '', ''} end
 
--- 4. Seats: the chosen ones if all free, or the best free ones.
+-- 5. Seats: the chosen ones if all free, or the best free ones.
 local function row_of(seat) return string.match(seat, '^(%d+):') end
 
 local function row_seats(row)
@@ -126,7 +131,7 @@ elseif mode == 'auto' then
   if not seats then return {-5, '', ''} end
 end
 
--- 5. Everything checked: take it.
+-- 6. Everything checked: take it.
 local lock = 'L:' .. rid
 for _, seat in ipairs(seats) do
   rcall('HSET', KEYS[8], seat, lock)

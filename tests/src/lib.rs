@@ -111,6 +111,10 @@ pub async fn test_settings(stack: &Stack) -> (Settings, String, String) {
     s.mysql.password = Some(stack.secret("mysql.password").into());
     s.mysql.pool_max = 8;
     s.rocketmq.namesrv_addr = format!("127.0.0.1:{}", stack.namesrv_port);
+    s.rocketmq.namespace = format!("t{tag}-");
+    // Most tests look at reservations in the stream; the pipeline tests turn this on.
+    s.orders.enabled = false;
+    s.orders.claim_idle_ms = 2_000;
     s.auth.admin_token = Some(format!("admin-{tag:016x}-token").into());
     s.auth.token_secret = Some(format!("secret-{tag:016x}-key").into());
     s.startup.connect_timeout_s = 10;
@@ -407,6 +411,8 @@ pub async fn purchase(
 /// The test stack's own core and edge (ports of `make test`), shared by the edge tests.
 pub struct StackApp {
     pub admin: AdminClient,
+    /// The stack core's database.
+    pub mysql: mysql_async::Pool,
     pub edge_url: String,
     pub redis: redis::aio::MultiplexedConnection,
     pub http: reqwest::Client,
@@ -424,6 +430,7 @@ pub async fn stack_app() -> (StackApp, tokio::sync::MutexGuard<'static, ()>) {
         .build()
         .unwrap();
     let app = StackApp {
+        mysql: mysql_async::Pool::new(stack.mysql_url("stampede").as_str()),
         admin: AdminClient {
             http: http.clone(),
             url: format!("http://127.0.0.1:{}", stack.admin_port),
@@ -458,6 +465,34 @@ impl StackApp {
         )
         .await
     }
+}
+
+/// Units in orders of `event_id` over every order shard (4 in the tests), and in how
+/// many orders.
+pub async fn ordered_units(mysql: &mysql_async::Pool, event_id: u64) -> (u64, u64) {
+    let union: Vec<String> = (0..4)
+        .map(|n| format!("SELECT quantity FROM `order_{n}` WHERE event_id = {event_id}"))
+        .collect();
+    let mut conn = mysql.get_conn().await.unwrap();
+    let row: Option<(Option<u64>, u64)> = conn
+        .query_first(format!(
+            "SELECT CAST(SUM(quantity) AS UNSIGNED), COUNT(*) FROM ({}) o",
+            union.join(" UNION ALL ")
+        ))
+        .await
+        .unwrap();
+    row.map(|(units, orders)| (units.unwrap_or(0), orders))
+        .unwrap_or((0, 0))
+}
+
+/// One number from a database.
+pub async fn scalar(mysql: &mysql_async::Pool, sql: &str) -> i64 {
+    let mut conn = mysql.get_conn().await.unwrap();
+    conn.query_first::<Option<i64>, _>(sql)
+        .await
+        .unwrap()
+        .flatten()
+        .unwrap_or(0)
 }
 
 /// A small event on sale now: `units` unseated units and a rows × cols seated block.

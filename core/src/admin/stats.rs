@@ -18,8 +18,9 @@ struct CategoryStats {
     total: u32,
     /// Units Redis will still hand out; null before the event is preloaded.
     redis_available: Option<i64>,
-    /// Reservations admitted and not yet written to MySQL.
-    queued: u64,
+    /// Units admitted and not yet written to MySQL (null when the backlog is too long to
+    /// count by category; see `queued_reservations`).
+    queued: Option<u64>,
     unpaid: u64,
     paid: u64,
     db_remain: i64,
@@ -35,6 +36,12 @@ pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError
         .query_async(&mut redis)
         .await?;
     let held = units_by_status(state, id).await?;
+    let (queued_total, queued) = queued_units(state, id).await?;
+    let (unsynced, sync_lag_s) = crate::stock_sync::lag(&state.mysql, id).await?;
+    let pipeline = match &state.pipeline {
+        None => "disabled".to_owned(),
+        Some(p) => p.blocked_reason().unwrap_or_else(|| "running".to_owned()),
+    };
     let count = |cid: u64, status: &str| held.get(&(cid, status.to_owned())).copied().unwrap_or(0);
     let categories: Vec<CategoryStats> = event
         .categories
@@ -44,8 +51,7 @@ pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError
             name: c.name.clone(),
             total: c.total,
             redis_available: stock.get(&c.id).copied(),
-            // No order pipeline yet: nothing is admitted, so nothing is queued.
-            queued: 0,
+            queued: queued.as_ref().map(|q| q.get(&c.id).copied().unwrap_or(0)),
             unpaid: count(c.id, "UNPAID"),
             paid: count(c.id, "PAID"),
             db_remain: c.remain,
@@ -53,8 +59,44 @@ pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError
         .collect();
     Ok(json(
         StatusCode::OK,
-        &json!({"event_id": id, "status": event.status, "categories": categories}),
+        &json!({
+            "event_id": id, "status": event.status, "categories": categories,
+            "queued_reservations": queued_total, "unsynced_stock_log": unsynced,
+            "sync_lag_s": sync_lag_s, "pipeline": pipeline,
+        }),
     ))
+}
+
+/// Longest backlog counted per category for the stats; longer ones give only the total.
+const MAX_COUNTED_BACKLOG: u64 = 100_000;
+
+/// Reservations in the event's stream, and their units per category when countable.
+async fn queued_units(
+    state: &AppState,
+    event_id: u64,
+) -> anyhow::Result<(u64, Option<HashMap<u64, u64>>)> {
+    let mut redis = state.redis.clone();
+    let stream = state.keys.order_stream(event_id);
+    let total: u64 = redis::cmd("XLEN")
+        .arg(&stream)
+        .query_async(&mut redis)
+        .await?;
+    if total > MAX_COUNTED_BACKLOG {
+        return Ok((total, None));
+    }
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis)
+        .await?;
+    let mut per_category = HashMap::new();
+    for entry in entries.ids {
+        if let (Some(c), Some(q)) = (entry.get::<u64>("c"), entry.get::<u64>("q")) {
+            *per_category.entry(c).or_default() += q;
+        }
+    }
+    Ok((total, Some(per_category)))
 }
 
 /// Units in orders per (category, status), over every order shard.

@@ -33,6 +33,8 @@ pub enum Refusal {
     KeyReused,
     #[error("too many purchases; retry in {retry_after_s} s")]
     RateLimited { retry_after_s: u64 },
+    #[error("the sale is busy creating orders; try again in a moment")]
+    Busy,
 }
 
 /// What a buyer asked for, after validation.
@@ -78,6 +80,7 @@ pub async fn admit(
         request_id,
         idempotency_key,
         Utc::now().timestamp_millis(),
+        state.config.settings.orders.max_stream_depth,
     )
     .await?;
     Ok(outcome?)

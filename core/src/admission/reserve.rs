@@ -23,10 +23,11 @@ pub enum ReserveCode {
     UnknownCategory = -6,
     UnknownSeat = -7,
     KeyReused = -8,
+    SaleBusy = -9,
 }
 
 impl ReserveCode {
-    pub const ALL: [ReserveCode; 10] = [
+    pub const ALL: [ReserveCode; 11] = [
         ReserveCode::Queued,
         ReserveCode::Replayed,
         ReserveCode::NotLoaded,
@@ -37,6 +38,7 @@ impl ReserveCode {
         ReserveCode::UnknownCategory,
         ReserveCode::UnknownSeat,
         ReserveCode::KeyReused,
+        ReserveCode::SaleBusy,
     ];
 
     pub fn from_code(code: i64) -> anyhow::Result<ReserveCode> {
@@ -58,6 +60,7 @@ impl ReserveCode {
             ReserveCode::UnknownCategory => Refusal::Invalid("no such category on sale".into()),
             ReserveCode::UnknownSeat => Refusal::Invalid("no such seat in the category".into()),
             ReserveCode::KeyReused => Refusal::KeyReused,
+            ReserveCode::SaleBusy => Refusal::Busy,
         })
     }
 }
@@ -81,6 +84,7 @@ pub async fn reserve(
     request_id: u64,
     idempotency_key: &str,
     now_ms: i64,
+    max_stream_depth: u64,
 ) -> anyhow::Result<Result<Reserved, Refusal>> {
     let (mode, cols, chosen): (&str, u32, Vec<String>) = match &p.seats {
         Seats::None => ("none", 0, Vec::new()),
@@ -110,6 +114,7 @@ pub async fn reserve(
         .arg(now_ms)
         .arg(mode)
         .arg(cols)
+        .arg(max_stream_depth)
         .arg(chosen)
         .invoke_async(redis)
         .await?;
@@ -154,6 +159,6 @@ mod tests {
             assert_eq!(code.refusal().is_none(), admits, "{code:?}");
         }
         assert!(ReserveCode::from_code(0).is_err());
-        assert!(ReserveCode::from_code(-9).is_err());
+        assert!(ReserveCode::from_code(-10).is_err());
     }
 }

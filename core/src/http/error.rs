@@ -28,6 +28,9 @@ pub enum ApiError {
     /// A dependency is down or busy; the client may retry.
     #[error("{0}")]
     Unavailable(String),
+    /// The order workers are behind: admission pauses rather than promise too much.
+    #[error("{0}")]
+    Busy(String),
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
 }
@@ -42,7 +45,7 @@ impl ApiError {
             ApiError::Conflict(..) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -57,6 +60,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
             ApiError::RateLimited { .. } => "RATE_LIMITED",
             ApiError::Unavailable(_) => "UNAVAILABLE",
+            ApiError::Busy(_) => "SALE_BUSY",
             ApiError::Unexpected(_) => "INTERNAL",
         }
     }
@@ -101,6 +105,7 @@ impl From<crate::admission::Refusal> for ApiError {
             Refusal::SeatTaken => ApiError::Conflict("SEAT_TAKEN", message),
             Refusal::KeyReused => ApiError::Conflict("DUPLICATE", message),
             Refusal::RateLimited { retry_after_s } => ApiError::RateLimited { retry_after_s },
+            Refusal::Busy => ApiError::Busy(message),
         }
     }
 }

@@ -5,4 +5,5 @@ mod admin_users;
 mod docs;
 mod edge;
 mod health;
+mod pipeline;
 mod purchase;

@@ -1,0 +1,166 @@
+//! The local transaction of a batch: its orders, their items and one stock_log row per
+//! order, in one MySQL transaction, idempotent on the order number (orders already
+//! there are locked and skipped), so a replayed batch inserts nothing twice.
+
+use std::collections::BTreeMap;
+
+use chrono::{TimeDelta, Utc};
+use mysql_async::prelude::*;
+use mysql_async::{Pool, TxOpts};
+
+use super::reservation::{Batch, Reservation};
+use crate::catalog::EventRecord;
+use crate::ids::gene;
+
+/// Why a batch did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// MySQL refused the data (a constraint, a bad value): retrying will not help.
+    #[error("MySQL refused the batch: {0}")]
+    Rejected(String),
+    /// Certainly not committed (down, deadlock, timeout before COMMIT): retry later.
+    #[error("not committed: {0}")]
+    NotCommitted(String),
+    /// The connection failed during COMMIT: it may or may not have committed.
+    #[error("commit outcome unknown: {0}")]
+    Unknown(String),
+}
+
+fn classify(e: mysql_async::Error) -> PersistError {
+    match &e {
+        // Deadlock and lock wait timeout are worth another try; other server errors are
+        // about the data.
+        mysql_async::Error::Server(s) if s.code != 1213 && s.code != 1205 => {
+            PersistError::Rejected(e.to_string())
+        }
+        _ => PersistError::NotCommitted(e.to_string()),
+    }
+}
+
+/// Inserts the batch's orders not yet in MySQL; Ok when all of them are there.
+pub async fn create_orders(
+    pool: &Pool,
+    shards: u32,
+    event: &EventRecord,
+    batch: &Batch,
+) -> Result<(), PersistError> {
+    let mut conn = pool.get_conn().await.map_err(classify)?;
+    let mut tx = conn
+        .start_transaction(TxOpts::default())
+        .await
+        .map_err(classify)?;
+    let mut by_shard: BTreeMap<u64, Vec<&Reservation>> = BTreeMap::new();
+    for r in &batch.reservations {
+        by_shard
+            .entry(gene(r.order_no) % u64::from(shards))
+            .or_default()
+            .push(r);
+    }
+    let deadline = (Utc::now() + TimeDelta::seconds(i64::from(event.pay_timeout_s))).naive_utc();
+    let mut logs = Vec::new();
+    for (shard, reservations) in by_shard {
+        let numbers: Vec<String> = reservations
+            .iter()
+            .map(|r| r.order_no.to_string())
+            .collect();
+        // Locks the ones a previous attempt created; skips them below.
+        let existing: Vec<u64> = tx
+            .query(format!(
+                "SELECT order_no FROM `order_{shard}` WHERE order_no IN ({}) FOR UPDATE",
+                numbers.join(",")
+            ))
+            .await
+            .map_err(classify)?;
+        let fresh: Vec<&Reservation> = reservations
+            .into_iter()
+            .filter(|r| !existing.contains(&r.order_no))
+            .collect();
+        if fresh.is_empty() {
+            continue;
+        }
+        let mut orders = Vec::new();
+        let mut items = Vec::new();
+        for r in &fresh {
+            let price = event
+                .categories
+                .iter()
+                .find(|c| c.id == r.category_id)
+                .map(|c| c.price_cents)
+                .ok_or_else(|| {
+                    PersistError::Rejected(format!(
+                        "category {} is not in event {}",
+                        r.category_id, event.id
+                    ))
+                })?;
+            orders.push(format!(
+                "({},{},{},{},{},{},'{}','{}')",
+                r.order_no,
+                r.user_id,
+                batch.event_id,
+                r.category_id,
+                r.quantity,
+                price * u64::from(r.quantity),
+                r.order_no,
+                deadline.format("%Y-%m-%d %H:%M:%S%.3f"),
+            ));
+            let seats = r.seats();
+            if seats.is_empty() {
+                for _ in 0..r.quantity {
+                    items.push(format!(
+                        "({},{},NULL,NULL,{price})",
+                        r.order_no, r.category_id
+                    ));
+                }
+            } else {
+                for (row, col) in seats {
+                    items.push(format!(
+                        "({},{},{row},{col},{price})",
+                        r.order_no, r.category_id
+                    ));
+                }
+            }
+            logs.push(format!(
+                "({},{},{},{},'{}')",
+                r.order_no, batch.event_id, r.category_id, r.quantity, batch.batch_id
+            ));
+        }
+        // Only numbers and our own ids go into this text.
+        tx.query_drop(format!(
+            "INSERT INTO `order_{shard}` (order_no, user_id, event_id, category_id, quantity, amount_cents, \
+             request_id, pay_deadline) VALUES {}",
+            orders.join(",")
+        ))
+        .await
+        .map_err(classify)?;
+        tx.query_drop(format!(
+            "INSERT INTO `order_item_{shard}` (order_no, category_id, row_no, col_no, price_cents) VALUES {}",
+            items.join(",")
+        ))
+        .await
+        .map_err(classify)?;
+    }
+    if !logs.is_empty() {
+        tx.query_drop(format!(
+            "INSERT INTO stock_log (order_no, event_id, category_id, quantity, batch_id) VALUES {}",
+            logs.join(",")
+        ))
+        .await
+        .map_err(classify)?;
+    }
+    tx.commit().await.map_err(|e| match classify(e) {
+        PersistError::NotCommitted(m) => PersistError::Unknown(m),
+        other => other,
+    })
+}
+
+/// For the broker's check-back: did this batch's transaction commit?
+pub async fn batch_committed(pool: &Pool, batch_id: &str) -> anyhow::Result<bool> {
+    let mut conn = pool.get_conn().await?;
+    let found: Option<u8> = conn
+        .exec_first(
+            "SELECT 1 FROM stock_log WHERE batch_id = ? LIMIT 1",
+            (batch_id,),
+        )
+        .await?;
+    Ok(found.is_some())
+}

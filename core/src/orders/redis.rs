@@ -1,0 +1,159 @@
+//! The workers' Redis calls: read and reclaim stream entries, settle committed
+//! reservations, release ones that will never become orders.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::streams::{
+    StreamAutoClaimOptions, StreamAutoClaimReply, StreamReadOptions, StreamReadReply,
+};
+
+use super::reservation::Reservation;
+use crate::keys::Keys;
+
+/// The consumer group every core instance's workers share.
+pub const GROUP: &str = "order-workers";
+
+static SETTLE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/settle.lua")));
+static RELEASE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/release.lua")));
+
+/// `settle.lua`'s answer: how many entries it acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled(pub u64);
+
+/// `release.lua`'s answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    Released = 1,
+    AlreadyDone = 0,
+}
+
+impl Released {
+    fn from_code(code: i64) -> anyhow::Result<Released> {
+        match code {
+            1 => Ok(Released::Released),
+            0 => Ok(Released::AlreadyDone),
+            other => anyhow::bail!("release.lua returned unknown code {other}"),
+        }
+    }
+}
+
+/// Creates the event's consumer group (and stream) if missing.
+pub async fn ensure_group(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: u64,
+) -> redis::RedisResult<()> {
+    let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(keys.order_stream(event_id))
+        .arg(GROUP)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(redis)
+        .await;
+    match created {
+        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+        other => other,
+    }
+}
+
+/// New entries for this consumer, at most `count`.
+pub async fn read_new(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: u64,
+    consumer: &str,
+    count: usize,
+) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
+    let opts = StreamReadOptions::default()
+        .group(GROUP, consumer)
+        .count(count);
+    let reply: Option<StreamReadReply> =
+        redis::AsyncCommands::xread_options(redis, &[keys.order_stream(event_id)], &[">"], &opts)
+            .await?;
+    Ok(reply
+        .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
+        .unwrap_or_default())
+}
+
+/// Entries another consumer has held longer than `idle` (it crashed or hangs).
+pub async fn claim_stale(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: u64,
+    consumer: &str,
+    idle: Duration,
+    count: usize,
+) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
+    let reply: StreamAutoClaimReply = redis::AsyncCommands::xautoclaim_options(
+        redis,
+        keys.order_stream(event_id),
+        GROUP,
+        consumer,
+        idle.as_millis() as u64,
+        "0-0",
+        StreamAutoClaimOptions::default().count(count),
+    )
+    .await?;
+    Ok(reply.claimed)
+}
+
+/// Marks the reservations CREATED and drops their entries.
+pub async fn settle(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: u64,
+    reservations: &[Reservation],
+) -> anyhow::Result<Settled> {
+    let mut call = SETTLE.key(keys.order_stream(event_id));
+    call.key(keys.purchase_status(event_id)).arg(GROUP);
+    for r in reservations {
+        call.arg(&r.entry_id).arg(r.user_id).arg(r.order_no);
+    }
+    Ok(Settled(call.invoke_async(redis).await?))
+}
+
+/// Gives one reservation back and marks it FAILED with `reason`.
+pub async fn release(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: u64,
+    r: &Reservation,
+    reason: &str,
+) -> anyhow::Result<Released> {
+    let code: i64 = RELEASE
+        .key(keys.order_stream(event_id))
+        .key(keys.purchase_status(event_id))
+        .key(keys.stock(event_id))
+        .key(keys.sold_out(event_id))
+        .key(keys.held(event_id))
+        .key(keys.seats(event_id, r.category_id))
+        .key(keys.row_free(event_id, r.category_id))
+        .arg(GROUP)
+        .arg(&r.entry_id)
+        .arg(r.order_no)
+        .arg(r.user_id)
+        .arg(r.category_id)
+        .arg(r.quantity)
+        .arg(&r.seats_raw)
+        .arg(reason)
+        .invoke_async(redis)
+        .await?;
+    Released::from_code(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_codes_map_one_to_one() {
+        assert_eq!(Released::from_code(1).unwrap(), Released::Released);
+        assert_eq!(Released::from_code(0).unwrap(), Released::AlreadyDone);
+        assert!(Released::from_code(-1).is_err());
+    }
+}

@@ -1,0 +1,100 @@
+//! A reservation as the admission script wrote it into an event's stream.
+
+use anyhow::Context;
+use redis::streams::StreamId;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// The stream entry, acknowledged once the reservation is settled or released.
+    pub entry_id: String,
+    /// The request id, which is the order number.
+    pub order_no: u64,
+    pub user_id: u64,
+    pub category_id: u64,
+    pub quantity: u32,
+    /// Seats as written by the script, `"r:c,r:c"` or empty.
+    pub seats_raw: String,
+    pub admitted_ms: i64,
+}
+
+impl Reservation {
+    pub fn from_entry(entry: &StreamId) -> anyhow::Result<Reservation> {
+        let field = |name: &str| -> anyhow::Result<String> {
+            entry
+                .get::<String>(name)
+                .with_context(|| format!("stream entry {} has no field {name}", entry.id))
+        };
+        let number = |name: &str| -> anyhow::Result<u64> {
+            field(name)?
+                .parse()
+                .with_context(|| format!("stream entry {} field {name}", entry.id))
+        };
+        Ok(Reservation {
+            entry_id: entry.id.clone(),
+            order_no: number("r")?,
+            user_id: number("u")?,
+            category_id: number("c")?,
+            quantity: number("q")? as u32,
+            seats_raw: field("s")?,
+            admitted_ms: number("t")? as i64,
+        })
+    }
+
+    /// Seats as (row, col).
+    pub fn seats(&self) -> Vec<(u32, u32)> {
+        self.seats_raw
+            .split(',')
+            .filter_map(|s| {
+                let (r, c) = s.split_once(':')?;
+                Some((r.parse().ok()?, c.parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+/// The reservations one message carries: of one event, created in one MySQL transaction.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub event_id: u64,
+    /// Unique per attempt; stock_log rows record it, the check-back looks for it.
+    pub batch_id: String,
+    pub reservations: Vec<Reservation>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_entry_becomes_a_reservation() {
+        let mut entry = StreamId {
+            id: "1-0".into(),
+            ..Default::default()
+        };
+        for (k, v) in [
+            ("r", "77"),
+            ("u", "5"),
+            ("c", "9"),
+            ("q", "2"),
+            ("s", "1:2,1:3"),
+            ("t", "1000"),
+        ] {
+            entry
+                .map
+                .insert(k.into(), redis::Value::BulkString(v.as_bytes().to_vec()));
+        }
+        let r = Reservation::from_entry(&entry).unwrap();
+        assert_eq!(
+            (r.order_no, r.user_id, r.category_id, r.quantity),
+            (77, 5, 9, 2)
+        );
+        assert_eq!(r.seats(), vec![(1, 2), (1, 3)]);
+        entry.map.remove("u");
+        assert!(
+            Reservation::from_entry(&entry)
+                .unwrap_err()
+                .to_string()
+                .contains("no field u")
+        );
+    }
+}

@@ -1,0 +1,31 @@
+-- release.lua: give back one reservation that will never become an order: its units,
+-- its seats and its share of the user's limit, then mark it FAILED and drop its entry.
+-- Runs at most once per reservation: the entry's acknowledgement is the guard.
+--
+-- KEYS[1] stream   KEYS[2] status   KEYS[3] stock   KEYS[4] soldout   KEYS[5] held
+-- KEYS[6] seats    KEYS[7] rowfree  (the reservation's category's)
+-- ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] request id
+-- ARGV[4] user id          ARGV[5] category id       ARGV[6] quantity
+-- ARGV[7] seats "r:c,r:c" or ""                      ARGV[8] reason
+--
+-- Returns (mirrored by Released in core/src/orders/redis.rs):
+--    1  released
+--    0  already released or settled (the entry was no longer pending): nothing changed
+local rcall = redis.call
+local group, entry, rid, user, cid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local qty = tonumber(ARGV[6])
+if rcall('XACK', KEYS[1], group, entry) == 0 then return 0 end
+rcall('XDEL', KEYS[1], entry)
+if rcall('HINCRBY', KEYS[3], cid, qty) > 0 then rcall('HDEL', KEYS[4], cid) end
+if rcall('HINCRBY', KEYS[5], user, -qty) <= 0 then rcall('HDEL', KEYS[5], user) end
+local lock = 'L:' .. rid
+for seat in string.gmatch(ARGV[7], '[^,]+') do
+  if rcall('HGET', KEYS[6], seat) == lock then
+    rcall('HSET', KEYS[6], seat, 'F')
+    rcall('HINCRBY', KEYS[7], string.match(seat, '^(%d+):'), 1)
+  end
+end
+if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then
+  rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[8])
+end
+return 1

@@ -1,0 +1,25 @@
+-- settle.lua: after a batch's orders are committed in MySQL, mark each purchase CREATED
+-- and remove its entry from the event's stream (acknowledged and deleted, so the
+-- stream's length is the backlog admission checks).
+--
+-- KEYS[1]  stream  the event's reservations
+-- KEYS[2]  status  hash user id → latest purchase status
+-- ARGV[1]  the consumer group
+-- ARGV[2..] triples: stream entry id, user id, request id (= order number)
+--
+-- A status is changed only while it still says "QUEUED:<that request>", so a replay
+-- never overwrites a newer purchase of the same user.
+--
+-- Returns (mirrored by Settled in core/src/orders/redis.rs):
+--   n >= 0  the number of entries acknowledged
+local rcall = redis.call
+local acked = 0
+for i = 2, #ARGV, 3 do
+  local entry, user, rid = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then
+    rcall('HSET', KEYS[2], user, 'CREATED:' .. rid)
+  end
+  acked = acked + rcall('XACK', KEYS[1], ARGV[1], entry)
+  rcall('XDEL', KEYS[1], entry)
+end
+return acked
