@@ -29,4 +29,11 @@ trap teardown EXIT
 scripts/stack.sh up
 
 step "end-to-end tests"
-cargo test -p stampede-e2e --test e2e -- --test-threads 2
+if ! cargo test -p stampede-e2e --test e2e -- --test-threads 2; then
+  # What the stack saw, before teardown removes it.
+  for log in "$STACK_DIR/nginx/logs/error.log" "$STACK_DIR/logs/core.log"; do
+    printf '\n==> last lines of %s\n' "$log"
+    tail -n 40 "$log" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-400
+  done
+  exit 1
+fi

@@ -11,6 +11,8 @@ use rand::Rng;
 use serde_json::Value;
 use stampede_core::{App, Settings, Stopper};
 
+pub use stampede_core::Settings as CoreSettings;
+
 /// Where the test stack listens; the defaults match `make test`'s profile.
 pub struct Stack {
     pub dir: PathBuf,
@@ -353,6 +355,216 @@ where
     }
 }
 
+/// The `stampede` binary the tests run as a process (`cargo build -p stampede-core`).
+pub fn core_binary() -> PathBuf {
+    std::env::var("STAMPEDE_BIN")
+        .map(Into::into)
+        .unwrap_or_else(|_| root().join("target/debug/stampede"))
+}
+
+/// The core as a process of its own, configured from a test's settings through
+/// `STAMPEDE_*` variables, so a test can SIGTERM it, kill -9 it and start it again.
+pub struct CoreProcess {
+    child: tokio::process::Child,
+    env: Vec<(String, String)>,
+    pub admin_url: String,
+    pub public_url: String,
+}
+
+impl CoreProcess {
+    pub async fn spawn(s: &Settings) -> CoreProcess {
+        use secrecy::ExposeSecret;
+        let (admin, public) = (free_port(), free_port());
+        let env: Vec<(String, String)> = vec![
+            (
+                "STAMPEDE_SERVER__PUBLIC_ADDR",
+                format!("127.0.0.1:{public}"),
+            ),
+            ("STAMPEDE_SERVER__ADMIN_ADDR", format!("127.0.0.1:{admin}")),
+            ("STAMPEDE_REDIS__URL", s.redis.url.clone()),
+            ("STAMPEDE_REDIS__KEY_PREFIX", s.redis.key_prefix.clone()),
+            ("STAMPEDE_MYSQL__URL", s.mysql.url.clone()),
+            (
+                "STAMPEDE_MYSQL__PASSWORD",
+                s.mysql
+                    .password
+                    .as_ref()
+                    .unwrap()
+                    .expose_secret()
+                    .to_owned(),
+            ),
+            (
+                "STAMPEDE_ROCKETMQ__NAMESRV_ADDR",
+                s.rocketmq.namesrv_addr.clone(),
+            ),
+            ("STAMPEDE_ROCKETMQ__NAMESPACE", s.rocketmq.namespace.clone()),
+            (
+                "STAMPEDE_AUTH__ADMIN_TOKEN",
+                s.auth
+                    .admin_token
+                    .as_ref()
+                    .unwrap()
+                    .expose_secret()
+                    .to_owned(),
+            ),
+            (
+                "STAMPEDE_AUTH__TOKEN_SECRET",
+                s.auth
+                    .token_secret
+                    .as_ref()
+                    .unwrap()
+                    .expose_secret()
+                    .to_owned(),
+            ),
+            ("STAMPEDE_ORDERS__ENABLED", s.orders.enabled.to_string()),
+            (
+                "STAMPEDE_ORDERS__CLAIM_IDLE_MS",
+                s.orders.claim_idle_ms.to_string(),
+            ),
+            (
+                "STAMPEDE_ADMISSION__USER_PER_S",
+                s.admission.user_per_s.to_string(),
+            ),
+            ("STAMPEDE_LOG__FILTER", "warn".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let mut core = CoreProcess {
+            child: Self::start(&env),
+            env,
+            admin_url: format!("http://127.0.0.1:{admin}"),
+            public_url: format!("http://127.0.0.1:{public}"),
+        };
+        core.wait_healthy().await;
+        core
+    }
+
+    fn start(env: &[(String, String)]) -> tokio::process::Child {
+        tokio::process::Command::new(core_binary())
+            .arg("serve")
+            .envs(env.iter().cloned())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the stampede binary (cargo build -p stampede-core)")
+    }
+
+    pub async fn wait_healthy(&mut self) {
+        let http = reqwest::Client::new();
+        let url = format!("{}/healthz", self.admin_url);
+        let up = eventually(Duration::from_secs(30), || async {
+            http.get(&url).send().await.is_ok()
+        })
+        .await;
+        assert!(up, "the core did not start");
+    }
+
+    pub fn pid(&self) -> String {
+        self.child.id().expect("running").to_string()
+    }
+
+    /// Sends `signal` (e.g. "-TERM", "-KILL") and waits for the process to end.
+    pub async fn signal(&mut self, signal: &str) -> std::process::ExitStatus {
+        let pid = self.pid();
+        assert!(
+            std::process::Command::new("kill")
+                .args([signal, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .expect("the core ended within 15 s")
+            .unwrap()
+    }
+
+    /// Starts it again with the same configuration and ports.
+    pub async fn restart(&mut self) {
+        self.child = Self::start(&self.env);
+        self.wait_healthy().await;
+    }
+}
+
+/// A RocketMQ name server and broker of the test's own, run by `scripts/stack.sh`, so a
+/// test can stop and start them without disturbing others.
+pub struct OwnBroker {
+    pub dir: PathBuf,
+    pub namesrv_port: u16,
+    pub broker_port: u16,
+}
+
+impl OwnBroker {
+    pub fn start() -> OwnBroker {
+        let b = OwnBroker {
+            dir: std::env::temp_dir().join(format!("stampede-broker-{}", free_port())),
+            namesrv_port: free_port(),
+            broker_port: free_broker_port(),
+        };
+        let up = b.stack(&["up", "namesrv", "broker"]);
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+        b
+    }
+
+    pub fn namesrv_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.namesrv_port)
+    }
+
+    /// `scripts/stack.sh ARGS` on this stack; the other parts point at closed ports.
+    pub fn stack(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(root().join("scripts/stack.sh"))
+            .args(args)
+            .env("STACK_DIR", &self.dir)
+            .env("NAMESRV_PORT", self.namesrv_port.to_string())
+            .env("BROKER_PORT", self.broker_port.to_string())
+            .env("REDIS_PORT", "1")
+            .env("MYSQL_PORT", "1")
+            .env("EDGE_PORT", "1")
+            .env("CORE_PORT", "1")
+            .env("ADMIN_PORT", "1")
+            .output()
+            .expect("scripts/stack.sh runs")
+    }
+
+    pub fn stop_broker(&self) {
+        assert!(self.stack(&["down", "broker"]).status.success());
+    }
+
+    pub fn start_broker(&self) {
+        let up = self.stack(&["up", "broker"]);
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        self.stack(&["down"]);
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// A port for a broker: it also takes port-2, port+1 and port+3.
+fn free_broker_port() -> u16 {
+    loop {
+        let p = free_port();
+        if p > 20_000
+            && [p - 2, p + 1, p + 3]
+                .iter()
+                .all(|q| std::net::TcpListener::bind(("127.0.0.1", *q)).is_ok())
+        {
+            return p;
+        }
+    }
+}
+
 /// Ports that were free a moment ago (bound to 0, then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -406,6 +618,13 @@ pub async fn purchase(
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     )
+}
+
+/// Held by the tests that fire thousands of requests, so two of them never share the
+/// machine's two cores: overlapping, they starve the cores they test.
+pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
 }
 
 /// The test stack's own core and edge (ports of `make test`), shared by the edge tests.

@@ -327,6 +327,7 @@ fn rand_key() -> u64 {
 
 #[tokio::test]
 async fn two_thousand_concurrent_buyers_take_exactly_the_hundred_seats() {
+    let _heavy = stampede_e2e::heavy().await;
     let (app, _edge) = stack_app().await;
     let (event, categories) = open_sale(&app, small_sale(1, 10, 10, 2)).await;
     let seated = categories[1];

@@ -376,6 +376,7 @@ async fn login_gives_a_token_that_buys_and_a_wrong_password_gets_401() {
 
 #[tokio::test]
 async fn concurrent_buyers_never_take_more_than_the_stock() {
+    let _heavy = stampede_e2e::heavy().await;
     let app = spawn_app().await;
     let (event, ga, _) = sale(&app, 50, 1, 1, 2).await;
     let buyers = app.buyers(400).await;
