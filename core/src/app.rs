@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use mysql_async::Pool;
 use redis::aio::ConnectionManager;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use crate::admission::throttle::Throttle;
@@ -24,6 +24,9 @@ use crate::lock::Lock;
 use crate::metrics::Metrics;
 use crate::orders::{Pipeline, mq};
 use crate::preload::Preloader;
+
+/// Connections the kernel may queue for each listener before the core accepts them.
+const LISTEN_BACKLOG: u32 = 4096;
 
 /// How long start-up waits for the broker before going on without it (not ready).
 const BROKER_WAIT: Duration = Duration::from_secs(10);
@@ -112,10 +115,20 @@ impl App {
                 "starting without RocketMQ; /readyz says 503 until it answers"
             );
         }
-        let bind = |what, addr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| BuildError::Bind { what, addr, source })
+        let bind = |what, addr: SocketAddr| async move {
+            // A sale opens with a burst of connections: a deep accept queue (the kernel
+            // caps it at somaxconn) rather than tokio's default of 1024.
+            let listen = || {
+                let socket = if addr.is_ipv4() {
+                    TcpSocket::new_v4()?
+                } else {
+                    TcpSocket::new_v6()?
+                };
+                socket.set_reuseaddr(true)?;
+                socket.bind(addr)?;
+                socket.listen(LISTEN_BACKLOG)
+            };
+            listen().map_err(|source| BuildError::Bind { what, addr, source })
         };
         let public = bind("public API", config.public_addr).await?;
         let admin = bind("admin API", config.admin_addr).await?;

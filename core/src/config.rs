@@ -100,6 +100,8 @@ pub struct OrderSettings {
     /// Backpressure: admission pauses (503 SALE_BUSY) past this many queued reservations.
     pub max_stream_depth: u64,
     pub sweep_after_s: u64,
+    /// A reservation older than this is released rather than created late.
+    pub deadline_s: u64,
     pub checkback_grace_s: u64,
     /// Test-only fault injection: report UNKNOW after a local commit.
     pub inject_unknown: bool,

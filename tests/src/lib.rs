@@ -134,6 +134,12 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let stack = Stack::from_env();
     let (mut settings, database, prefix) = test_settings(&stack).await;
     adjust(&mut settings);
+    spawn_app_on(settings, database, prefix).await
+}
+
+/// A core on a database and key prefix that exist already (a second core of a test).
+pub async fn spawn_app_on(settings: Settings, database: String, prefix: String) -> TestApp {
+    let stack = Stack::from_env();
     let resolved = settings.clone().resolve().expect("test settings are valid");
     let app = App::build(resolved)
         .await
@@ -305,6 +311,16 @@ impl TestApp {
     /// A key of this app's, with its prefix.
     pub fn key(&self, suffix: &str) -> String {
         format!("{}{suffix}", self.prefix)
+    }
+
+    /// Stops the core and waits for its drain; the database stays.
+    pub async fn halt(self) {
+        self.stopper.stop();
+        self.task
+            .await
+            .expect("core task")
+            .expect("core stops cleanly");
+        self.mysql.disconnect().await.ok();
     }
 
     /// Stops the core, waits for its drain, and drops the test database.

@@ -196,6 +196,10 @@ impl Pipeline {
         }
         let mut backoff = Duration::from_millis(100);
         while !reservations.is_empty() {
+            reservations = self.expire_overdue(event_id, reservations).await;
+            if reservations.is_empty() {
+                return;
+            }
             let outcome = match self.events.get(event_id).await {
                 Ok(Some(event)) => self.create(&event, &reservations).await,
                 Ok(None) => Err(PersistError::Rejected(format!(
@@ -230,6 +234,47 @@ impl Pipeline {
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
+    }
+
+    /// Releases the reservations past `orders.deadline_s` whose orders do not exist, so
+    /// that none is created silently late; returns the others. Needs MySQL to decide:
+    /// while it is down, overdue reservations wait with the rest.
+    async fn expire_overdue(
+        &self,
+        event_id: u64,
+        reservations: Vec<Reservation>,
+    ) -> Vec<Reservation> {
+        let cutoff =
+            chrono::Utc::now().timestamp_millis() - (self.settings.deadline_s * 1000) as i64;
+        let (overdue, mut keep): (Vec<_>, Vec<_>) = reservations
+            .into_iter()
+            .partition(|r| r.admitted_ms < cutoff);
+        let mut redis = self.redis.clone();
+        let reason = format!("not persisted within {} s", self.settings.deadline_s);
+        for r in overdue {
+            match persist::expire(&self.mysql, self.shards, event_id, &r).await {
+                Ok(persist::Expiry::Created) => keep.push(r),
+                Ok(persist::Expiry::Expired) => {
+                    match redis::release(&mut redis, &self.keys, event_id, &r, &reason).await {
+                        Ok(_) => {
+                            self.released.inc();
+                            tracing::warn!(
+                                order_no = r.order_no,
+                                reason,
+                                "reservation expired and released"
+                            );
+                        }
+                        // Expired in MySQL already; a retry releases it (release is idempotent).
+                        Err(e) => {
+                            tracing::warn!(error = format!("{e:#}"), "release failed; will retry");
+                            keep.push(r);
+                        }
+                    }
+                }
+                Err(_) => keep.push(r),
+            }
+        }
+        keep
     }
 
     /// One batch: its transactional message and local transaction, then settle in Redis.

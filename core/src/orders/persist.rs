@@ -153,6 +153,56 @@ pub async fn create_orders(
     })
 }
 
+/// What became of a reservation past its deadline.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// Its order exists after all (a slow attempt committed): settle it.
+    Created,
+    /// Recorded as expired; no attempt can create it any more: release it.
+    Expired,
+}
+
+/// Expires a reservation unless its order exists. The EXPIRED stock_log row takes the
+/// order number's unique slot, so an attempt still inserting the order collides on it
+/// and rolls back; the existence check locks the order's gap, so an attempt that
+/// committed first is seen. Either way exactly one of the two wins.
+pub async fn expire(
+    pool: &Pool,
+    shards: u32,
+    event_id: u64,
+    r: &Reservation,
+) -> Result<Expiry, PersistError> {
+    let mut conn = pool.get_conn().await.map_err(classify)?;
+    let mut tx = conn
+        .start_transaction(TxOpts::default())
+        .await
+        .map_err(classify)?;
+    let shard = gene(r.order_no) % u64::from(shards);
+    let exists: Option<u64> = tx
+        .query_first(format!(
+            "SELECT order_no FROM `order_{shard}` WHERE order_no = {} FOR UPDATE",
+            r.order_no
+        ))
+        .await
+        .map_err(classify)?;
+    if exists.is_some() {
+        tx.commit().await.map_err(classify)?;
+        return Ok(Expiry::Created);
+    }
+    tx.exec_drop(
+        "INSERT IGNORE INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status, synced) \
+         VALUES (?, ?, ?, 0, 'expired', 'EXPIRED', 1)",
+        (r.order_no, event_id, r.category_id),
+    )
+    .await
+    .map_err(classify)?;
+    tx.commit().await.map_err(|e| match classify(e) {
+        PersistError::NotCommitted(m) => PersistError::Unknown(m),
+        other => other,
+    })?;
+    Ok(Expiry::Expired)
+}
+
 /// For the broker's check-back: did this batch's transaction commit?
 pub async fn batch_committed(pool: &Pool, batch_id: &str) -> anyhow::Result<bool> {
     let mut conn = pool.get_conn().await?;

@@ -91,6 +91,25 @@ async fn twenty_thousand_buyers_for_five_thousand_units_end_as_five_thousand_ord
         statuses.values().all(|s| s.starts_with("CREATED:")),
         "every admitted buyer's status is CREATED"
     );
+    let (_, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
+    let c = &stats["categories"][0];
+    assert_eq!(
+        (
+            c["redis_available"].as_i64(),
+            c["queued"].as_u64(),
+            c["unpaid"].as_u64(),
+            c["db_remain"].as_i64()
+        ),
+        (Some(0), Some(0), Some(5_000), Some(0)),
+        "{stats}"
+    );
+    assert_eq!(
+        (
+            stats["unsynced_stock_log"].as_u64(),
+            stats["pipeline"].as_str()
+        ),
+        (Some(0), Some("running"))
+    );
     let distinct = scalar(
         &app.mysql,
         &format!("SELECT COUNT(DISTINCT order_no) FROM stock_log WHERE event_id = {event}"),
@@ -389,5 +408,105 @@ async fn a_broker_stopped_for_twenty_seconds_delays_the_sync_but_loses_nothing()
         "did not converge after the broker came back: {now}"
     );
     assert_eq!(ordered_units(&app.mysql, event).await, (1_500, 1_500));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_past_its_deadline_is_released_not_created_late() {
+    // Admitted by a core without a pipeline; found 1.5 s later by one with a 1 s deadline.
+    let stack = stampede_e2e::Stack::from_env();
+    let (settings, database, prefix) = stampede_e2e::test_settings(&stack).await;
+    let admitting =
+        stampede_e2e::spawn_app_on(settings.clone(), database.clone(), prefix.clone()).await;
+    let (event, categories) = admitting.create_event(small_sale(10, 1, 1, 2)).await;
+    admitting.publish(event).await;
+    let buyers = admitting.buyers(3).await;
+    for b in &buyers {
+        let (status, _) = admitting
+            .buy(
+                event,
+                b,
+                "k",
+                json!({"category_id": categories[0], "quantity": 2}),
+            )
+            .await;
+        assert_eq!(status, 202);
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    admitting.halt().await;
+
+    let mut late = settings;
+    late.orders.enabled = true;
+    late.orders.deadline_s = 1;
+    let app = stampede_e2e::spawn_app_on(late, database, prefix).await;
+    let statuses_key = app.key(&format!("{{ev:{event}}}:status"));
+    let released = eventually(Duration::from_secs(15), || async {
+        let statuses: HashMap<u64, String> =
+            app.redis.clone().hgetall(&statuses_key).await.unwrap();
+        statuses.len() == 3
+            && statuses
+                .values()
+                .all(|s| s == "FAILED:not persisted within 1 s")
+    })
+    .await;
+    assert!(released, "the overdue reservations were not released");
+    let stock: i64 = app
+        .redis
+        .clone()
+        .hget(app.key(&format!("{{ev:{event}}}:stock")), categories[0])
+        .await
+        .unwrap();
+    assert_eq!(stock, 10, "every unit is back on sale");
+    let held: HashMap<u64, i64> = app
+        .redis
+        .clone()
+        .hgetall(app.key(&format!("{{ev:{event}}}:held")))
+        .await
+        .unwrap();
+    assert!(held.is_empty(), "nobody holds units any more: {held:?}");
+    assert_eq!(
+        ordered_units(&app.mysql, event).await,
+        (0, 0),
+        "no order created late"
+    );
+    let expired = scalar(
+        &app.mysql,
+        &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND status = 'EXPIRED'"),
+    )
+    .await;
+    assert_eq!(expired, 3);
+    let backlog: u64 = app
+        .redis
+        .clone()
+        .xlen(app.key(&format!("{{ev:{event}}}:orders")))
+        .await
+        .unwrap();
+    assert_eq!(backlog, 0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn admission_pauses_with_503_sale_busy_while_the_backlog_is_full() {
+    let app = spawn_app_with(|s| s.orders.max_stream_depth = 3).await;
+    let (event, categories) = app.create_event(small_sale(100, 1, 1, 2)).await;
+    app.publish(event).await;
+    let buyers = app.buyers(5).await;
+    let one = json!({"category_id": categories[0], "quantity": 1});
+    for b in &buyers[..3] {
+        assert_eq!(app.buy(event, b, "k", one.clone()).await.0, 202);
+    }
+    let (status, body) = app.buy(event, &buyers[3], "k", one.clone()).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("SALE_BUSY")),
+        "{body}"
+    );
+    let stock: i64 = app
+        .redis
+        .clone()
+        .hget(app.key(&format!("{{ev:{event}}}:stock")), categories[0])
+        .await
+        .unwrap();
+    assert_eq!(stock, 97, "the refused purchase took nothing");
     app.stop().await;
 }
