@@ -344,12 +344,16 @@ impl Mq {
         })
     }
 
-    fn message(topic: &str, batch: &BatchMessage) -> Message {
-        Message::builder()
+    fn message(topic: &str, batch: &BatchMessage, delay: Option<Duration>) -> Message {
+        let builder = Message::builder()
             .topic(topic)
             .key(CheetahString::from(batch.batch_id.clone()))
-            .body(serde_json::to_vec(batch).expect("plain data"))
-            .build_unchecked()
+            .body(serde_json::to_vec(batch).expect("plain data"));
+        match delay {
+            Some(delay) => builder.delay_secs(delay.as_secs().max(1)),
+            None => builder,
+        }
+        .build_unchecked()
     }
 
     /// Sends the batch's half message; the listener runs `job` as the local transaction.
@@ -364,7 +368,7 @@ impl Mq {
             .as_ref()
             .expect("present until dropped")
             .spawn(async move {
-                let msg = Mq::message(&mq.names.stock_sync, &batch);
+                let msg = Mq::message(&mq.names.stock_sync, &batch, None);
                 let producer = mq.tx_producer.lock().await;
                 producer
                     .send_message_in_transaction(msg, Some(job))
@@ -378,14 +382,8 @@ impl Mq {
 
     /// A plain `stock-sync` message (the outbox sweeper's).
     pub async fn publish_sync(&self, batch: &BatchMessage) -> anyhow::Result<()> {
-        let msg = Mq::message(&self.names.stock_sync, batch);
-        self.producer
-            .lock()
+        self.publish(Mq::message(&self.names.stock_sync, batch, None))
             .await
-            .send_with_timeout(msg, 3_000)
-            .await
-            .map_err(|e| anyhow::anyhow!("send: {e}"))?;
-        Ok(())
     }
 
     /// The batch's `order-timeout` message, delivered `delay` from now.
@@ -394,12 +392,11 @@ impl Mq {
         batch: &BatchMessage,
         delay: Duration,
     ) -> anyhow::Result<()> {
-        let msg = Message::builder()
-            .topic(self.names.order_timeout.as_str())
-            .key(CheetahString::from(batch.batch_id.clone()))
-            .body(serde_json::to_vec(batch).expect("plain data"))
-            .delay_secs(delay.as_secs().max(1))
-            .build_unchecked();
+        self.publish(Mq::message(&self.names.order_timeout, batch, Some(delay)))
+            .await
+    }
+
+    async fn publish(&self, msg: Message) -> anyhow::Result<()> {
         self.producer
             .lock()
             .await
