@@ -217,8 +217,9 @@ pub struct Mq {
     owner: Option<RuntimeOwner>,
     client: Arc<ClientRuntime>,
     telemetry: Option<rocketmq_observability::TelemetryRuntimeGuard>,
-    tx_producer: tokio::sync::Mutex<TransactionMQProducer>,
-    producer: tokio::sync::Mutex<DefaultMQProducer>,
+    /// Sends take `&self` and run concurrently; only shutdown takes the write lock.
+    tx_producer: tokio::sync::RwLock<TransactionMQProducer>,
+    producer: tokio::sync::RwLock<DefaultMQProducer>,
     consumer: tokio::sync::Mutex<DefaultMQPushConsumer>,
     /// Where transactional sends run (see the module's comment).
     sends: Option<tokio::runtime::Runtime>,
@@ -337,8 +338,8 @@ impl Mq {
             owner: Some(owner),
             client,
             telemetry: Some(telemetry),
-            tx_producer: tokio::sync::Mutex::new(tx_producer),
-            producer: tokio::sync::Mutex::new(producer),
+            tx_producer: tokio::sync::RwLock::new(tx_producer),
+            producer: tokio::sync::RwLock::new(producer),
             consumer: tokio::sync::Mutex::new(consumer),
             sends: Some(sends),
         })
@@ -369,7 +370,7 @@ impl Mq {
             .expect("present until dropped")
             .spawn(async move {
                 let msg = Mq::message(&mq.names.stock_sync, &batch, None);
-                let producer = mq.tx_producer.lock().await;
+                let producer = mq.tx_producer.read().await;
                 producer
                     .send_message_in_transaction(msg, Some(job))
                     .await
@@ -398,7 +399,7 @@ impl Mq {
 
     async fn publish(&self, msg: Message) -> anyhow::Result<()> {
         self.producer
-            .lock()
+            .read()
             .await
             .send_with_timeout(msg, 3_000)
             .await
@@ -409,8 +410,8 @@ impl Mq {
     /// Stops the consumer and the producers; the runtimes go when `Mq` is dropped.
     pub async fn shutdown(&self) {
         self.consumer.lock().await.shutdown().await;
-        self.tx_producer.lock().await.shutdown().await;
-        self.producer.lock().await.shutdown().await;
+        self.tx_producer.write().await.shutdown().await;
+        self.producer.write().await.shutdown().await;
         let _ = self.client.shutdown().await;
         if let Some(owner) = &self.owner {
             let _ = owner.shutdown_tasks().await;
