@@ -68,6 +68,11 @@ impl Keys {
         self.event_key(event_id, "orders")
     }
 
+    /// Set: order numbers whose units were given back after a cancellation.
+    pub fn restocked(&self, event_id: u64) -> String {
+        self.event_key(event_id, "restocked")
+    }
+
     /// String: the preload lock, holding its owner's token.
     pub fn preload_lock(&self, event_id: u64) -> String {
         self.event_key(event_id, "preload-lock")

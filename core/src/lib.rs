@@ -14,6 +14,7 @@ pub mod http;
 pub mod ids;
 pub mod infra;
 pub mod keys;
+pub mod lifecycle;
 pub mod lock;
 pub mod metrics;
 pub mod orders;

@@ -11,10 +11,11 @@ pub enum PurchaseStatus {
     Queued { request_id: String },
     Created { order_no: String },
     Failed { reason: String },
+    Cancelled { order_no: String },
 }
 
 impl PurchaseStatus {
-    /// Parses `QUEUED:<id>`, `CREATED:<order no>`, `FAILED:<reason>`.
+    /// Parses `QUEUED:<id>`, `CREATED:<order no>`, `FAILED:<reason>`, `CANCELLED:<order no>`.
     pub fn parse(value: &str) -> anyhow::Result<PurchaseStatus> {
         let (kind, rest) = value
             .split_once(':')
@@ -28,6 +29,9 @@ impl PurchaseStatus {
             },
             "FAILED" => PurchaseStatus::Failed {
                 reason: rest.to_owned(),
+            },
+            "CANCELLED" => PurchaseStatus::Cancelled {
+                order_no: rest.to_owned(),
             },
             other => anyhow::bail!("unknown purchase status {other:?}"),
         })
@@ -71,6 +75,11 @@ mod tests {
             PurchaseStatus::Failed {
                 reason: "deadline passed".into()
             }
+        );
+        let s = PurchaseStatus::parse("CANCELLED:77").unwrap();
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({"status": "CANCELLED", "order_no": "77"})
         );
         assert!(PurchaseStatus::parse("WHAT:1").is_err());
         assert!(PurchaseStatus::parse("QUEUED").is_err());

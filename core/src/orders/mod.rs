@@ -430,14 +430,39 @@ impl Pipeline {
                     let pool = check_pool.clone();
                     Box::pin(async move { persist::batch_committed(&pool, &batch_id).await })
                 },
-                move |message: BatchMessage| {
+                {
                     let pool = pool.clone();
-                    Box::pin(async move {
-                        let synced =
-                            crate::stock_sync::apply(&pool, shards, &message.batch_id).await?;
-                        tracing::debug!(batch = message.batch_id, ?synced, "stock synced");
-                        Ok(())
-                    })
+                    move |message: BatchMessage| {
+                        let pool = pool.clone();
+                        Box::pin(async move {
+                            let synced =
+                                crate::stock_sync::apply(&pool, shards, &message.batch_id).await?;
+                            tracing::debug!(batch = message.batch_id, ?synced, "stock synced");
+                            Ok(())
+                        })
+                    }
+                },
+                {
+                    let (redis, keys) = (self.redis.clone(), self.keys.clone());
+                    move |message: BatchMessage| {
+                        let (pool, mut redis, keys) = (pool.clone(), redis.clone(), keys.clone());
+                        Box::pin(async move {
+                            let n = crate::lifecycle::expire_batch(
+                                &pool,
+                                &mut redis,
+                                &keys,
+                                shards,
+                                &message.batch_id,
+                            )
+                            .await?;
+                            tracing::debug!(
+                                batch = message.batch_id,
+                                cancelled = n,
+                                "order timeout applied"
+                            );
+                            Ok(())
+                        })
+                    }
                 },
             )
             .await;
@@ -459,6 +484,43 @@ impl Pipeline {
         }
     }
 
+    /// Cancels UNPAID orders well past their deadline: their timeout message was lost.
+    async fn cancel_overdue(&self) {
+        const OVERDUE_S: u64 = 30;
+        let orders = match crate::lifecycle::overdue(&self.mysql, self.shards, OVERDUE_S, 200).await
+        {
+            Ok(orders) => orders,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "overdue-order sweep failed");
+                return;
+            }
+        };
+        let mut redis = self.redis.clone();
+        for order_no in orders {
+            tracing::warn!(
+                order_no,
+                "cancelling an order whose timeout message never came"
+            );
+            if let Err(e) = crate::lifecycle::cancel(
+                &self.mysql,
+                &mut redis,
+                &self.keys,
+                self.shards,
+                order_no,
+                None,
+                true,
+            )
+            .await
+            {
+                tracing::warn!(
+                    order_no,
+                    error = format!("{e:#}"),
+                    "overdue cancellation failed"
+                );
+            }
+        }
+    }
+
     /// Until `stop`: re-publishes batches whose stock_log rows stay unsynced.
     pub async fn run_sweeper(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(Duration::from_secs(2));
@@ -467,6 +529,7 @@ impl Pipeline {
                 _ = tick.tick() => {}
                 _ = stopped(&mut stop) => return,
             }
+            self.cancel_overdue().await;
             let Some(mq) = self.mq.get() else { continue };
             match crate::stock_sync::stale_batches(&self.mysql, self.settings.sweep_after_s, 500)
                 .await

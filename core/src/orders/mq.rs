@@ -45,6 +45,7 @@ pub struct Names {
     pub tx_group: String,
     pub producer_group: String,
     pub sync_group: String,
+    pub timeout_group: String,
 }
 
 impl Names {
@@ -55,6 +56,7 @@ impl Names {
             tx_group: format!("{namespace}stampede-orders-tx"),
             producer_group: format!("{namespace}stampede-orders"),
             sync_group: format!("{namespace}stampede-stock-sync"),
+            timeout_group: format!("{namespace}stampede-order-timeout"),
         }
     }
 }
@@ -179,12 +181,15 @@ impl TransactionListener for OrdersTxListener {
 /// Applies one `stock-sync` message; answered on the core's runtime.
 type SyncFn = Arc<dyn Fn(BatchMessage) -> BoxFuture<anyhow::Result<()>> + Send + Sync>;
 
-struct StockSyncListener {
+/// Applies each delivered batch message (stock sync, order timeout) on the core's runtime.
+struct BatchListener {
     core: Handle,
     apply: SyncFn,
+    /// For the logs.
+    what: &'static str,
 }
 
-impl MessageListenerConcurrently for StockSyncListener {
+impl MessageListenerConcurrently for BatchListener {
     fn consume_message(
         &self,
         msgs: &[&MessageExt],
@@ -195,14 +200,15 @@ impl MessageListenerConcurrently for StockSyncListener {
                 .get_body()
                 .and_then(|b| serde_json::from_slice::<BatchMessage>(b).ok())
             else {
-                tracing::error!("stock-sync message without a batch; skipped");
+                tracing::error!(what = self.what, "message without a batch; skipped");
                 continue;
             };
             if let Err(e) = wait_on(&self.core, (self.apply)(batch.clone())) {
                 tracing::warn!(
+                    what = self.what,
                     batch = batch.batch_id,
                     error = format!("{e:#}"),
-                    "stock sync failed; redelivery later"
+                    "failed; redelivery later"
                 );
                 return Ok(ConsumeConcurrentlyStatus::ReconsumeLater);
             }
@@ -221,6 +227,7 @@ pub struct Mq {
     tx_producer: tokio::sync::RwLock<TransactionMQProducer>,
     producer: tokio::sync::RwLock<DefaultMQProducer>,
     consumer: tokio::sync::Mutex<DefaultMQPushConsumer>,
+    timeout_consumer: tokio::sync::Mutex<DefaultMQPushConsumer>,
     /// Where transactional sends run (see the module's comment).
     sends: Option<tokio::runtime::Runtime>,
 }
@@ -240,6 +247,7 @@ impl Mq {
         settings: MqSettings,
         check: impl Fn(String) -> BoxFuture<anyhow::Result<bool>> + Send + Sync + 'static,
         apply: impl Fn(BatchMessage) -> BoxFuture<anyhow::Result<()>> + Send + Sync + 'static,
+        expire: impl Fn(BatchMessage) -> BoxFuture<anyhow::Result<()>> + Send + Sync + 'static,
     ) -> anyhow::Result<Mq> {
         let core = Handle::current();
         let mut config = RuntimeConfig {
@@ -319,14 +327,34 @@ impl Mq {
             .subscribe(names.stock_sync.as_str(), "*")
             .await
             .map_err(|e| anyhow::anyhow!("subscribe to {}: {e}", names.stock_sync))?;
-        consumer.register_message_listener_concurrently(StockSyncListener {
+        consumer.register_message_listener_concurrently(BatchListener {
             core,
             apply: Arc::new(apply),
+            what: "stock sync",
         });
         consumer
             .start()
             .await
             .map_err(|e| anyhow::anyhow!("start the stock-sync consumer: {e}"))?;
+        let mut timeout_consumer = DefaultMQPushConsumer::builder(client.clone())
+            .client_config(config())
+            .consumer_group(names.timeout_group.clone())
+            .name_server_addr(settings.namesrv.clone())
+            .consume_message_batch_max_size(8)
+            .build();
+        timeout_consumer
+            .subscribe(names.order_timeout.as_str(), "*")
+            .await
+            .map_err(|e| anyhow::anyhow!("subscribe to {}: {e}", names.order_timeout))?;
+        timeout_consumer.register_message_listener_concurrently(BatchListener {
+            core: Handle::current(),
+            apply: Arc::new(expire),
+            what: "order timeout",
+        });
+        timeout_consumer
+            .start()
+            .await
+            .map_err(|e| anyhow::anyhow!("start the order-timeout consumer: {e}"))?;
         let sends = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(settings.send_threads.max(2))
             .thread_name("stampede-tx-send")
@@ -341,6 +369,7 @@ impl Mq {
             tx_producer: tokio::sync::RwLock::new(tx_producer),
             producer: tokio::sync::RwLock::new(producer),
             consumer: tokio::sync::Mutex::new(consumer),
+            timeout_consumer: tokio::sync::Mutex::new(timeout_consumer),
             sends: Some(sends),
         })
     }
@@ -410,6 +439,7 @@ impl Mq {
     /// Stops the consumer and the producers; the runtimes go when `Mq` is dropped.
     pub async fn shutdown(&self) {
         self.consumer.lock().await.shutdown().await;
+        self.timeout_consumer.lock().await.shutdown().await;
         self.tx_producer.write().await.shutdown().await;
         self.producer.write().await.shutdown().await;
         let _ = self.client.shutdown().await;

@@ -31,6 +31,10 @@ pub async fn route(state: &AppState, req: Request) -> Response {
                 (&Method::POST, ["events", id, "orders"]) => {
                     orders::create(state, path_id(id), user_id, req).await
                 }
+                (&Method::GET, ["orders", no]) => orders::order(state, path_id(no), user_id).await,
+                (&Method::POST, ["orders", no, "cancel"]) => {
+                    orders::cancel(state, path_id(no), user_id).await
+                }
                 (&Method::GET, ["events", id, "orders", "status"]) => {
                     orders::status(state, path_id(id), user_id).await
                 }

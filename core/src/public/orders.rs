@@ -6,6 +6,7 @@ use serde_json::json;
 use crate::admission::{self, AdmissionError, status};
 use crate::app::AppState;
 use crate::http::{ApiError, Request, Response, json, read_json};
+use crate::lifecycle::{self, Cancelled};
 
 /// Longest Idempotency-Key accepted.
 const MAX_KEY_LEN: usize = 64;
@@ -53,5 +54,53 @@ pub async fn status(
         None => Err(ApiError::NotFound(format!(
             "no purchase of yours in event {event_id}"
         ))),
+    }
+}
+
+/// `GET /api/orders/{order_no}`: the caller's order with its seats; anyone else's is 404.
+pub async fn order(
+    state: &AppState,
+    order_no: Result<u64, ApiError>,
+    user_id: u64,
+) -> Result<Response, ApiError> {
+    let order_no = order_no?;
+    let shards = state.config.settings.mysql.order_shards;
+    lifecycle::view(&state.mysql, shards, order_no, Some(user_id))
+        .await?
+        .map(|o| json(StatusCode::OK, &o))
+        .ok_or_else(|| ApiError::NotFound(format!("no order {order_no} of yours")))
+}
+
+/// `POST /api/orders/{order_no}/cancel` by its buyer, while UNPAID.
+pub async fn cancel(
+    state: &AppState,
+    order_no: Result<u64, ApiError>,
+    user_id: u64,
+) -> Result<Response, ApiError> {
+    let order_no = order_no?;
+    let shards = state.config.settings.mysql.order_shards;
+    let mut redis = state.redis.clone();
+    match lifecycle::cancel(
+        &state.mysql,
+        &mut redis,
+        &state.keys,
+        shards,
+        order_no,
+        Some(user_id),
+        false,
+    )
+    .await?
+    {
+        Cancelled::Now { order, .. } => Ok(json(StatusCode::OK, &order)),
+        Cancelled::NotUnpaid(order) => Err(ApiError::Conflict(
+            "NOT_CANCELLABLE",
+            format!(
+                "order {order_no} is {} and cannot be cancelled",
+                order.status
+            ),
+        )),
+        Cancelled::NotFound | Cancelled::NotDue(_) => {
+            Err(ApiError::NotFound(format!("no order {order_no} of yours")))
+        }
     }
 }

@@ -5,5 +5,6 @@ mod admin_users;
 mod docs;
 mod edge;
 mod health;
+mod lifecycle;
 mod pipeline;
 mod purchase;

@@ -1,0 +1,28 @@
+-- restock.lua: give a cancelled order's units and seats back, exactly once (the order
+-- number's entry in the restocked set is the guard).
+--
+-- KEYS[1] restocked  set   order numbers already given back
+-- KEYS[2] stock      KEYS[3] soldout   KEYS[4] held    KEYS[5] status
+-- KEYS[6] seats      KEYS[7] rowfree   (the order's category's)
+-- ARGV[1] order no   ARGV[2] user id   ARGV[3] category id   ARGV[4] quantity
+-- ARGV[5] seats "r:c,r:c" or ""
+--
+-- Returns (mirrored by Restocked in core/src/lifecycle/mod.rs):
+--    1  given back now
+--    0  given back before: nothing changed
+local rcall = redis.call
+local order, user, cid, qty = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+if rcall('SADD', KEYS[1], order) == 0 then return 0 end
+if rcall('HINCRBY', KEYS[2], cid, qty) > 0 then rcall('HDEL', KEYS[3], cid) end
+if rcall('HINCRBY', KEYS[4], user, -qty) <= 0 then rcall('HDEL', KEYS[4], user) end
+local lock = 'L:' .. order
+for seat in string.gmatch(ARGV[5], '[^,]+') do
+  if rcall('HGET', KEYS[6], seat) == lock then
+    rcall('HSET', KEYS[6], seat, 'F')
+    rcall('HINCRBY', KEYS[7], string.match(seat, '^(%d+):'), 1)
+  end
+end
+if rcall('HGET', KEYS[5], user) == 'CREATED:' .. order then
+  rcall('HSET', KEYS[5], user, 'CANCELLED:' .. order)
+end
+return 1

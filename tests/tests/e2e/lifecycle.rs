@@ -1,0 +1,252 @@
+//! The order lifecycle: the owner's view and cancel, and cancellation at the deadline.
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde_json::json;
+use stampede_e2e::{Buyer, TestApp, eventually, scalar, small_sale, spawn_app_with};
+
+/// Waits until the buyer's purchase is CREATED; its order number.
+async fn created(app: &TestApp, event: u64, buyer: &Buyer) -> u64 {
+    let url = format!("{}/api/events/{event}/orders/status", app.public_url);
+    let mut order_no = None;
+    for _ in 0..100 {
+        let status: serde_json::Value = app
+            .http
+            .get(&url)
+            .bearer_auth(&buyer.token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if status["status"] == "CREATED" {
+            order_no = status["order_no"].as_str().map(|s| s.parse().unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    order_no.expect("the purchase became an order within 10 s")
+}
+
+async fn call(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    buyer: &Buyer,
+) -> (u16, serde_json::Value) {
+    let resp = app
+        .http
+        .request(method, format!("{}{path}", app.public_url))
+        .bearer_auth(&buyer.token)
+        .send()
+        .await
+        .unwrap();
+    (
+        resp.status().as_u16(),
+        resp.json().await.unwrap_or_default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, categories) = app.create_event(small_sale(10, 2, 2, 4)).await;
+    app.publish(event).await;
+    let (ga, seated) = (categories[0], categories[1]);
+    let buyers = app.buyers(2).await;
+    let (owner, other) = (&buyers[0], &buyers[1]);
+    assert_eq!(
+        app.buy(
+            event,
+            owner,
+            "a",
+            json!({"category_id": seated, "seat_ids": ["1:1", "1:2"]})
+        )
+        .await
+        .0,
+        202
+    );
+    let order_no = created(&app, event, owner).await;
+
+    let (status, order) = call(
+        &app,
+        reqwest::Method::GET,
+        &format!("/api/orders/{order_no}"),
+        owner,
+    )
+    .await;
+    assert_eq!(status, 200, "{order}");
+    assert_eq!(
+        (order["status"].as_str(), order["quantity"].as_u64()),
+        (Some("UNPAID"), Some(2))
+    );
+    assert_eq!(order["seats"], json!(["1:1", "1:2"]));
+    assert_eq!(order["amount_cents"], 18_000);
+    for method in [reqwest::Method::GET] {
+        assert_eq!(
+            call(&app, method, &format!("/api/orders/{order_no}"), other)
+                .await
+                .0,
+            404
+        );
+    }
+    assert_eq!(
+        call(
+            &app,
+            reqwest::Method::POST,
+            &format!("/api/orders/{order_no}/cancel"),
+            other
+        )
+        .await
+        .0,
+        404
+    );
+
+    let (status, cancelled) = call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{order_no}/cancel"),
+        owner,
+    )
+    .await;
+    assert_eq!(
+        (status, cancelled["status"].as_str()),
+        (200, Some("CANCELLED")),
+        "{cancelled}"
+    );
+    let (status, again) = call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{order_no}/cancel"),
+        owner,
+    )
+    .await;
+    assert_eq!(
+        (status, again["error"]["code"].as_str()),
+        (409, Some("NOT_CANCELLABLE"))
+    );
+
+    let mut r = app.redis.clone();
+    let stock: i64 = r
+        .hget(app.key(&format!("{{ev:{event}}}:stock")), seated)
+        .await
+        .unwrap();
+    assert_eq!(stock, 4, "both seats back on sale, once");
+    let seat: String = r
+        .hget(app.key(&format!("{{ev:{event}}}:seats:{seated}")), "1:1")
+        .await
+        .unwrap();
+    assert_eq!(seat, "F");
+    let held: Option<i64> = r
+        .hget(app.key(&format!("{{ev:{event}}}:held")), owner.user_id)
+        .await
+        .unwrap();
+    assert_eq!(held, None, "the owner's limit is free again");
+    let synced_back = eventually(Duration::from_secs(10), || async {
+        scalar(
+            &app.mysql,
+            &format!("SELECT remain FROM ticket_category WHERE id = {seated}"),
+        )
+        .await
+            == 4
+    })
+    .await;
+    assert!(synced_back, "MySQL remain is back to 4");
+    assert_eq!(
+        scalar(
+            &app.mysql,
+            &format!("SELECT COUNT(*) FROM seat WHERE category_id = {seated} AND status = 'FREE'")
+        )
+        .await,
+        4
+    );
+    // The owner can buy again: the same seats, even.
+    assert_eq!(
+        app.buy(
+            event,
+            owner,
+            "b",
+            json!({"category_id": seated, "seat_ids": ["1:1"]})
+        )
+        .await
+        .0,
+        202
+    );
+    let _ = ga;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_unpaid_past_its_window_is_cancelled_and_its_unit_sold_again() {
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let mut sale = small_sale(1, 1, 1, 1);
+    sale["pay_timeout_s"] = json!(2);
+    let (event, categories) = app.create_event(sale).await;
+    app.publish(event).await;
+    let ga = categories[0];
+    let buyers = app.buyers(2).await;
+    assert_eq!(
+        app.buy(
+            event,
+            &buyers[0],
+            "a",
+            json!({"category_id": ga, "quantity": 1})
+        )
+        .await
+        .0,
+        202
+    );
+    let order_no = created(&app, event, &buyers[0]).await;
+    let (status, body) = app
+        .buy(
+            event,
+            &buyers[1],
+            "b",
+            json!({"category_id": ga, "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("SOLD_OUT"))
+    );
+
+    // The batch's order-timeout message comes after 2 s and cancels the unpaid order.
+    let cancelled = eventually(Duration::from_secs(20), || async {
+        call(
+            &app,
+            reqwest::Method::GET,
+            &format!("/api/orders/{order_no}"),
+            &buyers[0],
+        )
+        .await
+        .1["status"]
+            == "CANCELLED"
+    })
+    .await;
+    assert!(
+        cancelled,
+        "the unpaid order was not cancelled after its window"
+    );
+    let (status, body) = app
+        .buy(
+            event,
+            &buyers[1],
+            "c",
+            json!({"category_id": ga, "quantity": 1}),
+        )
+        .await;
+    assert_eq!(status, 202, "the unit is on sale again: {body}");
+    let resold = created(&app, event, &buyers[1]).await;
+    assert_ne!(resold, order_no);
+    let (_, status) = call(
+        &app,
+        reqwest::Method::GET,
+        &format!("/api/events/{event}/orders/status"),
+        &buyers[0],
+    )
+    .await;
+    assert_eq!(status["status"], "CANCELLED", "{status}");
+    app.stop().await;
+}
