@@ -220,11 +220,13 @@ core_env() {
   export STAMPEDE_ROCKETMQ__NAMESRV_ADDR=127.0.0.1:$NAMESRV_PORT
   export STAMPEDE_AUTH__ADMIN_TOKEN_FILE=$STACK_DIR/admin.token
   export STAMPEDE_AUTH__TOKEN_SECRET_FILE=$STACK_DIR/token.secret
+  export STAMPEDE_PAYMENTS__PROVIDER_SECRET_FILE=$STACK_DIR/provider.secret
 }
 health_core() { curl -fsS -m 1 "http://127.0.0.1:$ADMIN_PORT/healthz" >/dev/null 2>&1; }
 start_core() {
   secret_file admin.token >/dev/null
   secret_file token.secret >/dev/null
+  secret_file provider.secret >/dev/null
   before_start core "$ADMIN_PORT" ADMIN_PORT || return 0
   port_open "$CORE_PORT" && die "port $CORE_PORT is taken by something that is not the Stampede core; free it or set CORE_PORT"
   build_core

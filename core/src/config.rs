@@ -21,6 +21,7 @@ pub struct Settings {
     pub mysql: MysqlSettings,
     pub rocketmq: RocketmqSettings,
     pub auth: AuthSettings,
+    pub payments: PaymentSettings,
     pub admission: AdmissionSettings,
     pub orders: OrderSettings,
     pub ids: IdSettings,
@@ -77,6 +78,13 @@ pub struct AuthSettings {
     pub admin_token_file: Option<PathBuf>,
     pub token_secret: Option<SecretString>,
     pub token_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentSettings {
+    pub provider_secret: Option<SecretString>,
+    pub provider_secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -154,6 +162,8 @@ pub struct Resolved {
     pub admin_addr: SocketAddr,
     pub admin_token: SecretString,
     pub token_secret: SecretString,
+    /// The payment provider's signing secret, when payments are configured.
+    pub provider_secret: Option<SecretString>,
     pub mysql_opts: mysql_async::Opts,
 }
 
@@ -291,7 +301,14 @@ impl Settings {
             16,
         )?
         .ok_or_else(|| ConfigError("set auth.token_secret or auth.token_secret_file".into()))?;
+        let provider_secret = secret(
+            "payments.provider_secret",
+            self.payments.provider_secret.as_ref(),
+            self.payments.provider_secret_file.as_deref(),
+            16,
+        )?;
         Ok(Resolved {
+            provider_secret,
             settings: self,
             public_addr,
             admin_addr,

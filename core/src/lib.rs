@@ -18,6 +18,7 @@ pub mod lifecycle;
 pub mod lock;
 pub mod metrics;
 pub mod orders;
+pub mod paysim;
 pub mod preload;
 pub mod public;
 pub mod stock_sync;

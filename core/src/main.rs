@@ -30,12 +30,66 @@ enum Command {
         #[arg(long, env = "STAMPEDE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Play the payment provider: sign and post a payment callback.
+    PaySim {
+        /// The callback URL, e.g. http://127.0.0.1:8080/api/payments/callback
+        #[arg(long)]
+        url: String,
+        /// File holding the provider's signing secret (e.g. .stack/provider.secret).
+        #[arg(long)]
+        secret_file: PathBuf,
+        #[arg(long)]
+        order_no: String,
+        #[arg(long)]
+        amount_cents: u64,
+        /// The provider's transaction id (default: one made up per run).
+        #[arg(long)]
+        txn_id: Option<String>,
+        /// Post the same callback this many times (a provider retrying).
+        #[arg(long, default_value_t = 1)]
+        times: u32,
+        /// Wait this long first (a late payment).
+        #[arg(long, default_value_t = 0)]
+        after_s: u64,
+    },
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (Command::Serve { config } | Command::CheckConfig { config }) = &cli.command;
+    let config = match cli.command {
+        Command::PaySim {
+            url,
+            secret_file,
+            order_no,
+            amount_cents,
+            txn_id,
+            times,
+            after_s,
+        } => {
+            let Ok(secret) = std::fs::read_to_string(&secret_file) else {
+                eprintln!("stampede: cannot read {}", secret_file.display());
+                return ExitCode::from(EX_CONFIG);
+            };
+            let sim = stampede_core::paysim::PaySim {
+                url,
+                secret,
+                order_no,
+                amount_cents,
+                provider_txn_id: txn_id.unwrap_or_else(|| format!("sim-{:016x}", rand_id())),
+                times,
+                after: std::time::Duration::from_secs(after_s),
+            };
+            return match stampede_core::paysim::run(sim).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("stampede: pay-sim: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::Serve { ref config } | Command::CheckConfig { ref config } => config.clone(),
+    };
     let resolved = match Settings::load(config.as_deref()).and_then(Settings::resolve) {
         Ok(r) => r,
         Err(e) => {
@@ -71,6 +125,14 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A made-up provider transaction id's random part.
+fn rand_id() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 async fn wait_for_signal() {

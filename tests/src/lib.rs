@@ -119,6 +119,7 @@ pub async fn test_settings(stack: &Stack) -> (Settings, String, String) {
     s.orders.claim_idle_ms = 2_000;
     s.auth.admin_token = Some(format!("admin-{tag:016x}-token").into());
     s.auth.token_secret = Some(format!("secret-{tag:016x}-key").into());
+    s.payments.provider_secret = Some(format!("provider-{tag:016x}-key").into());
     s.startup.connect_timeout_s = 10;
     s.preload.interval_s = 1;
     (s, database, prefix)

@@ -38,6 +38,12 @@ pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError
     let held = units_by_status(state, id).await?;
     let (queued_total, queued) = queued_units(state, id).await?;
     let (unsynced, sync_lag_s) = crate::stock_sync::lag(&state.mysql, id).await?;
+    let refunds_pending = crate::lifecycle::pay::refunds_pending(
+        &state.mysql,
+        state.config.settings.mysql.order_shards,
+        id,
+    )
+    .await?;
     let pipeline = match &state.pipeline {
         None => "disabled".to_owned(),
         Some(p) => p.blocked_reason().unwrap_or_else(|| "running".to_owned()),
@@ -62,7 +68,7 @@ pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError
         &json!({
             "event_id": id, "status": event.status, "categories": categories,
             "queued_reservations": queued_total, "unsynced_stock_log": unsynced,
-            "sync_lag_s": sync_lag_s, "pipeline": pipeline,
+            "sync_lag_s": sync_lag_s, "pipeline": pipeline, "refunds_pending": refunds_pending,
         }),
     ))
 }

@@ -12,6 +12,7 @@ pub enum PurchaseStatus {
     Created { order_no: String },
     Failed { reason: String },
     Cancelled { order_no: String },
+    Paid { order_no: String },
 }
 
 impl PurchaseStatus {
@@ -31,6 +32,9 @@ impl PurchaseStatus {
                 reason: rest.to_owned(),
             },
             "CANCELLED" => PurchaseStatus::Cancelled {
+                order_no: rest.to_owned(),
+            },
+            "PAID" => PurchaseStatus::Paid {
                 order_no: rest.to_owned(),
             },
             other => anyhow::bail!("unknown purchase status {other:?}"),

@@ -3,6 +3,8 @@
 //! left unpaid past their deadline. Cancelling is a conditional UPDATE (only from
 //! UNPAID) in MySQL, then the units and seats go back in Redis by one script, once.
 
+pub mod pay;
+
 use std::sync::LazyLock;
 
 use anyhow::Context;

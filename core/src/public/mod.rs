@@ -21,6 +21,9 @@ pub async fn route(state: &AppState, req: Request) -> Response {
         (&Method::GET, ["healthz"]) => return health::healthz(),
         (&Method::GET, ["readyz"]) => return health::readyz(state).await,
         (&Method::POST, ["api", "login"]) => login::login(state, req).await,
+        (&Method::POST, ["api", "payments", "callback"]) => {
+            orders::payment_callback(state, req).await
+        }
         (_, ["api", ..]) => match user(state, &req) {
             Ok(user_id) => match (&method, &segs[1..]) {
                 (&Method::GET, ["events"]) => events::list(state).await,
@@ -34,6 +37,9 @@ pub async fn route(state: &AppState, req: Request) -> Response {
                 (&Method::GET, ["orders", no]) => orders::order(state, path_id(no), user_id).await,
                 (&Method::POST, ["orders", no, "cancel"]) => {
                     orders::cancel(state, path_id(no), user_id).await
+                }
+                (&Method::POST, ["orders", no, "pay"]) => {
+                    orders::pay(state, path_id(no), user_id).await
                 }
                 (&Method::GET, ["events", id, "orders", "status"]) => {
                     orders::status(state, path_id(id), user_id).await

@@ -104,3 +104,76 @@ pub async fn cancel(
         }
     }
 }
+
+/// `POST /api/orders/{order_no}/pay`: what the browser needs to pay the provider.
+pub async fn pay(
+    state: &AppState,
+    order_no: Result<u64, ApiError>,
+    user_id: u64,
+) -> Result<Response, ApiError> {
+    let order_no = order_no?;
+    let shards = state.config.settings.mysql.order_shards;
+    let order = lifecycle::view(&state.mysql, shards, order_no, Some(user_id))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no order {order_no} of yours")))?;
+    if order.status != "UNPAID" {
+        return Err(ApiError::Conflict(
+            "NOT_PAYABLE",
+            format!("order {order_no} is {}", order.status),
+        ));
+    }
+    Ok(json(
+        StatusCode::OK,
+        &json!({
+            "order_no": order.order_no, "amount_cents": order.amount_cents, "pay_by": order.pay_deadline,
+            "provider": {"reference": order.order_no, "callback": "/api/payments/callback"},
+        }),
+    ))
+}
+
+/// `POST /api/payments/callback`, from the provider: signed, not a user's call.
+pub async fn payment_callback(state: &AppState, req: Request) -> Result<Response, ApiError> {
+    use http_body_util::BodyExt;
+    use lifecycle::pay::{self, Refused};
+    let Some(secret) = &state.config.provider_secret else {
+        return Err(ApiError::Unavailable(
+            "payments are not configured (payments.provider_secret)".into(),
+        ));
+    };
+    let signature = req
+        .headers()
+        .get(pay::SIGNATURE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = http_body_util::Limited::new(req.into_body(), 16 * 1024)
+        .collect()
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge(16 * 1024))?
+        .to_bytes();
+    let shards = state.config.settings.mysql.order_shards;
+    let mut redis = state.redis.clone();
+    use secrecy::ExposeSecret;
+    match pay::apply(
+        &state.mysql,
+        &mut redis,
+        &state.keys,
+        shards,
+        secret.expose_secret().as_bytes(),
+        &body,
+        signature.as_deref(),
+    )
+    .await
+    {
+        Ok((applied, order_no)) => Ok(json(
+            StatusCode::OK,
+            &json!({"result": applied, "order_no": order_no.to_string()}),
+        )),
+        Err(Refused::BadSignature) => Err(ApiError::Unauthorized("bad payment signature".into())),
+        Err(Refused::Invalid(m)) => Err(ApiError::Invalid(m)),
+        Err(e @ Refused::NoSuchOrder(_)) => Err(ApiError::NotFound(e.to_string())),
+        Err(e @ Refused::AmountMismatch { .. }) => {
+            Err(ApiError::Conflict("AMOUNT_MISMATCH", e.to_string()))
+        }
+        Err(Refused::Unexpected(e)) => Err(ApiError::Unexpected(e)),
+    }
+}

@@ -57,13 +57,16 @@ pub async fn apply(pool: &Pool, shards: u32, batch_id: &str) -> anyhow::Result<S
         .context("Failed to update ticket_category.remain")?;
     }
     for (shard, orders) in per_shard {
-        // Seats of these orders: one statement per shard, inserting over the seat rows.
+        // Seats of these orders: one statement per shard, inserting over the seat rows; a
+        // seat its order has paid for already (payment came first) stays SOLD.
         tx.query_drop(format!(
             "INSERT INTO seat (category_id, row_no, col_no, event_id, status, order_no) \
              SELECT i.category_id, i.row_no, i.col_no, o.event_id, 'LOCKED', i.order_no \
              FROM `order_item_{shard}` i JOIN `order_{shard}` o ON o.order_no = i.order_no \
              WHERE i.order_no IN ({}) AND i.row_no IS NOT NULL \
-             ON DUPLICATE KEY UPDATE status = 'LOCKED', order_no = VALUES(order_no)",
+             ON DUPLICATE KEY UPDATE \
+               status = IF(seat.status = 'SOLD' AND seat.order_no = VALUES(order_no), 'SOLD', 'LOCKED'), \
+               order_no = VALUES(order_no)",
             orders.join(",")
         ))
         .await

@@ -51,4 +51,9 @@ function _M.login()
   limited("login", "", "")
 end
 
+-- POST /api/payments/callback: the provider's, signed (checked by the core), no token.
+function _M.callback()
+  limited("callback", "", "")
+end
+
 return _M

@@ -1,0 +1,228 @@
+//! Payment: the provider calls back with a body it signed (HMAC-SHA256 of the raw body,
+//! hex, in `X-Signature`). Verified, the amount checked, and applied once per provider
+//! transaction id: the order goes UNPAID → PAID with a conditional update and its seats
+//! locked → sold in MySQL and Redis. A payment for an order already cancelled (or paid
+//! by another transaction) is recorded as REFUND_PENDING, never silently accepted.
+//! Pay and cancel both lock the order's row first, so exactly one of them wins.
+
+use std::sync::LazyLock;
+
+use anyhow::Context;
+use hmac::{Hmac, Mac};
+use mysql_async::prelude::*;
+use mysql_async::{Pool, TxOpts};
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+use super::{OrderView, load_in, shard};
+use crate::keys::Keys;
+
+static SOLD: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/sold.lua")));
+
+/// `sold.lua`'s answer: seats moved to sold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sold(pub u64);
+
+/// The header the provider's signature travels in.
+pub const SIGNATURE_HEADER: &str = "x-signature";
+
+/// Hex HMAC-SHA256 of `body` with `secret`: the provider's signature (and pay-sim's).
+pub fn sign(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(body);
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What the provider posts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Callback {
+    pub provider_txn_id: String,
+    /// As a string: order numbers are 63-bit.
+    pub order_no: String,
+    pub amount_cents: u64,
+}
+
+/// What became of a callback.
+#[derive(Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Applied {
+    /// The order is PAID now.
+    Paid,
+    /// The order was cancelled or paid already: the money is to be refunded.
+    RefundPending,
+    /// This provider transaction was seen before; nothing changed.
+    Duplicate,
+}
+
+/// Why a callback was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("bad signature")]
+    BadSignature,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no order {0}")]
+    NoSuchOrder(u64),
+    #[error("amount {got} does not match the order's {expected}")]
+    AmountMismatch { got: u64, expected: u64 },
+    #[error(transparent)]
+    Unexpected(#[from] anyhow::Error),
+}
+
+/// Verifies and applies one callback.
+pub async fn apply(
+    pool: &Pool,
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    shards: u32,
+    secret: &[u8],
+    body: &[u8],
+    signature: Option<&str>,
+) -> Result<(Applied, u64), Refused> {
+    let expected = sign(secret, body);
+    let given = signature.unwrap_or("").trim().to_ascii_lowercase();
+    if !crate::auth::constant_time_eq(expected.as_bytes(), given.as_bytes()) {
+        return Err(Refused::BadSignature);
+    }
+    let cb: Callback = serde_json::from_slice(body)
+        .map_err(|e| Refused::Invalid(format!("invalid callback: {e}")))?;
+    let order_no: u64 = cb
+        .order_no
+        .parse()
+        .map_err(|_| Refused::Invalid("order_no is not a number".into()))?;
+    if cb.provider_txn_id.is_empty() || cb.provider_txn_id.len() > 128 {
+        return Err(Refused::Invalid(
+            "provider_txn_id must be 1..=128 characters".into(),
+        ));
+    }
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    let mut tx = conn
+        .start_transaction(TxOpts::default())
+        .await
+        .context("begin")?;
+    let seen: Option<String> = tx
+        .exec_first(
+            "SELECT status FROM payment WHERE provider_txn_id = ? FOR UPDATE",
+            (&cb.provider_txn_id,),
+        )
+        .await
+        .context("Failed to read the payment")?;
+    if seen.is_some() {
+        tx.commit().await.context("commit")?;
+        return Ok((Applied::Duplicate, order_no));
+    }
+    let Some(order) = load_in(&mut tx, shards, order_no, true).await? else {
+        return Err(Refused::NoSuchOrder(order_no));
+    };
+    if cb.amount_cents != order.amount_cents {
+        return Err(Refused::AmountMismatch {
+            got: cb.amount_cents,
+            expected: order.amount_cents,
+        });
+    }
+    let applied = if order.status == "UNPAID" {
+        let n = shard(order_no, shards);
+        tx.exec_drop(
+            format!("UPDATE `order_{n}` SET status = 'PAID', paid_at = UTC_TIMESTAMP(3) WHERE order_no = ? AND status = 'UNPAID'"),
+            (order_no,),
+        )
+        .await
+        .context("Failed to mark the order paid")?;
+        // From the order's items: stock sync may not have written its seat rows yet.
+        tx.exec_drop(
+            format!(
+                "INSERT INTO seat (category_id, row_no, col_no, event_id, status, order_no) \
+                 SELECT category_id, row_no, col_no, ?, 'SOLD', order_no FROM `order_item_{n}` \
+                 WHERE order_no = ? AND row_no IS NOT NULL \
+                 ON DUPLICATE KEY UPDATE status = 'SOLD', order_no = VALUES(order_no)"
+            ),
+            (order.event_id, order_no),
+        )
+        .await
+        .context("Failed to mark the seats sold")?;
+        Applied::Paid
+    } else {
+        Applied::RefundPending
+    };
+    let recorded = if applied == Applied::Paid {
+        "APPLIED"
+    } else {
+        "REFUND_PENDING"
+    };
+    tx.exec_drop(
+        "INSERT INTO payment (provider_txn_id, order_no, amount_cents, status) VALUES (?, ?, ?, ?)",
+        (&cb.provider_txn_id, order_no, cb.amount_cents, recorded),
+    )
+    .await
+    .context("Failed to record the payment")?;
+    tx.commit().await.context("Failed to commit the payment")?;
+    if applied == Applied::Paid {
+        if let Err(e) = sold(redis, keys, &order).await {
+            // MySQL is the record; the seat map shows the seat locked until reconciled.
+            tracing::warn!(
+                order_no,
+                error = format!("{e:#}"),
+                "paid, but seats not marked sold in Redis"
+            );
+        }
+        tracing::info!(order_no, "order paid");
+    } else {
+        tracing::warn!(
+            order_no,
+            status = order.status,
+            "payment for an order no longer unpaid: refund pending"
+        );
+    }
+    Ok((applied, order_no))
+}
+
+async fn sold(redis: &mut ConnectionManager, keys: &Keys, o: &OrderView) -> anyhow::Result<Sold> {
+    let moved: u64 = SOLD
+        .key(keys.seats(o.event_id, o.category_id))
+        .key(keys.purchase_status(o.event_id))
+        .arg(&o.order_no)
+        .arg(o.user_id)
+        .arg(o.seats.join(","))
+        .invoke_async(redis)
+        .await?;
+    Ok(Sold(moved))
+}
+
+/// Payments of an event's orders waiting for a refund, over every shard.
+pub async fn refunds_pending(pool: &Pool, shards: u32, event_id: u64) -> anyhow::Result<u64> {
+    let orders: Vec<String> = (0..shards)
+        .map(|n| format!("SELECT order_no FROM `order_{n}` WHERE event_id = {event_id}"))
+        .collect();
+    let mut conn = pool.get_conn().await?;
+    let n: Option<u64> = conn
+        .query_first(format!(
+            "SELECT COUNT(*) FROM payment WHERE status = 'REFUND_PENDING' AND order_no IN ({})",
+            orders.join(" UNION ALL ")
+        ))
+        .await?;
+    Ok(n.unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_are_hex_hmac_sha256() {
+        // RFC 4231 test case 2.
+        assert_eq!(
+            sign(b"Jefe", b"what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+}

@@ -1,0 +1,20 @@
+-- sold.lua: a paid order's seats go locked → sold, and the buyer's status becomes PAID.
+--
+-- KEYS[1] seats (the order's category's)   KEYS[2] status
+-- ARGV[1] order no   ARGV[2] user id   ARGV[3] seats "r:c,r:c" or ""
+--
+-- Returns (mirrored by Sold in core/src/lifecycle/pay.rs):
+--   n >= 0  seats moved to sold (0 for an unseated order, or when done before)
+local rcall = redis.call
+local order = ARGV[1]
+local moved = 0
+for seat in string.gmatch(ARGV[3], '[^,]+') do
+  if rcall('HGET', KEYS[1], seat) == 'L:' .. order then
+    rcall('HSET', KEYS[1], seat, 'S:' .. order)
+    moved = moved + 1
+  end
+end
+if rcall('HGET', KEYS[2], ARGV[2]) == 'CREATED:' .. order then
+  rcall('HSET', KEYS[2], ARGV[2], 'PAID:' .. order)
+end
+return moved
