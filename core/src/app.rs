@@ -41,7 +41,7 @@ pub struct AppState {
     pub preloader: Preloader,
     pub metrics: Metrics,
     /// Events as the hot path reads them (moka, short TTL).
-    pub events: EventCache,
+    pub events: Arc<EventCache>,
     /// The core's own rate limits, behind the edge's.
     pub limits: Throttle,
     /// Mints order numbers with this instance's leased worker id.
@@ -142,10 +142,10 @@ impl App {
             worker_id = order_ids.worker(),
             "leased an order-number worker id"
         );
-        let events = EventCache::new(
+        let events = Arc::new(EventCache::new(
             mysql.clone(),
             Duration::from_millis(s.admission.event_cache_ttl_ms),
-        );
+        ));
         let limits = Throttle::new(&s.admission);
         let metrics = Metrics::new();
         let pipeline = s.orders.enabled.then(|| {
@@ -153,10 +153,7 @@ impl App {
                 redis: redis.clone(),
                 mysql: mysql.clone(),
                 keys: keys.clone(),
-                events: EventCache::new(
-                    mysql.clone(),
-                    Duration::from_millis(s.admission.event_cache_ttl_ms),
-                ),
+                events: events.clone(),
                 shards: s.mysql.order_shards,
                 settings: s.orders.clone(),
                 instance: format!("core{}", order_ids.worker()),

@@ -309,6 +309,22 @@ impl TestApp {
             .unwrap_or_default()
     }
 
+    /// Units Redis still has for a category.
+    pub async fn stock(&self, event_id: u64, category_id: u64) -> i64 {
+        let key = self.key(&format!("{{ev:{event_id}}}:stock"));
+        redis::AsyncCommands::hget(&mut self.redis.clone(), key, category_id)
+            .await
+            .unwrap()
+    }
+
+    /// Reservations in the event's stream, not yet settled.
+    pub async fn stream_len(&self, event_id: u64) -> u64 {
+        let key = self.key(&format!("{{ev:{event_id}}}:orders"));
+        redis::AsyncCommands::xlen(&mut self.redis.clone(), key)
+            .await
+            .unwrap()
+    }
+
     /// A key of this app's, with its prefix.
     pub fn key(&self, suffix: &str) -> String {
         format!("{}{suffix}", self.prefix)

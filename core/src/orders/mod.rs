@@ -35,7 +35,8 @@ pub struct Pipeline {
     pub redis: ConnectionManager,
     pub mysql: Pool,
     pub keys: Keys,
-    pub events: EventCache,
+    /// The same cache the admission path reads.
+    pub events: Arc<EventCache>,
     pub shards: u32,
     pub settings: OrderSettings,
     /// Names this instance's consumers in the group.

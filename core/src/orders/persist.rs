@@ -37,6 +37,14 @@ fn classify(e: mysql_async::Error) -> PersistError {
     }
 }
 
+/// Commits; a connection lost during COMMIT leaves the outcome unknown.
+async fn commit(tx: mysql_async::Transaction<'_>) -> Result<(), PersistError> {
+    tx.commit().await.map_err(|e| match classify(e) {
+        PersistError::NotCommitted(m) => PersistError::Unknown(m),
+        other => other,
+    })
+}
+
 /// Inserts the batch's orders not yet in MySQL; Ok when all of them are there.
 pub async fn create_orders(
     pool: &Pool,
@@ -147,10 +155,7 @@ pub async fn create_orders(
         .await
         .map_err(classify)?;
     }
-    tx.commit().await.map_err(|e| match classify(e) {
-        PersistError::NotCommitted(m) => PersistError::Unknown(m),
-        other => other,
-    })
+    commit(tx).await
 }
 
 /// What became of a reservation past its deadline.
@@ -196,10 +201,7 @@ pub async fn expire(
     )
     .await
     .map_err(classify)?;
-    tx.commit().await.map_err(|e| match classify(e) {
-        PersistError::NotCommitted(m) => PersistError::Unknown(m),
-        other => other,
-    })?;
+    commit(tx).await?;
     Ok(Expiry::Expired)
 }
 

@@ -63,11 +63,21 @@ pub async fn order(
     order_no: Result<u64, ApiError>,
     user_id: u64,
 ) -> Result<Response, ApiError> {
-    let order_no = order_no?;
+    Ok(json(
+        StatusCode::OK,
+        &own_order(state, order_no?, user_id).await?,
+    ))
+}
+
+/// The caller's order; 404 for anyone else's, as for one that does not exist.
+async fn own_order(
+    state: &AppState,
+    order_no: u64,
+    user_id: u64,
+) -> Result<lifecycle::OrderView, ApiError> {
     let shards = state.config.settings.mysql.order_shards;
     lifecycle::view(&state.mysql, shards, order_no, Some(user_id))
         .await?
-        .map(|o| json(StatusCode::OK, &o))
         .ok_or_else(|| ApiError::NotFound(format!("no order {order_no} of yours")))
 }
 
@@ -112,10 +122,7 @@ pub async fn pay(
     user_id: u64,
 ) -> Result<Response, ApiError> {
     let order_no = order_no?;
-    let shards = state.config.settings.mysql.order_shards;
-    let order = lifecycle::view(&state.mysql, shards, order_no, Some(user_id))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no order {order_no} of yours")))?;
+    let order = own_order(state, order_no, user_id).await?;
     if order.status != "UNPAID" {
         return Err(ApiError::Conflict(
             "NOT_PAYABLE",

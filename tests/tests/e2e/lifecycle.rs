@@ -129,10 +129,7 @@ async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
     );
 
     let mut r = app.redis.clone();
-    let stock: i64 = r
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), seated)
-        .await
-        .unwrap();
+    let stock: i64 = app.stock(event, seated).await;
     assert_eq!(stock, 4, "both seats back on sale, once");
     let seat: String = r
         .hget(app.key(&format!("{{ev:{event}}}:seats:{seated}")), "1:1")
@@ -478,12 +475,7 @@ async fn a_payment_after_the_cancellation_is_recorded_for_refund() {
     assert_eq!(order["status"], "CANCELLED", "never silently accepted");
     let (_, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
     assert_eq!(stats["refunds_pending"], 1, "{stats}");
-    let stock: i64 = app
-        .redis
-        .clone()
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), categories[0])
-        .await
-        .unwrap();
+    let stock: i64 = app.stock(event, categories[0]).await;
     assert_eq!(stock, 10, "the cancelled units stay on sale");
     app.stop().await;
 }

@@ -42,12 +42,7 @@ async fn burst(
 /// Stream drained, every stock_log row synced, and `remain` as in Redis.
 async fn settled(app: &TestApp, event: u64, category: u64, units: u64) -> bool {
     let (ordered, _) = ordered_units(&app.mysql, event).await;
-    let backlog: u64 = app
-        .redis
-        .clone()
-        .xlen(app.key(&format!("{{ev:{event}}}:orders")))
-        .await
-        .unwrap();
+    let backlog: u64 = app.stream_len(event).await;
     let unsynced = scalar(
         &app.mysql,
         &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND synced = 0"),
@@ -450,12 +445,7 @@ async fn a_reservation_past_its_deadline_is_released_not_created_late() {
     })
     .await;
     assert!(released, "the overdue reservations were not released");
-    let stock: i64 = app
-        .redis
-        .clone()
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), categories[0])
-        .await
-        .unwrap();
+    let stock: i64 = app.stock(event, categories[0]).await;
     assert_eq!(stock, 10, "every unit is back on sale");
     let held: HashMap<u64, i64> = app
         .redis
@@ -475,12 +465,7 @@ async fn a_reservation_past_its_deadline_is_released_not_created_late() {
     )
     .await;
     assert_eq!(expired, 3);
-    let backlog: u64 = app
-        .redis
-        .clone()
-        .xlen(app.key(&format!("{{ev:{event}}}:orders")))
-        .await
-        .unwrap();
+    let backlog: u64 = app.stream_len(event).await;
     assert_eq!(backlog, 0);
     app.stop().await;
 }
@@ -501,12 +486,7 @@ async fn admission_pauses_with_503_sale_busy_while_the_backlog_is_full() {
         (503, Some("SALE_BUSY")),
         "{body}"
     );
-    let stock: i64 = app
-        .redis
-        .clone()
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), categories[0])
-        .await
-        .unwrap();
+    let stock: i64 = app.stock(event, categories[0]).await;
     assert_eq!(stock, 97, "the refused purchase took nothing");
     app.stop().await;
 }

@@ -13,22 +13,6 @@ async fn sale(app: &TestApp, units: u32, rows: u32, cols: u32, limit: u32) -> (u
     (id, categories[0], categories[1])
 }
 
-async fn stock(app: &TestApp, event: u64, category: u64) -> i64 {
-    app.redis
-        .clone()
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), category)
-        .await
-        .unwrap()
-}
-
-async fn stream_len(app: &TestApp, event: u64) -> u64 {
-    app.redis
-        .clone()
-        .xlen(app.key(&format!("{{ev:{event}}}:orders")))
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
     let app = spawn_app().await;
@@ -51,7 +35,7 @@ async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
         "the order number carries the user's gene"
     );
 
-    assert_eq!(stock(&app, event, ga).await, 7);
+    assert_eq!(app.stock(event, ga).await, 7);
     let mut r = app.redis.clone();
     let held: u32 = r
         .hget(app.key(&format!("{{ev:{event}}}:held")), buyer.user_id)
@@ -111,8 +95,8 @@ async fn a_repeated_idempotency_key_gets_the_first_answer_and_reserves_nothing_m
         (status, reused["error"]["code"].as_str()),
         (409, Some("DUPLICATE"))
     );
-    assert_eq!(stock(&app, event, ga).await, 8);
-    assert_eq!(stream_len(&app, event).await, 1);
+    assert_eq!(app.stock(event, ga).await, 8);
+    assert_eq!(app.stream_len(event).await, 1);
     app.stop().await;
 }
 
@@ -144,7 +128,7 @@ async fn sold_out_and_the_per_user_limit_are_refused_with_409() {
         (status, body["error"]["code"].as_str()),
         (409, Some("SOLD_OUT"))
     );
-    assert_eq!(stock(&app, event, ga).await, 0);
+    assert_eq!(app.stock(event, ga).await, 0);
     let flag: Option<u8> = app
         .redis
         .clone()
@@ -152,7 +136,7 @@ async fn sold_out_and_the_per_user_limit_are_refused_with_409() {
         .await
         .unwrap();
     assert_eq!(flag, Some(1));
-    assert_eq!(stream_len(&app, event).await, 2);
+    assert_eq!(app.stream_len(event).await, 2);
     app.stop().await;
 }
 
@@ -214,7 +198,7 @@ async fn chosen_seats_are_locked_once_and_best_seats_sit_together() {
         .await
         .unwrap();
     assert_eq!(row_free, HashMap::from([(1, 2), (2, 1), (3, 4)]));
-    assert_eq!(stock(&app, event, seated).await, 7);
+    assert_eq!(app.stock(event, seated).await, 7);
 
     let map: serde_json::Value = app
         .http
@@ -281,9 +265,9 @@ async fn invalid_purchases_get_400_and_change_nothing() {
         .await
         .unwrap();
     assert_eq!(no_key.status(), 400);
-    assert_eq!(stock(&app, event, ga).await, 5);
-    assert_eq!(stock(&app, event, seated).await, 4);
-    assert_eq!(stream_len(&app, event).await, 0);
+    assert_eq!(app.stock(event, ga).await, 5);
+    assert_eq!(app.stock(event, seated).await, 4);
+    assert_eq!(app.stream_len(event).await, 0);
     app.stop().await;
 }
 
@@ -331,7 +315,7 @@ async fn bad_tokens_get_401_and_closed_sales_403() {
         )
         .await;
     assert_eq!(status, 403);
-    assert_eq!(stock(&app, event, ga).await, 5);
+    assert_eq!(app.stock(event, ga).await, 5);
     app.stop().await;
 }
 
@@ -406,6 +390,6 @@ async fn concurrent_buyers_never_take_more_than_the_stock() {
         }
     }
     assert_eq!(admitted_units, 50);
-    assert_eq!(stock(&app, event, ga).await, 0);
+    assert_eq!(app.stock(event, ga).await, 0);
     app.stop().await;
 }
