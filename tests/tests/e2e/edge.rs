@@ -188,8 +188,20 @@ async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
         .0,
         202
     );
-    // Every category is sold out now; the edge learns it from its refresh.
-    let learned = eventually(Duration::from_secs(3), || async {
+    // Every category is sold out now; the edge learns it from its refresh. A 409 proves
+    // that only if the core did not answer it: its count of public 409s stays put.
+    let core_409s = || async {
+        let (_, metrics) = app.admin.get("/metrics").await;
+        let line = "stampede_http_responses_total{listener=\"public\",status=\"409\"} ";
+        metrics
+            .as_str()
+            .unwrap_or("")
+            .lines()
+            .find_map(|l| l.strip_prefix(line)?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let learned = eventually(Duration::from_secs(10), || async {
+        let before = core_409s().await;
         let (status, body) = app
             .buy(
                 event,
@@ -198,10 +210,10 @@ async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
                 json!({"category_id": ga, "quantity": 1}),
             )
             .await;
-        status == 409 && body["error"]["code"] == "SOLD_OUT"
+        status == 409 && body["error"]["code"] == "SOLD_OUT" && core_409s().await == before
     })
     .await;
-    assert!(learned);
+    assert!(learned, "the edge never answered SOLD_OUT itself");
 
     // Watch every command Redis receives while 200 more buyers try.
     let stack = Stack::from_env();
