@@ -24,6 +24,7 @@ use crate::lock::Lock;
 use crate::metrics::Metrics;
 use crate::orders::{Pipeline, mq};
 use crate::preload::Preloader;
+use crate::reconcile::Reconciler;
 
 /// Connections the kernel may queue for each listener before the core accepts them.
 const LISTEN_BACKLOG: u32 = 4096;
@@ -39,6 +40,8 @@ pub struct AppState {
     pub keys: Keys,
     pub tokens: TokenSigner,
     pub preloader: Preloader,
+    /// Compares Redis with MySQL and heals drift (periodic job and admin endpoint).
+    pub reconciler: Reconciler,
     pub metrics: Metrics,
     /// Events as the hot path reads them (moka, short TTL).
     pub events: Arc<EventCache>,
@@ -163,12 +166,8 @@ impl App {
                 released: metrics.reservations_released.clone(),
             })
         });
-        let preloader = Preloader {
-            redis: redis.clone(),
-            mysql: mysql.clone(),
-            keys: keys.clone(),
-            lock_ttl: Duration::from_millis(s.preload.lock_ttl_ms),
-        };
+        let preloader = Preloader::new(redis.clone(), mysql.clone(), keys.clone(), s);
+        let reconciler = Reconciler::new(preloader.clone(), s, &metrics);
         let state = Arc::new(AppState {
             tokens: TokenSigner::new(config.token_secret.clone()),
             config,
@@ -176,6 +175,7 @@ impl App {
             mysql,
             keys,
             preloader,
+            reconciler,
             metrics,
             events,
             limits,
@@ -220,6 +220,14 @@ impl App {
             Duration::from_secs(p.window_s),
             stop.subscribe(),
         ));
+        let r = &state.config.settings.reconcile;
+        let reconciler = (r.interval_s > 0).then(|| {
+            tokio::spawn(state.reconciler.clone().run(
+                Duration::from_secs(r.interval_s),
+                p.window_s,
+                stop.subscribe(),
+            ))
+        });
         let lease = tokio::spawn(ids::keep_lease(
             worker_lease,
             state.order_ids.clone(),
@@ -281,6 +289,9 @@ impl App {
             ),
         );
         scheduler.await.context("the preload scheduler panicked")?;
+        if let Some(reconciler) = reconciler {
+            reconciler.await.context("the reconciler panicked")?;
+        }
         lease.await.context("the worker lease task panicked")?;
         forget.await.context("the throttle cleaner panicked")?;
         for task in pipeline_tasks {

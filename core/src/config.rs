@@ -27,6 +27,7 @@ pub struct Settings {
     pub ids: IdSettings,
     pub startup: StartupSettings,
     pub preload: PreloadSettings,
+    pub reconcile: ReconcileSettings,
     pub log: LogSettings,
 }
 
@@ -133,6 +134,15 @@ pub struct PreloadSettings {
     pub window_s: u64,
     pub interval_s: u64,
     pub lock_ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileSettings {
+    /// Seconds between passes of the periodic reconciler; 0 turns it off.
+    pub interval_s: u64,
+    /// A drift is healed only if a second measurement this much later agrees.
+    pub confirm_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -21,6 +21,7 @@ pub mod orders;
 pub mod paysim;
 pub mod preload;
 pub mod public;
+pub mod reconcile;
 pub mod stock_sync;
 pub mod telemetry;
 

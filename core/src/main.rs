@@ -30,6 +30,18 @@ enum Command {
         #[arg(long, env = "STAMPEDE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Compare Redis with MySQL for events with a sale and heal drift (one pass); print
+    /// the books. Exits 0 when every gap is 0 afterwards, 1 when one remains.
+    Reconcile {
+        #[arg(long, env = "STAMPEDE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Only this event (repeatable); default: every event with a sale.
+        #[arg(long = "event")]
+        events: Vec<u64>,
+        /// Measure only; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Play the payment provider: sign and post a payment callback.
     PaySim {
         /// The callback URL, e.g. http://127.0.0.1:8080/api/payments/callback
@@ -88,7 +100,9 @@ async fn main() -> ExitCode {
                 }
             };
         }
-        Command::Serve { ref config } | Command::CheckConfig { ref config } => config.clone(),
+        Command::Serve { ref config }
+        | Command::CheckConfig { ref config }
+        | Command::Reconcile { ref config, .. } => config.clone(),
     };
     let resolved = match Settings::load(config.as_deref()).and_then(Settings::resolve) {
         Ok(r) => r,
@@ -102,6 +116,19 @@ async fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     telemetry::init(&resolved.settings.log);
+    if let Command::Reconcile {
+        events, dry_run, ..
+    } = cli.command
+    {
+        return match reconcile(&resolved, events, dry_run).await {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("stampede: reconcile: {e:#}");
+                ExitCode::from(EX_UNAVAILABLE)
+            }
+        };
+    }
     let app = match App::build(resolved).await {
         Ok(app) => app,
         Err(e) => {
@@ -125,6 +152,68 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// One reconciliation pass, printed as a table; true when every gap is 0 afterwards.
+async fn reconcile(
+    config: &stampede_core::config::Resolved,
+    events: Vec<u64>,
+    dry_run: bool,
+) -> anyhow::Result<bool> {
+    let reconciler = stampede_core::reconcile::Reconciler::connect(config).await?;
+    let events = if events.is_empty() {
+        reconciler.events(config.settings.preload.window_s).await?
+    } else {
+        events
+    };
+    let mut balanced = true;
+    println!(
+        "{:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8} {:>6}",
+        "event",
+        "category",
+        "total",
+        "redis",
+        "queued",
+        "unpaid",
+        "paid",
+        "gap",
+        "remain",
+        "unsynced",
+        "r_gap"
+    );
+    for id in events {
+        let Some(report) = reconciler.reconcile(id, !dry_run).await? else {
+            eprintln!("stampede: no event {id}");
+            balanced = false;
+            continue;
+        };
+        for c in &report.balance.categories {
+            let redis = opt(c.redis_available);
+            println!(
+                "{:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8} {:>6}",
+                id,
+                c.category_id,
+                c.total,
+                redis,
+                opt(c.queued),
+                c.unpaid,
+                c.paid,
+                opt(c.gap),
+                c.db_remain,
+                c.unsynced,
+                c.remain_gap
+            );
+        }
+        for action in &report.actions {
+            println!("event {id}: {action}");
+        }
+        balanced &= report.balance.settled();
+    }
+    Ok(balanced)
+}
+
+fn opt(n: Option<i64>) -> String {
+    n.map_or("-".to_owned(), |n| n.to_string())
 }
 
 /// A made-up provider transaction id's random part.

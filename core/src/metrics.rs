@@ -16,6 +16,10 @@ pub struct Metrics {
     /// Orders the pipeline created, and reservations it released as FAILED.
     pub orders_created: IntCounter,
     pub reservations_released: IntCounter,
+    /// Per event and category: total − (Redis stock + queued + unpaid + paid).
+    pub conservation_gap: IntGaugeVec,
+    /// Per event and category: MySQL remain − (total − unpaid − paid + unsynced).
+    pub remain_gap: IntGaugeVec,
 }
 
 impl Metrics {
@@ -66,6 +70,22 @@ impl Metrics {
             "Reservations released as FAILED",
         )
         .expect("valid metric");
+        let conservation_gap = IntGaugeVec::new(
+            Opts::new(
+                "stampede_conservation_gap",
+                "Units per category missing from Redis stock + queued + unpaid + paid (0 once settled)",
+            ),
+            &["event", "category"],
+        )
+        .expect("valid metric");
+        let remain_gap = IntGaugeVec::new(
+            Opts::new(
+                "stampede_remain_gap",
+                "MySQL remain minus what the orders say it should be, per category",
+            ),
+            &["event", "category"],
+        )
+        .expect("valid metric");
         for m in [
             Box::new(http_responses.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(dependency_up.clone()),
@@ -74,6 +94,8 @@ impl Metrics {
             Box::new(checkbacks.clone()),
             Box::new(orders_created.clone()),
             Box::new(reservations_released.clone()),
+            Box::new(conservation_gap.clone()),
+            Box::new(remain_gap.clone()),
         ] {
             registry.register(m).expect("metric registered once");
         }
@@ -86,6 +108,8 @@ impl Metrics {
             checkbacks,
             orders_created,
             reservations_released,
+            conservation_gap,
+            remain_gap,
         }
     }
 

@@ -3,7 +3,7 @@
 -- the units (and seats), records the buyer and the request status, queues the
 -- reservation for the order workers, and flags the category sold out at 0.
 --
--- KEYS[1] meta     hash   status, sale_start_ms, sale_end_ms, per_user_limit
+-- KEYS[1] meta     hash   status, sale_start_ms, sale_end_ms, per_user_limit, epoch
 -- KEYS[2] stock    hash   category id → units available
 -- KEYS[3] soldout  hash   category id → 1 once stock reached 0
 -- KEYS[4] held     hash   user id → units the user holds in this event
@@ -56,7 +56,7 @@ if seen then
 end
 
 -- 2. The sale must be open now.
-local meta = rcall('HMGET', KEYS[1], 'status', 'sale_start_ms', 'sale_end_ms', 'per_user_limit')
+local meta = rcall('HMGET', KEYS[1], 'status', 'sale_start_ms', 'sale_end_ms', 'per_user_limit', 'epoch')
 if not meta[1] then return {-1, '', ''} end
 if meta[1] ~= 'open' or now < tonumber(meta[2]) or now >= tonumber(meta[3]) then
   return {-2, '', ''}
@@ -142,5 +142,6 @@ if rcall('HINCRBY', KEYS[2], cid, -qty) == 0 then rcall('HSET', KEYS[3], cid, 1)
 rcall('HINCRBY', KEYS[4], user, qty)
 rcall('HSET', KEYS[5], idem_field, rid .. '|' .. fingerprint .. '|' .. seat_list)
 rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)
-rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now)
+rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now,
+  'e', meta[5] or '0')
 return {1, rid, seat_list}

@@ -84,6 +84,8 @@ pub struct TestApp {
     pub mysql: mysql_async::Pool,
     pub redis: redis::aio::MultiplexedConnection,
     pub http: reqwest::Client,
+    /// The settings it runs with (for a process of the same configuration).
+    pub settings: Settings,
     stopper: Stopper,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -141,6 +143,11 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
 /// A core on a database and key prefix that exist already (a second core of a test).
 pub async fn spawn_app_on(settings: Settings, database: String, prefix: String) -> TestApp {
     let stack = Stack::from_env();
+    if std::env::var_os("TEST_LOG").is_some() {
+        // The cores' logs on the test's output, for debugging a failure by hand.
+        static INIT: std::sync::Once = std::sync::Once::new();
+        INIT.call_once(|| stampede_core::telemetry::init(&settings.log));
+    }
     let resolved = settings.clone().resolve().expect("test settings are valid");
     let app = App::build(resolved)
         .await
@@ -178,12 +185,14 @@ pub async fn spawn_app_on(settings: Settings, database: String, prefix: String) 
         admin_token: settings
             .auth
             .admin_token
+            .as_ref()
             .unwrap()
             .expose_secret()
             .to_owned(),
         token_secret: settings
             .auth
             .token_secret
+            .as_ref()
             .unwrap()
             .expose_secret()
             .to_owned(),
@@ -192,6 +201,7 @@ pub async fn spawn_app_on(settings: Settings, database: String, prefix: String) 
         mysql,
         redis,
         http,
+        settings,
         stopper,
         task,
     }
@@ -395,6 +405,68 @@ pub fn core_binary() -> PathBuf {
         .unwrap_or_else(|_| root().join("target/debug/stampede"))
 }
 
+/// The `STAMPEDE_*` variables that configure a core process like `s`, listening on
+/// `admin` and `public`.
+pub fn core_env(s: &Settings, admin: u16, public: u16) -> Vec<(String, String)> {
+    use secrecy::ExposeSecret;
+    let env: Vec<(String, String)> = vec![
+        (
+            "STAMPEDE_SERVER__PUBLIC_ADDR",
+            format!("127.0.0.1:{public}"),
+        ),
+        ("STAMPEDE_SERVER__ADMIN_ADDR", format!("127.0.0.1:{admin}")),
+        ("STAMPEDE_REDIS__URL", s.redis.url.clone()),
+        ("STAMPEDE_REDIS__KEY_PREFIX", s.redis.key_prefix.clone()),
+        ("STAMPEDE_MYSQL__URL", s.mysql.url.clone()),
+        (
+            "STAMPEDE_MYSQL__PASSWORD",
+            s.mysql
+                .password
+                .as_ref()
+                .unwrap()
+                .expose_secret()
+                .to_owned(),
+        ),
+        (
+            "STAMPEDE_ROCKETMQ__NAMESRV_ADDR",
+            s.rocketmq.namesrv_addr.clone(),
+        ),
+        ("STAMPEDE_ROCKETMQ__NAMESPACE", s.rocketmq.namespace.clone()),
+        (
+            "STAMPEDE_AUTH__ADMIN_TOKEN",
+            s.auth
+                .admin_token
+                .as_ref()
+                .unwrap()
+                .expose_secret()
+                .to_owned(),
+        ),
+        (
+            "STAMPEDE_AUTH__TOKEN_SECRET",
+            s.auth
+                .token_secret
+                .as_ref()
+                .unwrap()
+                .expose_secret()
+                .to_owned(),
+        ),
+        ("STAMPEDE_ORDERS__ENABLED", s.orders.enabled.to_string()),
+        (
+            "STAMPEDE_ORDERS__CLAIM_IDLE_MS",
+            s.orders.claim_idle_ms.to_string(),
+        ),
+        (
+            "STAMPEDE_ADMISSION__USER_PER_S",
+            s.admission.user_per_s.to_string(),
+        ),
+        ("STAMPEDE_LOG__FILTER", "warn".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    env
+}
+
 /// The core as a process of its own, configured from a test's settings through
 /// `STAMPEDE_*` variables, so a test can SIGTERM it, kill -9 it and start it again.
 pub struct CoreProcess {
@@ -406,63 +478,8 @@ pub struct CoreProcess {
 
 impl CoreProcess {
     pub async fn spawn(s: &Settings) -> CoreProcess {
-        use secrecy::ExposeSecret;
         let (admin, public) = (free_port(), free_port());
-        let env: Vec<(String, String)> = vec![
-            (
-                "STAMPEDE_SERVER__PUBLIC_ADDR",
-                format!("127.0.0.1:{public}"),
-            ),
-            ("STAMPEDE_SERVER__ADMIN_ADDR", format!("127.0.0.1:{admin}")),
-            ("STAMPEDE_REDIS__URL", s.redis.url.clone()),
-            ("STAMPEDE_REDIS__KEY_PREFIX", s.redis.key_prefix.clone()),
-            ("STAMPEDE_MYSQL__URL", s.mysql.url.clone()),
-            (
-                "STAMPEDE_MYSQL__PASSWORD",
-                s.mysql
-                    .password
-                    .as_ref()
-                    .unwrap()
-                    .expose_secret()
-                    .to_owned(),
-            ),
-            (
-                "STAMPEDE_ROCKETMQ__NAMESRV_ADDR",
-                s.rocketmq.namesrv_addr.clone(),
-            ),
-            ("STAMPEDE_ROCKETMQ__NAMESPACE", s.rocketmq.namespace.clone()),
-            (
-                "STAMPEDE_AUTH__ADMIN_TOKEN",
-                s.auth
-                    .admin_token
-                    .as_ref()
-                    .unwrap()
-                    .expose_secret()
-                    .to_owned(),
-            ),
-            (
-                "STAMPEDE_AUTH__TOKEN_SECRET",
-                s.auth
-                    .token_secret
-                    .as_ref()
-                    .unwrap()
-                    .expose_secret()
-                    .to_owned(),
-            ),
-            ("STAMPEDE_ORDERS__ENABLED", s.orders.enabled.to_string()),
-            (
-                "STAMPEDE_ORDERS__CLAIM_IDLE_MS",
-                s.orders.claim_idle_ms.to_string(),
-            ),
-            (
-                "STAMPEDE_ADMISSION__USER_PER_S",
-                s.admission.user_per_s.to_string(),
-            ),
-            ("STAMPEDE_LOG__FILTER", "warn".to_owned()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
+        let env = core_env(s, admin, public);
         let mut core = CoreProcess {
             child: Self::start(&env),
             env,
@@ -547,20 +564,16 @@ impl OwnBroker {
         format!("127.0.0.1:{}", self.namesrv_port)
     }
 
-    /// `scripts/stack.sh ARGS` on this stack; the other parts point at closed ports.
+    /// `scripts/stack.sh ARGS` on this stack.
     pub fn stack(&self, args: &[&str]) -> std::process::Output {
-        std::process::Command::new(root().join("scripts/stack.sh"))
-            .args(args)
-            .env("STACK_DIR", &self.dir)
-            .env("NAMESRV_PORT", self.namesrv_port.to_string())
-            .env("BROKER_PORT", self.broker_port.to_string())
-            .env("REDIS_PORT", "1")
-            .env("MYSQL_PORT", "1")
-            .env("EDGE_PORT", "1")
-            .env("CORE_PORT", "1")
-            .env("ADMIN_PORT", "1")
-            .output()
-            .expect("scripts/stack.sh runs")
+        own_stack(
+            &self.dir,
+            &[
+                ("NAMESRV_PORT", self.namesrv_port),
+                ("BROKER_PORT", self.broker_port),
+            ],
+            args,
+        )
     }
 
     pub fn stop_broker(&self) {
@@ -580,6 +593,61 @@ impl OwnBroker {
 impl Drop for OwnBroker {
     fn drop(&mut self) {
         self.stack(&["down"]);
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// `scripts/stack.sh ARGS` for parts of a test's own under `dir`, on `ports`; the
+/// other parts point at closed ports.
+fn own_stack(dir: &std::path::Path, ports: &[(&str, u16)], args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(root().join("scripts/stack.sh"));
+    cmd.args(args).env("STACK_DIR", dir);
+    for part in [
+        "NAMESRV_PORT",
+        "BROKER_PORT",
+        "REDIS_PORT",
+        "MYSQL_PORT",
+        "EDGE_PORT",
+        "CORE_PORT",
+        "ADMIN_PORT",
+    ] {
+        cmd.env(part, "1");
+    }
+    for (part, port) in ports {
+        cmd.env(part, port.to_string());
+    }
+    cmd.output().expect("scripts/stack.sh runs")
+}
+
+/// A Redis of the test's own, so a test may FLUSHALL it.
+pub struct OwnRedis {
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+impl OwnRedis {
+    pub fn start() -> OwnRedis {
+        let r = OwnRedis {
+            dir: std::env::temp_dir().join(format!("stampede-redis-{}", free_port())),
+            port: free_port(),
+        };
+        let up = own_stack(&r.dir, &[("REDIS_PORT", r.port)], &["up", "redis"]);
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        own_stack(&self.dir, &[("REDIS_PORT", self.port)], &["down"]);
         std::fs::remove_dir_all(&self.dir).ok();
     }
 }

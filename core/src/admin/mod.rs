@@ -51,6 +51,7 @@ pub async fn route(state: &AppState, req: Request) -> Response {
                 "publish" => events::publish(state, id).await,
                 "close" => events::close(state, id).await,
                 "reopen" => events::reopen(state, id).await,
+                "reconcile" => stats::reconcile(state, id).await,
                 _ => Err(not_found(&path)),
             },
             Err(e) => Err(e),

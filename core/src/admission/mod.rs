@@ -35,6 +35,9 @@ pub enum Refusal {
     RateLimited { retry_after_s: u64 },
     #[error("the sale is busy creating orders; try again in a moment")]
     Busy,
+    /// Published, but its keys are not in Redis (lost, being rebuilt from MySQL).
+    #[error("the sale is being reloaded; try again in a moment")]
+    Loading,
 }
 
 /// What a buyer asked for, after validation.
@@ -83,6 +86,9 @@ pub async fn admit(
         state.config.settings.orders.max_stream_depth,
     )
     .await?;
+    if outcome == Err(Refusal::Loading) {
+        state.preloader.wake();
+    }
     Ok(outcome?)
 }
 

@@ -52,12 +52,13 @@ impl ReserveCode {
     pub fn refusal(self) -> Option<Refusal> {
         Some(match self {
             ReserveCode::Queued | ReserveCode::Replayed => return None,
-            // Not in Redis yet means not published: to the buyer, not open.
-            ReserveCode::NotLoaded | ReserveCode::NotOpen => Refusal::NotOpen,
+            // Validation found the event on sale and the category in it: keys missing in
+            // Redis mean they were lost and are being rebuilt.
+            ReserveCode::NotLoaded | ReserveCode::UnknownCategory => Refusal::Loading,
+            ReserveCode::NotOpen => Refusal::NotOpen,
             ReserveCode::SoldOut => Refusal::SoldOut,
             ReserveCode::LimitReached => Refusal::LimitReached,
             ReserveCode::SeatTaken => Refusal::SeatTaken,
-            ReserveCode::UnknownCategory => Refusal::Invalid("no such category on sale".into()),
             ReserveCode::UnknownSeat => Refusal::Invalid("no such seat in the category".into()),
             ReserveCode::KeyReused => Refusal::KeyReused,
             ReserveCode::SaleBusy => Refusal::Busy,

@@ -105,7 +105,7 @@ impl From<crate::admission::Refusal> for ApiError {
             Refusal::SeatTaken => ApiError::Conflict("SEAT_TAKEN", message),
             Refusal::KeyReused => ApiError::Conflict("DUPLICATE", message),
             Refusal::RateLimited { retry_after_s } => ApiError::RateLimited { retry_after_s },
-            Refusal::Busy => ApiError::Busy(message),
+            Refusal::Busy | Refusal::Loading => ApiError::Busy(message),
         }
     }
 }

@@ -40,6 +40,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../../sql/V8__consumed_message.sql"),
     ),
     ("V9__payment", include_str!("../../../sql/V9__payment.sql")),
+    (
+        "V10__redis_epoch",
+        include_str!("../../../sql/V10__redis_epoch.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

@@ -193,7 +193,7 @@ pub async fn cancel(
         .await
         .context("Failed to commit the cancellation")?;
     order.status = "CANCELLED".into();
-    let restocked = match restock(redis, keys, &order).await {
+    let restocked = match restock(redis, keys, GiveBack::from(&order)).await {
         Ok(_) => true,
         Err(e) => {
             tracing::warn!(
@@ -208,10 +208,35 @@ pub async fn cancel(
     Ok(Cancelled::Now { order, restocked })
 }
 
-async fn restock(
+/// What giving a cancelled order's units back needs to know of it.
+pub struct GiveBack<'a> {
+    pub order_no: u64,
+    pub user_id: u64,
+    pub event_id: u64,
+    pub category_id: u64,
+    pub quantity: u32,
+    /// `"row:col"`, empty for unseated tickets.
+    pub seats: &'a [String],
+}
+
+impl<'a> From<&'a OrderView> for GiveBack<'a> {
+    fn from(o: &'a OrderView) -> Self {
+        GiveBack {
+            order_no: o.order_no.parse().unwrap_or_default(),
+            user_id: o.user_id,
+            event_id: o.event_id,
+            category_id: o.category_id,
+            quantity: o.quantity,
+            seats: &o.seats,
+        }
+    }
+}
+
+/// Gives a cancelled order's units and seats back in Redis, once (restock.lua).
+pub async fn restock(
     redis: &mut ConnectionManager,
     keys: &Keys,
-    o: &OrderView,
+    o: GiveBack<'_>,
 ) -> anyhow::Result<Restocked> {
     let e = o.event_id;
     let code: i64 = RESTOCK
@@ -222,7 +247,7 @@ async fn restock(
         .key(keys.purchase_status(e))
         .key(keys.seats(e, o.category_id))
         .key(keys.row_free(e, o.category_id))
-        .arg(&o.order_no)
+        .arg(o.order_no)
         .arg(o.user_id)
         .arg(o.category_id)
         .arg(o.quantity)

@@ -145,6 +145,11 @@ impl Pipeline {
                     .await
                     {
                         Ok(found) => entries = found,
+                        Err(e) if e.code() == Some("NOGROUP") => {
+                            // The stream vanished (Redis lost its data): make it again.
+                            grouped.remove(&event_id);
+                            continue;
+                        }
                         Err(e) => {
                             tracing::warn!(event_id, error = %e, "XREADGROUP failed");
                             continue;
@@ -187,11 +192,8 @@ impl Pipeline {
                         error = format!("{e:#}"),
                         "dropping a malformed reservation"
                     );
-                    let _: ::redis::RedisResult<()> = ::redis::pipe()
-                        .xack(self.keys.order_stream(event_id), redis::GROUP, &[&entry.id])
-                        .xdel(self.keys.order_stream(event_id), &[&entry.id])
-                        .query_async(&mut redis)
-                        .await;
+                    let _ =
+                        redis::drop_entries(&mut redis, &self.keys, event_id, &[&entry.id]).await;
                 }
             }
         }
@@ -212,6 +214,10 @@ impl Pipeline {
                 Ok(()) => {
                     self.set_blocked(None);
                     return;
+                }
+                Err(PersistError::Stale(stale)) => {
+                    reservations = self.drop_stale(event_id, reservations, &stale).await;
+                    continue;
                 }
                 Err(PersistError::Rejected(why)) => {
                     tracing::warn!(
@@ -237,6 +243,33 @@ impl Pipeline {
         }
     }
 
+    /// Drops the reservations numbered in `stale` (taken under an older generation of the
+    /// event's keys, whose rebuild counted their units as free) and returns the others.
+    async fn drop_stale(
+        &self,
+        event_id: u64,
+        reservations: Vec<Reservation>,
+        stale: &[u64],
+    ) -> Vec<Reservation> {
+        let (dropped, keep): (Vec<_>, Vec<_>) = reservations
+            .into_iter()
+            .partition(|r| stale.contains(&r.order_no));
+        if !dropped.is_empty() {
+            let ids: Vec<&str> = dropped.iter().map(|r| r.entry_id.as_str()).collect();
+            if let Err(e) =
+                redis::drop_entries(&mut self.redis.clone(), &self.keys, event_id, &ids).await
+            {
+                tracing::warn!(error = format!("{e:#}"), "cannot drop stale entries");
+            }
+            tracing::warn!(
+                event_id,
+                dropped = dropped.len(),
+                "dropped reservations taken before the event's keys were rebuilt from MySQL"
+            );
+        }
+        keep
+    }
+
     /// Releases the reservations past `orders.deadline_s` whose orders do not exist, so
     /// that none is created silently late; returns the others. Needs MySQL to decide:
     /// while it is down, overdue reservations wait with the rest.
@@ -255,6 +288,10 @@ impl Pipeline {
         for r in overdue {
             match persist::expire(&self.mysql, self.shards, event_id, &r).await {
                 Ok(persist::Expiry::Created) => keep.push(r),
+                Ok(persist::Expiry::Stale) => {
+                    let order_no = r.order_no;
+                    self.drop_stale(event_id, vec![r], &[order_no]).await;
+                }
                 Ok(persist::Expiry::Expired) => {
                     match redis::release(&mut redis, &self.keys, event_id, &r, &reason).await {
                         Ok(_) => {
@@ -378,6 +415,9 @@ impl Pipeline {
             };
             match outcome {
                 Ok(()) => {}
+                Err(PersistError::Stale(stale)) => {
+                    retry.extend(self.drop_stale(event_id, vec![r], &stale).await);
+                }
                 Err(PersistError::Rejected(why)) => {
                     tracing::error!(
                         order_no = r.order_no,

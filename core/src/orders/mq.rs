@@ -131,9 +131,9 @@ impl TransactionListener for OrdersTxListener {
             Ok(()) if self.inject_unknown => LocalTransactionState::Unknown,
             Ok(()) => LocalTransactionState::CommitMessage,
             Err(PersistError::Unknown(_)) => LocalTransactionState::Unknown,
-            Err(PersistError::Rejected(_) | PersistError::NotCommitted(_)) => {
-                LocalTransactionState::RollbackMessage
-            }
+            Err(
+                PersistError::Rejected(_) | PersistError::NotCommitted(_) | PersistError::Stale(_),
+            ) => LocalTransactionState::RollbackMessage,
         };
         *job.outcome.lock().expect("not poisoned") = Some(outcome);
         state

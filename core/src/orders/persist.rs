@@ -24,6 +24,10 @@ pub enum PersistError {
     /// The connection failed during COMMIT: it may or may not have committed.
     #[error("commit outcome unknown: {0}")]
     Unknown(String),
+    /// These reservations were taken before the event's Redis keys were rebuilt, which
+    /// counted their units as free: they must never become orders, nor be released.
+    #[error("{} reservations predate the rebuild of the event's keys", .0.len())]
+    Stale(Vec<u64>),
 }
 
 fn classify(e: mysql_async::Error) -> PersistError {
@@ -45,6 +49,29 @@ async fn commit(tx: mysql_async::Transaction<'_>) -> Result<(), PersistError> {
     })
 }
 
+/// Takes the event row's shared lock (a rebuild of the event's keys takes it exclusively,
+/// so it waits for this transaction and this transaction for it) and returns the
+/// reservations admitted under an older generation of the keys.
+async fn stale_reservations<'a>(
+    tx: &mut mysql_async::Transaction<'_>,
+    event_id: u64,
+    reservations: impl IntoIterator<Item = &'a Reservation>,
+) -> Result<Vec<u64>, PersistError> {
+    let epoch: Option<u64> = tx
+        .exec_first(
+            "SELECT redis_epoch FROM event WHERE id = ? LOCK IN SHARE MODE",
+            (event_id,),
+        )
+        .await
+        .map_err(classify)?;
+    let epoch = epoch.ok_or_else(|| PersistError::Rejected(format!("no event {event_id}")))?;
+    Ok(reservations
+        .into_iter()
+        .filter(|r| r.epoch < epoch)
+        .map(|r| r.order_no)
+        .collect())
+}
+
 /// Inserts the batch's orders not yet in MySQL; Ok when all of them are there.
 pub async fn create_orders(
     pool: &Pool,
@@ -57,6 +84,10 @@ pub async fn create_orders(
         .start_transaction(TxOpts::default())
         .await
         .map_err(classify)?;
+    let stale = stale_reservations(&mut tx, batch.event_id, &batch.reservations).await?;
+    if !stale.is_empty() {
+        return Err(PersistError::Stale(stale));
+    }
     let mut by_shard: BTreeMap<u64, Vec<&Reservation>> = BTreeMap::new();
     for r in &batch.reservations {
         by_shard
@@ -165,6 +196,8 @@ pub enum Expiry {
     Created,
     /// Recorded as expired; no attempt can create it any more: release it.
     Expired,
+    /// Taken before the event's keys were rebuilt: drop it, never release it.
+    Stale,
 }
 
 /// Expires a reservation unless its order exists. The EXPIRED stock_log row takes the
@@ -182,6 +215,10 @@ pub async fn expire(
         .start_transaction(TxOpts::default())
         .await
         .map_err(classify)?;
+    if !stale_reservations(&mut tx, event_id, [r]).await?.is_empty() {
+        tx.commit().await.map_err(classify)?;
+        return Ok(Expiry::Stale);
+    }
     let shard = gene(r.order_no) % u64::from(shards);
     let exists: Option<u64> = tx
         .query_first(format!(

@@ -117,6 +117,28 @@ pub async fn settle(
     Ok(Settled(call.invoke_async(redis).await?))
 }
 
+/// Drops entries without settling or releasing anything (malformed entries, and
+/// reservations a rebuild of the event's keys already counted as free).
+pub async fn drop_entries(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: u64,
+    entry_ids: &[&str],
+) -> anyhow::Result<()> {
+    if entry_ids.is_empty() {
+        return Ok(());
+    }
+    let stream = keys.order_stream(event_id);
+    ::redis::pipe()
+        .xack(&stream, GROUP, entry_ids)
+        .ignore()
+        .xdel(&stream, entry_ids)
+        .ignore()
+        .query_async::<()>(redis)
+        .await?;
+    Ok(())
+}
+
 /// Gives one reservation back and marks it FAILED with `reason`.
 pub async fn release(
     redis: &mut ConnectionManager,

@@ -15,6 +15,8 @@ pub struct Reservation {
     /// Seats as written by the script, `"r:c,r:c"` or empty.
     pub seats_raw: String,
     pub admitted_ms: i64,
+    /// The generation of the event's Redis keys it was admitted under (`event.redis_epoch`).
+    pub epoch: u64,
 }
 
 impl Reservation {
@@ -37,6 +39,12 @@ impl Reservation {
             quantity: number("q")? as u32,
             seats_raw: field("s")?,
             admitted_ms: number("t")? as i64,
+            // Written by every script since the keys have generations; older entries are 0.
+            epoch: if entry.map.contains_key("e") {
+                number("e")?
+            } else {
+                0
+            },
         })
     }
 

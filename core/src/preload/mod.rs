@@ -1,23 +1,28 @@
-//! Preload (seeds 001, 003): everything the hot path needs goes into Redis before the
-//! sale opens — stock per category, seat hashes, the event's metadata and sale window.
-//! Idempotent: stock and seats are written only where absent, so preloading during a
-//! sale never hands out units twice. Guarded by a per-event lock, so two core
-//! instances never load one event at once.
+//! Preload (seeds 001, 002, 003): everything the hot path needs goes into Redis before
+//! the sale opens — stock per category, seat hashes, the event's metadata and sale window.
+//! When the keys are there, only the metadata is written, so preloading during a sale
+//! never hands out units twice. When they are missing — a first preload, or Redis lost
+//! them mid-sale — they are rebuilt from MySQL under a fence (see `snapshot`): stock from
+//! the live orders, the buyers' holdings and statuses, the seat maps. Guarded by a
+//! per-event lock, so two core instances never load one event at once.
+
+mod snapshot;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use mysql_async::Pool;
 use redis::aio::ConnectionManager;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::catalog::{self, EventRecord, EventStatus};
 use crate::keys::{Keys, seat_state};
 use crate::lock::Lock;
 
-/// Fields per HSET when loading a seat hash.
-const SEAT_FIELDS_PER_HSET: usize = 10_000;
+/// Fields per HSET (or members per SADD) when loading a hash.
+const FIELDS_PER_HSET: usize = 10_000;
 
 /// How long a publish waits for another instance's preload of the same event.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
@@ -37,6 +42,8 @@ pub struct PreloadReport {
     pub stock_written: u32,
     /// Seat hashes written (seated categories that had none).
     pub seat_maps_written: u32,
+    /// The generation of the keys written (0: none written, they were there).
+    pub epoch: u64,
 }
 
 #[derive(Clone)]
@@ -44,10 +51,29 @@ pub struct Preloader {
     pub redis: ConnectionManager,
     pub mysql: Pool,
     pub keys: Keys,
+    pub shards: u32,
     pub lock_ttl: Duration,
+    /// Wakes the scheduler early.
+    pub wake: Arc<Notify>,
 }
 
 impl Preloader {
+    pub fn new(
+        redis: ConnectionManager,
+        mysql: Pool,
+        keys: Keys,
+        settings: &crate::config::Settings,
+    ) -> Preloader {
+        Preloader {
+            redis,
+            mysql,
+            keys,
+            shards: settings.mysql.order_shards,
+            lock_ttl: Duration::from_millis(settings.preload.lock_ttl_ms),
+            wake: Default::default(),
+        }
+    }
+
     /// Writes the event's hot-path keys where they are missing, and its metadata always.
     pub async fn preload(&self, event: &EventRecord) -> Result<PreloadReport, PreloadError> {
         let mut redis = self.redis.clone();
@@ -72,57 +98,80 @@ impl Preloader {
         redis: &mut ConnectionManager,
         event: &EventRecord,
     ) -> anyhow::Result<PreloadReport> {
-        let unsynced: HashMap<u64, i64> = catalog::unsynced_units(&self.mysql, event.id)
-            .await?
-            .into_iter()
-            .collect();
-        let stock_key = self.keys.stock(event.id);
+        if self.keys_present(redis, event.id).await? {
+            // Loaded already (a publish after a close): the stock is Redis's to keep.
+            let mut pipe = redis::pipe();
+            self.write_meta(&mut pipe, event, None);
+            pipe.query_async::<()>(redis)
+                .await
+                .context("Failed to write the event's metadata")?;
+            return Ok(PreloadReport::default());
+        }
+        let snap = snapshot::fence_and_read(&self.mysql, self.shards, event.id).await?;
+        let e = event.id;
         let mut pipe = redis::pipe();
         pipe.atomic();
-        self.write_meta(&mut pipe, event);
-        for c in &event.categories {
-            // MySQL's remain lags by the orders not yet synced; never load more than is left.
-            let available = (c.remain - unsynced.get(&c.id).copied().unwrap_or(0)).max(0);
-            pipe.hset_nx(&stock_key, c.id, available);
-        }
-        let written: Vec<i64> = pipe
-            .query_async(redis)
-            .await
-            .context("Failed to write event keys")?;
         let mut report = PreloadReport {
-            // The replies end with one HSETNX result per category.
-            stock_written: written
-                .iter()
-                .rev()
-                .take(event.categories.len())
-                .filter(|n| **n == 1)
-                .count() as u32,
-            seat_maps_written: 0,
+            epoch: snap.epoch,
+            ..PreloadReport::default()
         };
-        for c in event.categories.iter().filter(|c| c.seats.is_some()) {
-            let seats_key = self.keys.seats(event.id, c.id);
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(&seats_key)
-                .query_async(redis)
-                .await?;
-            if exists {
-                continue;
+        pipe.del(&[
+            self.keys.stock(e),
+            self.keys.sold_out(e),
+            self.keys.held(e),
+            self.keys.purchase_status(e),
+            self.keys.restocked(e),
+        ])
+        .ignore();
+        for c in &event.categories {
+            let live = snap.live_units.get(&c.id).copied().unwrap_or(0);
+            let available = i64::from(c.total) - live;
+            if available < 0 {
+                tracing::error!(
+                    event_id = e,
+                    category_id = c.id,
+                    live,
+                    total = c.total,
+                    "MySQL holds more units in orders than the category has"
+                );
             }
-            let seats = catalog::seats(&self.mysql, c.id).await?;
+            let available = available.max(0);
+            pipe.hset(self.keys.stock(e), c.id, available).ignore();
+            if available == 0 {
+                pipe.hset(self.keys.sold_out(e), c.id, 1).ignore();
+            }
+            report.stock_written += 1;
+        }
+        for chunk in snap.held.iter().collect::<Vec<_>>().chunks(FIELDS_PER_HSET) {
+            pipe.hset_multiple(self.keys.held(e), chunk).ignore();
+        }
+        for chunk in snap
+            .status
+            .iter()
+            .collect::<Vec<_>>()
+            .chunks(FIELDS_PER_HSET)
+        {
+            pipe.hset_multiple(self.keys.purchase_status(e), chunk)
+                .ignore();
+        }
+        for chunk in snap.given_back.chunks(FIELDS_PER_HSET) {
+            pipe.sadd(self.keys.restocked(e), chunk).ignore();
+        }
+        for c in event.categories.iter().filter(|c| c.seats.is_some()) {
+            let (seats_key, row_free_key) = (self.keys.seats(e, c.id), self.keys.row_free(e, c.id));
+            pipe.del(&[&seats_key, &row_free_key]).ignore();
             let mut free_per_row: HashMap<u32, u32> = HashMap::new();
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            for chunk in seats.chunks(SEAT_FIELDS_PER_HSET) {
+            let seats = catalog::seats(&self.mysql, c.id).await?;
+            for chunk in seats.chunks(FIELDS_PER_HSET) {
                 let fields: Vec<(String, &str)> = chunk
                     .iter()
-                    .map(|(row, col, status)| {
-                        let state = if status == "FREE" {
-                            *free_per_row.entry(*row).or_default() += 1;
-                            seat_state::FREE
-                        } else {
-                            // Held or sold seats keep the order that has them (issue of the
-                            // order pipeline); until then MySQL only has FREE seats.
-                            status.as_str()
+                    .map(|(row, col, _)| {
+                        let state = match snap.seat_owner.get(&(c.id, *row, *col)) {
+                            Some(owner) => owner.as_str(),
+                            None => {
+                                *free_per_row.entry(*row).or_default() += 1;
+                                seat_state::FREE
+                            }
                         };
                         (format!("{row}:{col}"), state)
                     })
@@ -131,19 +180,39 @@ impl Preloader {
             }
             let row_free: Vec<(u32, u32)> = free_per_row.into_iter().collect();
             if !row_free.is_empty() {
-                pipe.hset_multiple(self.keys.row_free(event.id, c.id), &row_free)
-                    .ignore();
+                pipe.hset_multiple(&row_free_key, &row_free).ignore();
             }
-            pipe.query_async::<()>(redis)
-                .await
-                .context("Failed to write a seat map")?;
             report.seat_maps_written += 1;
         }
+        // The metadata last: admission answers "not loaded" until all of it is there.
+        self.write_meta(&mut pipe, event, Some(snap.epoch));
+        pipe.query_async::<()>(redis)
+            .await
+            .context("Failed to write the event's keys")?;
         Ok(report)
     }
 
-    fn write_meta(&self, pipe: &mut redis::Pipeline, event: &EventRecord) {
+    /// True when the event's metadata and stock are both in Redis.
+    async fn keys_present(
+        &self,
+        redis: &mut ConnectionManager,
+        event_id: u64,
+    ) -> anyhow::Result<bool> {
+        let present: u32 = redis::cmd("EXISTS")
+            .arg(self.keys.event_meta(event_id))
+            .arg(self.keys.stock(event_id))
+            .query_async(redis)
+            .await?;
+        Ok(present == 2)
+    }
+
+    /// The event's metadata and sales-index entry; `epoch` only when the keys are new.
+    fn write_meta(&self, pipe: &mut redis::Pipeline, event: &EventRecord, epoch: Option<u64>) {
         let categories: Vec<String> = event.categories.iter().map(|c| c.id.to_string()).collect();
+        if let Some(epoch) = epoch {
+            pipe.hset(self.keys.event_meta(event.id), "epoch", epoch)
+                .ignore();
+        }
         pipe.hset_multiple(
             self.keys.event_meta(event.id),
             &[
@@ -182,13 +251,14 @@ impl Preloader {
             .context("Failed to write the sale status")
     }
 
-    /// True when the event's metadata is in Redis.
+    /// True when the event's metadata and stock are in Redis.
     pub async fn is_loaded(&self, event_id: u64) -> anyhow::Result<bool> {
-        let mut redis = self.redis.clone();
-        Ok(redis::cmd("EXISTS")
-            .arg(self.keys.event_meta(event_id))
-            .query_async(&mut redis)
-            .await?)
+        self.keys_present(&mut self.redis.clone(), event_id).await
+    }
+
+    /// Asks the scheduler for a pass now (admission found an event's keys missing).
+    pub fn wake(&self) {
+        self.wake.notify_one();
     }
 
     /// Every `interval`, preloads published events opening within `window` whose keys
@@ -204,6 +274,7 @@ impl Preloader {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                _ = self.wake.notified() => {}
                 _ = crate::app::stopped(&mut stop) => return,
             }
             if let Err(e) = self.preload_due(window).await {

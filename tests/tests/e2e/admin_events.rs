@@ -131,7 +131,7 @@ async fn publishing_again_during_a_sale_never_resets_stock() {
     let again = app.publish(id).await;
     assert_eq!(
         again["preload"],
-        json!({"stock_written": 0, "seat_maps_written": 0})
+        json!({"stock_written": 0, "seat_maps_written": 0, "epoch": 0})
     );
     let left: i64 = r.hget(&stock_key, categories[0]).await.unwrap();
     assert_eq!(left, 293);
@@ -218,6 +218,8 @@ async fn stats_show_every_category_with_redis_and_mysql_figures() {
     let (status, before) = app.get(&format!("/admin/events/{id}/stats")).await;
     assert_eq!(status, 200);
     assert_eq!(before["categories"][0]["redis_available"], json!(null));
+    // Not loaded: every unit is missing from Redis.
+    assert_eq!(before["categories"][0]["gap"], 300);
     app.publish(id).await;
     let (_, stats) = app.get(&format!("/admin/events/{id}/stats")).await;
     let ga = &stats["categories"][0];
@@ -229,10 +231,18 @@ async fn stats_show_every_category_with_redis_and_mysql_figures() {
         "queued",
         "unpaid",
         "paid",
+        "gap",
         "db_remain",
+        "unsynced",
+        "remain_gap",
     ] {
         assert!(ga.get(field).is_some(), "missing {field} in {ga}");
     }
+    assert_eq!(
+        (ga["gap"].as_i64(), ga["remain_gap"].as_i64()),
+        (Some(0), Some(0))
+    );
+    assert_eq!(stats["loaded"], true);
     assert_eq!(
         (
             ga["total"].as_u64(),

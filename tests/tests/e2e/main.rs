@@ -8,3 +8,4 @@ mod health;
 mod lifecycle;
 mod pipeline;
 mod purchase;
+mod reconcile;

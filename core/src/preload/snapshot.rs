@@ -1,0 +1,128 @@
+//! What an event's Redis keys must say, read from MySQL under a fence (seed 002's
+//! "refresh once when empty", made exact). The event row's redis_epoch is incremented
+//! under its exclusive lock: order creation holds the shared lock, so every batch in
+//! flight has committed before the snapshot is read, and every later batch refuses the
+//! reservations of the older generation. The snapshot therefore counts every unit that
+//! is or ever will be in an order of the old generation.
+
+use std::collections::HashMap;
+
+use anyhow::Context;
+use mysql_async::prelude::*;
+use mysql_async::{Pool, TxOpts};
+
+/// The event's sale as MySQL knows it, fenced at `epoch`.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The new generation of the keys; reservations must carry at least this.
+    pub epoch: u64,
+    /// Units in live (UNPAID or PAID) orders, per category.
+    pub live_units: HashMap<u64, i64>,
+    /// Units each user holds in live orders.
+    pub held: HashMap<u64, i64>,
+    /// Each user's latest purchase, as the status hash writes it (`CREATED:<no>`, …).
+    pub status: HashMap<u64, String>,
+    /// Orders whose units went back: the restocked set, so no restock counts them twice.
+    pub given_back: Vec<u64>,
+    /// Seats of live orders: (category, row, col) → `L:<no>` or `S:<no>`.
+    pub seat_owner: HashMap<(u64, u32, u32), String>,
+}
+
+/// Whether an order of this status holds its units.
+fn is_live(status: &str) -> bool {
+    matches!(status, "UNPAID" | "PAID")
+}
+
+/// The purchase-status word an order of this status shows its buyer.
+fn status_word(status: &str) -> &'static str {
+    match status {
+        "UNPAID" => "CREATED",
+        "PAID" => "PAID",
+        _ => "CANCELLED",
+    }
+}
+
+type OrderRow = (u64, u64, u64, i64, String);
+
+/// Increments the event's redis_epoch and reads its orders, in one transaction.
+pub async fn fence_and_read(pool: &Pool, shards: u32, event_id: u64) -> anyhow::Result<Snapshot> {
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    // Waits for the batches being created (they hold the shared lock) and holds off the
+    // next ones until the snapshot is read.
+    tx.exec_drop(
+        "UPDATE event SET redis_epoch = redis_epoch + 1 WHERE id = ?",
+        (event_id,),
+    )
+    .await
+    .context("Failed to fence the event")?;
+    let epoch: u64 = tx
+        .exec_first("SELECT redis_epoch FROM event WHERE id = ?", (event_id,))
+        .await?
+        .with_context(|| format!("no event {event_id}"))?;
+    let mut snap = Snapshot {
+        epoch,
+        ..Snapshot::default()
+    };
+    let mut latest: HashMap<u64, u64> = HashMap::new();
+    for n in 0..shards {
+        let orders: Vec<OrderRow> = tx
+            .exec(
+                format!(
+                    "SELECT order_no, user_id, category_id, CAST(quantity AS SIGNED), status \
+                     FROM `order_{n}` WHERE event_id = ?"
+                ),
+                (event_id,),
+            )
+            .await
+            .context("Failed to read the event's orders")?;
+        for (order_no, user, category, quantity, status) in orders {
+            if is_live(&status) {
+                *snap.live_units.entry(category).or_default() += quantity;
+                *snap.held.entry(user).or_default() += quantity;
+            } else {
+                snap.given_back.push(order_no);
+            }
+            if latest.get(&user).is_none_or(|&l| order_no > l) {
+                latest.insert(user, order_no);
+                snap.status
+                    .insert(user, format!("{}:{order_no}", status_word(&status)));
+            }
+        }
+        let seats: Vec<(u64, u64, u32, u32, String)> = tx
+            .exec(
+                format!(
+                    "SELECT i.order_no, i.category_id, i.row_no, i.col_no, o.status \
+                     FROM `order_item_{n}` i JOIN `order_{n}` o ON o.order_no = i.order_no \
+                     WHERE o.event_id = ? AND o.status IN ('UNPAID', 'PAID') AND i.row_no IS NOT NULL"
+                ),
+                (event_id,),
+            )
+            .await
+            .context("Failed to read the seats of live orders")?;
+        for (order_no, category, row, col, status) in seats {
+            let state = if status == "PAID" { "S" } else { "L" };
+            snap.seat_owner
+                .insert((category, row, col), format!("{state}:{order_no}"));
+        }
+    }
+    tx.commit().await.context("Failed to commit the fence")?;
+    Ok(snap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_unpaid_and_paid_orders_hold_units() {
+        assert!(is_live("UNPAID") && is_live("PAID"));
+        assert!(!is_live("CANCELLED") && !is_live("REFUND_PENDING"));
+        assert_eq!(status_word("UNPAID"), "CREATED");
+        assert_eq!(status_word("PAID"), "PAID");
+        assert_eq!(status_word("REFUND_PENDING"), "CANCELLED");
+    }
+}

@@ -1,0 +1,482 @@
+//! Reconciliation (DESIGN.md "Consistency", invariant 2): per ticket category, Redis
+//! stock + queued reservations + unpaid + paid units must equal the category's total, and
+//! MySQL's remain must equal total − unpaid − paid once stock sync has caught up.
+//!
+//! A pass measures both gaps and exports them, rebuilds an event's keys when Redis lost
+//! them, gives back cancelled orders whose units never reached Redis, and heals what is
+//! left only when it is sure: a drift is acted on when a second measurement `confirm`
+//! later agrees with the first and no reservation is queued. While a sale runs, Redis is
+//! only ever lowered (rather undersell than oversell); a positive gap is raised once the
+//! sale is not running. Every heal runs under the event's preload lock.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+use mysql_async::Pool;
+use mysql_async::prelude::*;
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::catalog::{self, EventRecord, EventStatus};
+use crate::config::{Resolved, Settings};
+use crate::keys::Keys;
+use crate::lifecycle::{self, GiveBack};
+use crate::lock::Lock;
+use crate::metrics::Metrics;
+use crate::preload::Preloader;
+
+static ADJUST: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/adjust_stock.lua")));
+
+/// Longest backlog counted per category (XRANGE is work for Redis; stats are polled).
+const MAX_COUNTED_BACKLOG: usize = 10_000;
+
+/// How long a heal waits for the preload lock before leaving the event for the next pass.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// One category's books.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CategoryBalance {
+    pub category_id: u64,
+    pub name: String,
+    pub total: i64,
+    /// Units Redis still offers; null when the event's keys are not in Redis.
+    pub redis_available: Option<i64>,
+    /// Units in reservations waiting for the order workers; null when the backlog is
+    /// longer than 10 000 reservations (too long to count on every poll).
+    pub queued: Option<i64>,
+    pub unpaid: i64,
+    pub paid: i64,
+    /// total − (Redis stock + queued + unpaid + paid): 0 once settled. Positive: units
+    /// Redis no longer offers (undersell); negative: Redis offers too many. Null when
+    /// `queued` is.
+    pub gap: Option<i64>,
+    pub db_remain: i64,
+    /// Units of live orders stock sync has not yet subtracted from remain.
+    pub unsynced: i64,
+    /// remain − (total − unpaid − paid + unsynced): 0 whenever MySQL is consistent.
+    pub remain_gap: i64,
+}
+
+/// An event's books at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Balance {
+    pub event_id: u64,
+    /// The event's metadata and stock are in Redis.
+    pub loaded: bool,
+    /// Reservations in the event's stream.
+    pub queued_reservations: u64,
+    pub categories: Vec<CategoryBalance>,
+}
+
+impl Balance {
+    /// Every gap is 0.
+    pub fn settled(&self) -> bool {
+        self.categories
+            .iter()
+            .all(|c| c.gap == Some(0) && c.remain_gap == 0)
+    }
+}
+
+/// What a pass found and did.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub event_id: u64,
+    /// Each change made, in words; empty when nothing needed healing.
+    pub actions: Vec<String>,
+    /// The books after the pass.
+    pub balance: Balance,
+}
+
+#[derive(Clone)]
+pub struct Reconciler {
+    pub redis: ConnectionManager,
+    pub mysql: Pool,
+    pub keys: Keys,
+    pub shards: u32,
+    pub preloader: Preloader,
+    pub confirm: Duration,
+    /// `stampede_conservation_gap{event,category}` and `stampede_remain_gap{…}`.
+    pub gap_gauge: prometheus::IntGaugeVec,
+    pub remain_gauge: prometheus::IntGaugeVec,
+}
+
+impl Reconciler {
+    /// Shares the preloader's connections; exports into `metrics`.
+    pub fn new(preloader: Preloader, settings: &Settings, metrics: &Metrics) -> Reconciler {
+        Reconciler {
+            redis: preloader.redis.clone(),
+            mysql: preloader.mysql.clone(),
+            keys: preloader.keys.clone(),
+            shards: settings.mysql.order_shards,
+            confirm: Duration::from_millis(settings.reconcile.confirm_ms),
+            gap_gauge: metrics.conservation_gap.clone(),
+            remain_gauge: metrics.remain_gap.clone(),
+            preloader,
+        }
+    }
+
+    /// For `stampede reconcile`: connects to Redis and MySQL as the core would.
+    pub async fn connect(config: &Resolved) -> anyhow::Result<Reconciler> {
+        let s = &config.settings;
+        let timeout = Duration::from_secs(s.startup.connect_timeout_s);
+        let redis = crate::infra::redis::connect(&s.redis.url, timeout).await?;
+        let mysql = crate::infra::mysql::connect(config.mysql_opts.clone(), timeout).await?;
+        let keys = Keys::new(&s.redis.key_prefix);
+        let preloader = Preloader::new(redis, mysql, keys, s);
+        Ok(Reconciler::new(preloader, s, &Metrics::new()))
+    }
+
+    /// Measures the event's books without changing anything.
+    pub async fn measure(&self, event: &EventRecord) -> anyhow::Result<Balance> {
+        let e = event.id;
+        let mut redis = self.redis.clone();
+        // Redis first, in one atomic read; then MySQL. An order committed between the two
+        // reads and not yet settled counts twice (a negative gap for a moment), which is
+        // why nothing is healed while reservations are queued.
+        let (stock, epoch, loaded, backlog, entries): (
+            HashMap<u64, i64>,
+            Option<u64>,
+            u32,
+            u64,
+            redis::streams::StreamRangeReply,
+        ) = redis::pipe()
+            .atomic()
+            .hgetall(self.keys.stock(e))
+            .hget(self.keys.event_meta(e), "epoch")
+            .exists(&[self.keys.event_meta(e), self.keys.stock(e)])
+            .xlen(self.keys.order_stream(e))
+            .xrange_count(self.keys.order_stream(e), "-", "+", MAX_COUNTED_BACKLOG)
+            .query_async(&mut redis)
+            .await
+            .context("Failed to read the event's keys")?;
+        let counted = backlog <= MAX_COUNTED_BACKLOG as u64;
+        let epoch = epoch.unwrap_or(0);
+        // Entries of an older generation of the keys were counted free by the rebuild.
+        let mut queued: HashMap<u64, i64> = HashMap::new();
+        for entry in &entries.ids {
+            let current = entry.get::<u64>("e").unwrap_or(0) >= epoch;
+            if let (true, Some(c), Some(q)) =
+                (current, entry.get::<u64>("c"), entry.get::<i64>("q"))
+            {
+                *queued.entry(c).or_default() += q;
+            }
+        }
+        let held = units_by_status(&self.mysql, self.shards, e).await?;
+        let unsynced: HashMap<u64, i64> = catalog::unsynced_units(&self.mysql, e)
+            .await?
+            .into_iter()
+            .collect();
+        let fresh = catalog::load(&self.mysql, e)
+            .await?
+            .with_context(|| format!("no event {e}"))?;
+        let loaded = loaded == 2;
+        let categories = fresh
+            .categories
+            .iter()
+            .map(|c| {
+                let count =
+                    |status: &str| held.get(&(c.id, status.to_owned())).copied().unwrap_or(0);
+                let (unpaid, paid) = (count("UNPAID"), count("PAID"));
+                let redis_available = if loaded {
+                    stock.get(&c.id).copied()
+                } else {
+                    None
+                };
+                let queued = counted.then(|| queued.get(&c.id).copied().unwrap_or(0));
+                let unsynced = unsynced.get(&c.id).copied().unwrap_or(0);
+                let total = i64::from(c.total);
+                CategoryBalance {
+                    category_id: c.id,
+                    name: c.name.clone(),
+                    total,
+                    redis_available,
+                    queued,
+                    unpaid,
+                    paid,
+                    gap: queued.map(|q| total - (redis_available.unwrap_or(0) + q + unpaid + paid)),
+                    db_remain: c.remain,
+                    unsynced,
+                    remain_gap: c.remain - (total - unpaid - paid + unsynced),
+                }
+            })
+            .collect();
+        let balance = Balance {
+            event_id: e,
+            loaded,
+            queued_reservations: backlog,
+            categories,
+        };
+        self.export(&balance);
+        Ok(balance)
+    }
+
+    fn export(&self, b: &Balance) {
+        let event = b.event_id.to_string();
+        for c in &b.categories {
+            let labels = [event.as_str(), &c.category_id.to_string()];
+            if let Some(gap) = c.gap {
+                self.gap_gauge.with_label_values(&labels).set(gap);
+            }
+            self.remain_gauge
+                .with_label_values(&labels)
+                .set(c.remain_gap);
+        }
+    }
+
+    /// One pass over one event: measure, and heal when `heal`.
+    pub async fn reconcile(&self, event_id: u64, heal: bool) -> anyhow::Result<Option<Report>> {
+        let Some(event) = catalog::load(&self.mysql, event_id).await? else {
+            return Ok(None);
+        };
+        let mut actions = Vec::new();
+        if heal && event.status != EventStatus::Draft && !self.preloader.is_loaded(event_id).await?
+        {
+            match self.preloader.preload(&event).await {
+                Ok(r) if r.epoch > 0 => actions.push(format!(
+                    "rebuilt the event's Redis keys from MySQL (generation {})",
+                    r.epoch
+                )),
+                Ok(_) => {}
+                Err(e) => actions.push(format!("could not rebuild the event's keys yet: {e}")),
+            }
+        }
+        if heal && self.preloader.is_loaded(event_id).await? {
+            let mut redis = self.redis.clone();
+            let lock = Lock::acquire(
+                &mut redis,
+                self.keys.preload_lock(event_id),
+                self.preloader.lock_ttl,
+                LOCK_WAIT,
+            )
+            .await
+            .context("Failed to take the preload lock")?;
+            if let Some(lock) = lock {
+                let healed = self.heal_locked(&event, &mut actions).await;
+                lock.release(&mut redis).await?;
+                healed?;
+            }
+        }
+        let balance = self.measure(&event).await?;
+        for action in &actions {
+            tracing::warn!(event_id, action, "reconciler healed a drift");
+        }
+        if !balance.settled() && balance.queued_reservations == 0 {
+            tracing::info!(event_id, books = ?balance.categories, "books not balanced");
+        }
+        Ok(Some(Report {
+            event_id,
+            actions,
+            balance,
+        }))
+    }
+
+    async fn heal_locked(
+        &self,
+        event: &EventRecord,
+        actions: &mut Vec<String>,
+    ) -> anyhow::Result<()> {
+        let (orders, units) = self.give_back_cancelled(event.id).await?;
+        if orders > 0 {
+            actions.push(format!(
+                "gave back {units} units of {orders} cancelled orders Redis had not got back"
+            ));
+        }
+        let first = self.measure(event).await?;
+        if first.settled() || first.queued_reservations > 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(self.confirm).await;
+        let second = self.measure(event).await?;
+        if second != first {
+            return Ok(()); // The sale moved: not sure of anything; the next pass looks again.
+        }
+        let now = Utc::now();
+        let running = event.status == EventStatus::Published
+            && event.sale_start <= now
+            && now < event.sale_end;
+        let mut redis = self.redis.clone();
+        for c in &second.categories {
+            let gap = c.gap.unwrap_or(0);
+            let lower = gap < 0;
+            let raise = gap > 0 && !running;
+            if lower || raise {
+                let left: i64 = ADJUST
+                    .key(self.keys.stock(event.id))
+                    .key(self.keys.sold_out(event.id))
+                    .arg(c.category_id)
+                    .arg(gap)
+                    .invoke_async(&mut redis)
+                    .await
+                    .context("Failed to adjust the stock")?;
+                actions.push(format!(
+                    "category {}: Redis stock {} by {} to {left}",
+                    c.category_id,
+                    if lower { "lowered" } else { "raised" },
+                    gap.abs()
+                ));
+            } else if gap > 0 {
+                actions.push(format!(
+                    "category {}: Redis offers {} units fewer than it could; left until the sale is not running",
+                    c.category_id, gap
+                ));
+            }
+            if c.remain_gap != 0 && c.unsynced == 0 {
+                // Conditional on the remain measured, so a concurrent sync makes it a no-op.
+                let mut conn = self.mysql.get_conn().await?;
+                conn.exec_drop(
+                    "UPDATE ticket_category SET remain = remain - ? WHERE id = ? AND remain = ?",
+                    (c.remain_gap, c.category_id, c.db_remain),
+                )
+                .await?;
+                if conn.affected_rows() == 1 {
+                    actions.push(format!(
+                        "category {}: MySQL remain corrected by {} to {}",
+                        c.category_id,
+                        -c.remain_gap,
+                        c.db_remain - c.remain_gap
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancelled orders whose units are not back in Redis (the restock after the
+    /// cancellation failed): gives them back, once each. Returns (orders, units).
+    async fn give_back_cancelled(&self, event_id: u64) -> anyhow::Result<(usize, i64)> {
+        let mut conn = self.mysql.get_conn().await?;
+        let mut redis = self.redis.clone();
+        let (mut orders, mut units) = (0, 0);
+        for n in 0..self.shards {
+            let cancelled: Vec<(u64, u64, u64, u32)> = conn
+                .exec(
+                    format!(
+                        "SELECT order_no, user_id, category_id, quantity FROM `order_{n}` \
+                         WHERE event_id = ? AND status IN ('CANCELLED', 'REFUND_PENDING')"
+                    ),
+                    (event_id,),
+                )
+                .await?;
+            if cancelled.is_empty() {
+                continue;
+            }
+            let numbers: Vec<u64> = cancelled.iter().map(|o| o.0).collect();
+            let mut known: Vec<bool> = Vec::with_capacity(numbers.len());
+            for chunk in numbers.chunks(10_000) {
+                let found: Vec<bool> = redis::cmd("SMISMEMBER")
+                    .arg(self.keys.restocked(event_id))
+                    .arg(chunk)
+                    .query_async(&mut redis)
+                    .await?;
+                known.extend(found);
+            }
+            let missing: HashSet<u64> = numbers
+                .iter()
+                .zip(&known)
+                .filter(|(_, k)| !**k)
+                .map(|(n, _)| *n)
+                .collect();
+            for (order_no, user_id, category_id, quantity) in cancelled {
+                if !missing.contains(&order_no) {
+                    continue;
+                }
+                let seats: Vec<String> = conn
+                    .exec_map(
+                        format!(
+                            "SELECT row_no, col_no FROM `order_item_{n}` \
+                             WHERE order_no = ? AND row_no IS NOT NULL"
+                        ),
+                        (order_no,),
+                        |(r, c): (u32, u32)| format!("{r}:{c}"),
+                    )
+                    .await?;
+                let done = lifecycle::restock(
+                    &mut redis,
+                    &self.keys,
+                    GiveBack {
+                        order_no,
+                        user_id,
+                        event_id,
+                        category_id,
+                        quantity,
+                        seats: &seats,
+                    },
+                )
+                .await?;
+                if done == lifecycle::Restocked::Now {
+                    orders += 1;
+                    units += i64::from(quantity);
+                }
+            }
+        }
+        Ok((orders, units))
+    }
+
+    /// The events a periodic pass looks at: those with a sale in Redis, and the
+    /// published ones opening soon or open (whose keys Redis may have lost).
+    pub async fn events(&self, window_s: u64) -> anyhow::Result<Vec<u64>> {
+        let mut ids: Vec<u64> = redis::cmd("HKEYS")
+            .arg(self.keys.sales_index())
+            .query_async(&mut self.redis.clone())
+            .await?;
+        ids.extend(catalog::published_opening_within(&self.mysql, window_s).await?);
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// Every `interval`, a healing pass over [`Reconciler::events`], until `stop`.
+    pub async fn run(self, interval: Duration, window_s: u64, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = crate::app::stopped(&mut stop) => return,
+            }
+            let ids = match self.events(window_s).await {
+                Ok(ids) => ids,
+                Err(e) => {
+                    tracing::warn!(error = format!("{e:#}"), "reconciler cannot list events");
+                    continue;
+                }
+            };
+            for id in ids {
+                if let Err(e) = self.reconcile(id, true).await {
+                    tracing::warn!(
+                        event_id = id,
+                        error = format!("{e:#}"),
+                        "reconcile pass failed"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Units in orders per (category, status), over every order shard.
+pub async fn units_by_status(
+    pool: &Pool,
+    shards: u32,
+    event_id: u64,
+) -> anyhow::Result<HashMap<(u64, String), i64>> {
+    let union: Vec<String> = (0..shards)
+        .map(|n| {
+            format!(
+                "SELECT category_id, status, quantity FROM `order_{n}` WHERE event_id = {event_id}"
+            )
+        })
+        .collect();
+    let sql = format!(
+        "SELECT category_id, status, CAST(SUM(quantity) AS SIGNED) FROM ({}) o GROUP BY category_id, status",
+        union.join(" UNION ALL ")
+    );
+    let mut conn = pool.get_conn().await?;
+    let rows: Vec<(u64, String, i64)> = conn.query(sql).await?;
+    Ok(rows.into_iter().map(|(c, s, n)| ((c, s), n)).collect())
+}
