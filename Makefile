@@ -1,5 +1,5 @@
 # Stampede: the two commands are `make demo` and `make test` (see README.md).
-.PHONY: up down status demo test install test-stack-up test-stack-down
+.PHONY: up down status demo test bench install test-stack-up test-stack-down
 
 # Install what is missing, start the whole local stack (idempotent).
 up:
@@ -19,6 +19,12 @@ install:
 # `make up`, then a demo event, published, and (once the hot path lands) a short sale.
 demo: up
 	scripts/demo.sh
+
+# `make up`, then every baseline and a 200 000-buyer sale for 10 000 units in one run:
+# the comparison table, also in target/bench/compare.json. Exits 1 if the audit fails.
+bench: up
+	cargo build --release --quiet -p stampede-bench
+	target/release/stampede-bench compare --buyers 200000 --units 10000 --connections 256
 
 # fmt, clippy, unit tests, end-to-end tests on a stack of their own.
 test:

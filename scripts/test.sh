@@ -29,6 +29,7 @@ trap teardown EXIT
 scripts/stack.sh up
 
 step "end-to-end tests"
+cargo build --quiet -p stampede-bench # run by the bench test
 if ! cargo test -p stampede-e2e --test e2e -- --test-threads 2; then
   # What the stack saw, before teardown removes it.
   for log in "$STACK_DIR/nginx/logs/error.log" "$STACK_DIR/logs/core.log"; do

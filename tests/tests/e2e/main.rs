@@ -2,6 +2,7 @@
 
 mod admin_events;
 mod admin_users;
+mod bench;
 mod docs;
 mod edge;
 mod health;

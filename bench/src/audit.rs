@@ -1,0 +1,172 @@
+//! The invariants of DESIGN.md, checked from MySQL and the core's books after a sale
+//! has settled. Each violation names the offending rows.
+
+use std::collections::HashSet;
+
+use mysql_async::prelude::*;
+use serde::Serialize;
+
+use crate::stack::Stack;
+
+#[derive(Debug, Default, Serialize)]
+pub struct Audit {
+    pub ok: bool,
+    /// Orders of the event in MySQL (any status).
+    pub orders: u64,
+    /// Each check and whether it held.
+    pub checks: Vec<(String, bool)>,
+    /// The offending rows, in words.
+    pub violations: Vec<String>,
+}
+
+impl Audit {
+    fn check(&mut self, name: &str, violations: Vec<String>) {
+        self.checks.push((name.to_owned(), violations.is_empty()));
+        self.violations
+            .extend(violations.into_iter().map(|v| format!("{name}: {v}")));
+    }
+}
+
+/// Union of one SELECT over every order shard; `{n}` is the shard.
+fn over_shards(shards: u32, select: &str) -> String {
+    (0..shards)
+        .map(|n| select.replace("{n}", &n.to_string()))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ")
+}
+
+/// `admitted`: (user id, request id) of every 202 the burst got, deduplicated.
+pub async fn run(
+    stack: &Stack,
+    event: u64,
+    per_user_limit: u32,
+    admitted: &[(u64, u64)],
+) -> anyhow::Result<Audit> {
+    let mut conn = stack.mysql.get_conn().await?;
+    let shards: u32 = conn
+        .query_first(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name REGEXP '^order_[0-9]+$'",
+        )
+        .await?
+        .unwrap_or(0);
+    anyhow::ensure!(shards > 0, "no order tables in the stack's database");
+    let mut audit = Audit::default();
+    let orders = over_shards(
+        shards,
+        &format!(
+            "SELECT order_no, user_id, category_id, quantity, status FROM `order_{{n}}` WHERE event_id = {event}"
+        ),
+    );
+    audit.orders = conn
+        .query_first::<u64, _>(format!("SELECT COUNT(*) FROM ({orders}) o"))
+        .await?
+        .unwrap_or(0);
+
+    // 1. No oversell: per category, units in live orders ≤ total.
+    let oversold: Vec<(u64, i64, i64)> = conn
+        .query(format!(
+            "SELECT c.id, c.total, CAST(COALESCE(SUM(o.quantity), 0) AS SIGNED) \
+             FROM ticket_category c LEFT JOIN ({orders}) o \
+               ON o.category_id = c.id AND o.status IN ('UNPAID', 'PAID') \
+             WHERE c.event_id = {event} GROUP BY c.id, c.total HAVING SUM(o.quantity) > c.total"
+        ))
+        .await?;
+    audit.check(
+        "no oversell",
+        oversold
+            .into_iter()
+            .map(|(c, total, sold)| format!("category {c}: {sold} units in orders of {total}"))
+            .collect(),
+    );
+
+    // 2. Conservation, as the core's reconciler books it (Redis + queued + unpaid +
+    //    paid = total; MySQL remain agrees).
+    let stats = stack.stats(event).await?;
+    let unbalanced: Vec<String> = stats["categories"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .filter(|c| c["gap"] != 0 || c["remain_gap"] != 0)
+                .map(|c| c.to_string())
+                .collect()
+        })
+        .unwrap_or_else(|| vec![format!("no stats: {stats}")]);
+    audit.check("conservation", unbalanced);
+
+    // 3. The per-user limit across all of a user's live orders.
+    let over_limit: Vec<(u64, i64)> = conn
+        .query(format!(
+            "SELECT user_id, CAST(SUM(quantity) AS SIGNED) n FROM ({orders}) o \
+             WHERE status IN ('UNPAID', 'PAID') GROUP BY user_id HAVING n > {per_user_limit} LIMIT 20"
+        ))
+        .await?;
+    audit.check(
+        "per-user limit",
+        over_limit
+            .into_iter()
+            .map(|(u, n)| format!("user {u} holds {n} (limit {per_user_limit})"))
+            .collect(),
+    );
+
+    // 4. No seat in two live orders.
+    let items = over_shards(
+        shards,
+        &format!(
+            "SELECT i.category_id, i.row_no, i.col_no, i.order_no FROM `order_item_{{n}}` i \
+             JOIN `order_{{n}}` o ON o.order_no = i.order_no \
+             WHERE o.event_id = {event} AND o.status IN ('UNPAID', 'PAID') AND i.row_no IS NOT NULL"
+        ),
+    );
+    let doubled: Vec<(u64, u32, u32, String)> = conn
+        .query(format!(
+            "SELECT category_id, row_no, col_no, GROUP_CONCAT(order_no) FROM ({items}) s \
+             GROUP BY category_id, row_no, col_no HAVING COUNT(*) > 1 LIMIT 20"
+        ))
+        .await?;
+    audit.check(
+        "one order per seat",
+        doubled
+            .into_iter()
+            .map(|(c, r, col, o)| format!("category {c} seat {r}:{col} in orders {o}"))
+            .collect(),
+    );
+
+    // 5. Every 202 reached a terminal status: its order exists, or it was released
+    //    (EXPIRED in stock_log, or the buyer's status FAILED).
+    let mut found: HashSet<u64> = HashSet::new();
+    for chunk in admitted.chunks(5_000) {
+        let list: Vec<String> = chunk.iter().map(|(_, r)| r.to_string()).collect();
+        let list = list.join(",");
+        let known: Vec<u64> = conn
+            .query(format!(
+                "SELECT order_no FROM ({orders}) o WHERE order_no IN ({list}) \
+                 UNION SELECT order_no FROM stock_log WHERE order_no IN ({list})"
+            ))
+            .await?;
+        found.extend(known);
+    }
+    let missing: Vec<String> = admitted
+        .iter()
+        .filter(|(_, r)| !found.contains(r))
+        .take(20)
+        .map(|(u, r)| format!("user {u}: 202 with request {r}, no order and no release"))
+        .collect();
+    audit.check("every 202 terminal", missing);
+
+    // 6. Every stock_log row synced.
+    let unsynced: Vec<(u64, u64)> = conn
+        .query(format!(
+            "SELECT order_no, category_id FROM stock_log WHERE event_id = {event} AND synced = 0 LIMIT 20"
+        ))
+        .await?;
+    audit.check(
+        "stock_log synced",
+        unsynced
+            .into_iter()
+            .map(|(o, c)| format!("order {o} (category {c}) not synced"))
+            .collect(),
+    );
+    audit.ok = audit.violations.is_empty();
+    Ok(audit)
+}

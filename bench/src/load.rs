@@ -1,0 +1,378 @@
+//! The load engine: HTTP/1.1 keep-alive connections over loopback, each bound to a
+//! source address of its own in 127.0.0.0/8 (so per-IP limits see many clients, as on
+//! real traffic), and a recorder of answers, latencies and a timeline.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+
+/// Width of a timeline bucket.
+pub const BUCKET: Duration = Duration::from_millis(100);
+
+/// The source address of connection `i`: 127.1.0.1, 127.1.0.2, … (never 127.0.0.1).
+pub fn source_ip(i: usize) -> Ipv4Addr {
+    let i = i as u32;
+    Ipv4Addr::new(
+        127,
+        1 + (i / 62_500) as u8,
+        ((i / 250) % 250) as u8,
+        (1 + i % 250) as u8,
+    )
+}
+
+/// One keep-alive connection from a source address of its own.
+pub struct Conn {
+    target: SocketAddr,
+    source: Ipv4Addr,
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+/// An answer, as the recorder needs it.
+pub struct Answer {
+    pub status: u16,
+    pub body: Bytes,
+    pub retry_after_s: Option<u64>,
+    pub latency: Duration,
+}
+
+impl Answer {
+    /// "202", "409 SOLD_OUT", "429 RATE_LIMITED", …: the status and the error code.
+    pub fn kind(&self) -> String {
+        match error_code(&self.body) {
+            Some(code) => format!("{} {code}", self.status),
+            None => self.status.to_string(),
+        }
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// The `code` of an error body `{"error":{"code":"…"`, without parsing all of it.
+pub fn error_code(body: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(body).ok()?;
+    let start = text.find("\"code\":\"")? + 8;
+    let len = text[start..].find('"')?;
+    Some(&text[start..start + len])
+}
+
+impl Conn {
+    pub fn new(target: SocketAddr, index: usize) -> Conn {
+        Conn {
+            target,
+            source: source_ip(index),
+            sender: None,
+        }
+    }
+
+    async fn sender(&mut self) -> anyhow::Result<&mut SendRequest<Full<Bytes>>> {
+        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket
+                .bind(SocketAddr::new(self.source.into(), 0))
+                .with_context(|| format!("bind {}", self.source))?;
+            let stream = socket
+                .connect(self.target)
+                .await
+                .with_context(|| format!("connect {}", self.target))?;
+            stream.set_nodelay(true)?;
+            let (sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            self.sender = Some(sender);
+        }
+        Ok(self.sender.as_mut().expect("just set"))
+    }
+
+    /// Sends one request; reconnects once if the kept-alive connection was gone.
+    pub async fn send(&mut self, req: &Request) -> anyhow::Result<Answer> {
+        let mut last = None;
+        let target = self.target;
+        for _ in 0..2 {
+            let started = Instant::now();
+            let outcome = async {
+                let sender = self.sender().await?;
+                sender.ready().await?;
+                let resp = sender.send_request(req.build(target)).await?;
+                let status = resp.status().as_u16();
+                let retry_after_s = resp
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok());
+                let body = resp.into_body().collect().await?.to_bytes();
+                anyhow::Ok(Answer {
+                    status,
+                    body,
+                    retry_after_s,
+                    latency: started.elapsed(),
+                })
+            }
+            .await;
+            match outcome {
+                Ok(a) => return Ok(a),
+                Err(e) => {
+                    self.sender = None;
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.expect("tried"))
+    }
+}
+
+/// A request to send (cheap to clone: the body is shared).
+#[derive(Clone)]
+pub struct Request {
+    pub method: http::Method,
+    pub path: String,
+    pub bearer: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub body: Bytes,
+}
+
+impl Request {
+    pub fn get(path: impl Into<String>) -> Request {
+        Request {
+            method: http::Method::GET,
+            path: path.into(),
+            bearer: None,
+            idempotency_key: None,
+            body: Bytes::new(),
+        }
+    }
+
+    pub fn post(path: impl Into<String>, body: &serde_json::Value) -> Request {
+        Request {
+            method: http::Method::POST,
+            path: path.into(),
+            bearer: None,
+            idempotency_key: None,
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    pub fn idempotency_key(mut self, key: &str) -> Request {
+        self.idempotency_key = Some(key.to_owned());
+        self
+    }
+
+    pub fn bearer(mut self, token: &str) -> Request {
+        self.bearer = Some(token.to_owned());
+        self
+    }
+
+    fn build(&self, target: SocketAddr) -> http::Request<Full<Bytes>> {
+        let mut b = http::Request::builder()
+            .method(self.method.clone())
+            .uri(&self.path)
+            .header("host", target.to_string());
+        if !self.body.is_empty() {
+            b = b.header("content-type", "application/json");
+        }
+        if let Some(t) = &self.bearer {
+            b = b.header("authorization", format!("Bearer {t}"));
+        }
+        if let Some(k) = &self.idempotency_key {
+            b = b.header("idempotency-key", k.as_str());
+        }
+        b.body(Full::new(self.body.clone())).expect("valid request")
+    }
+}
+
+/// One call on a fresh connection from 127.0.0.1 (set-up and polling, not load).
+pub async fn call(target: SocketAddr, req: &Request) -> anyhow::Result<Answer> {
+    let mut conn = Conn {
+        target,
+        source: Ipv4Addr::LOCALHOST,
+        sender: None,
+    };
+    conn.send(req).await
+}
+
+/// Answers by kind, their latencies, and admissions and rejects over time.
+pub struct Recorder {
+    pub started: Instant,
+    pub counts: BTreeMap<String, u64>,
+    pub latency: HashMap<String, Histogram<u64>>,
+    /// Per bucket: (admitted, rejected).
+    pub timeline: BTreeMap<u64, (u64, u64)>,
+    pub errors: u64,
+    pub last_answer: Option<Instant>,
+}
+
+impl Recorder {
+    pub fn new(started: Instant) -> Recorder {
+        Recorder {
+            started,
+            counts: BTreeMap::new(),
+            latency: HashMap::new(),
+            timeline: BTreeMap::new(),
+            errors: 0,
+            last_answer: None,
+        }
+    }
+
+    pub fn record(&mut self, a: &Answer) -> String {
+        let kind = a.kind();
+        *self.counts.entry(kind.clone()).or_default() += 1;
+        let h = self
+            .latency
+            .entry(kind.clone())
+            .or_insert_with(|| Histogram::new(3).expect("3 significant digits"));
+        let _ = h.record(a.latency.as_micros().max(1) as u64);
+        let now = Instant::now();
+        let bucket = (now - self.started).as_millis() as u64 / BUCKET.as_millis() as u64;
+        let slot = self.timeline.entry(bucket).or_default();
+        if a.status == 202 {
+            slot.0 += 1;
+        } else if a.status >= 400 {
+            slot.1 += 1;
+        }
+        self.last_answer = Some(now);
+        kind
+    }
+
+    pub fn merge(&mut self, other: Recorder) {
+        for (k, n) in other.counts {
+            *self.counts.entry(k).or_default() += n;
+        }
+        for (k, h) in other.latency {
+            match self.latency.get_mut(&k) {
+                Some(mine) => {
+                    let _ = mine.add(&h);
+                }
+                None => {
+                    self.latency.insert(k, h);
+                }
+            }
+        }
+        for (b, (a, r)) in other.timeline {
+            let slot = self.timeline.entry(b).or_default();
+            slot.0 += a;
+            slot.1 += r;
+        }
+        self.errors += other.errors;
+        self.last_answer = self.last_answer.max(other.last_answer);
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts.values().sum()
+    }
+
+    pub fn count(&self, status_prefix: &str) -> u64 {
+        self.counts
+            .iter()
+            .filter(|(k, _)| k.starts_with(status_prefix))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Latency percentiles per kind, in milliseconds.
+    pub fn latencies(&self) -> BTreeMap<String, Latency> {
+        self.latency
+            .iter()
+            .map(|(k, h)| {
+                let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+                (
+                    k.clone(),
+                    Latency {
+                        count: h.len(),
+                        p50_ms: ms(0.50),
+                        p95_ms: ms(0.95),
+                        p99_ms: ms(0.99),
+                        max_ms: h.max() as f64 / 1000.0,
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub count: u64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// Every connection sends `make(conn, n)` back to back until `duration` is over; the
+/// answers per second and the recorder.
+pub async fn closed_loop<F>(
+    target: SocketAddr,
+    connections: usize,
+    duration: Duration,
+    make: F,
+) -> anyhow::Result<(f64, Recorder)>
+where
+    F: Fn(usize, u64) -> Request + Send + Sync + 'static,
+{
+    let make = std::sync::Arc::new(make);
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::with_capacity(connections);
+    for c in 0..connections {
+        let make = make.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::new(target, c);
+            let mut rec = Recorder::new(started);
+            let mut n = 0;
+            while Instant::now() < deadline {
+                match conn.send(&make(c, n)).await {
+                    Ok(a) => {
+                        rec.record(&a);
+                    }
+                    Err(_) => {
+                        rec.errors += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                n += 1;
+            }
+            rec
+        }));
+    }
+    let mut all = Recorder::new(started);
+    for t in tasks {
+        all.merge(t.await?);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok((all.total() as f64 / elapsed, all))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_addresses_are_loopback_distinct_and_never_the_usual_one() {
+        let ips: std::collections::HashSet<_> = (0..70_000).map(source_ip).collect();
+        assert_eq!(ips.len(), 70_000);
+        assert!(
+            ips.iter()
+                .all(|ip| ip.is_loopback() && *ip != Ipv4Addr::LOCALHOST)
+        );
+    }
+
+    #[test]
+    fn error_codes_are_read_from_the_error_shape() {
+        assert_eq!(
+            error_code(br#"{"error":{"code":"SOLD_OUT","message":"x"}}"#),
+            Some("SOLD_OUT")
+        );
+        assert_eq!(error_code(br#"{"status":"QUEUED"}"#), None);
+    }
+}

@@ -1,0 +1,360 @@
+//! `stampede-bench sale`: an event, N buyers with tokens, a burst at the sale's open
+//! through the edge, the wait until everything is settled, and the audit.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use crate::audit::{self, Audit};
+use crate::load::{Conn, Latency, Recorder, Request};
+use crate::stack::{Stack, event_body};
+
+#[derive(Debug, Clone, Args)]
+pub struct SaleArgs {
+    /// Buyers in the burst (each a user with a token).
+    #[arg(long, default_value_t = 20_000)]
+    pub buyers: u64,
+    /// Unseated units, split over --categories.
+    #[arg(long, default_value_t = 1_000)]
+    pub units: u64,
+    #[arg(long, default_value_t = 1)]
+    pub categories: u32,
+    /// A seated block ROWSxCOLS as well (e.g. 10x20); buyers who pick seats buy there.
+    #[arg(long, value_parser = parse_grid)]
+    pub seats: Option<(u32, u32)>,
+    #[arg(long, default_value_t = 1)]
+    pub per_user_limit: u32,
+    /// Concurrent connections, each from a loopback source address of its own.
+    #[arg(long, default_value_t = 256)]
+    pub connections: usize,
+    /// Share of buyers who submit again: once with the same Idempotency-Key, once with a new one.
+    #[arg(long, default_value_t = 0.05)]
+    pub repeat_share: f64,
+    /// Share of buyers who act as bots: --bot-attempts rapid submissions, a new key each.
+    #[arg(long, default_value_t = 0.02)]
+    pub bot_share: f64,
+    #[arg(long, default_value_t = 10)]
+    pub bot_attempts: u32,
+    /// Share of buyers who choose seats (needs --seats).
+    #[arg(long, default_value_t = 0.3)]
+    pub seat_share: f64,
+    /// Most retries of one submission after 429 / 503.
+    #[arg(long, default_value_t = 3)]
+    pub max_retries: u32,
+    /// The burst stops after this long whatever is left.
+    #[arg(long, default_value_t = 120)]
+    pub max_seconds: u64,
+    /// How long to wait for everything to settle after the burst.
+    #[arg(long, default_value_t = 120)]
+    pub settle_timeout_s: u64,
+    /// Seconds from creating the event to its sale opening (tokens are fetched meanwhile).
+    #[arg(long, default_value_t = 3)]
+    pub open_in_s: u64,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+}
+
+fn parse_grid(s: &str) -> Result<(u32, u32), String> {
+    let (r, c) = s.split_once('x').ok_or("ROWSxCOLS, e.g. 10x20")?;
+    let rows: u32 = r.parse().map_err(|_| "rows must be a number")?;
+    let cols: u32 = c.parse().map_err(|_| "cols must be a number")?;
+    if rows == 0 || cols == 0 {
+        return Err("rows and cols must be at least 1".into());
+    }
+    Ok((rows, cols))
+}
+
+/// What one submission is.
+#[derive(Clone)]
+struct Attempt {
+    buyer: usize,
+    key: String,
+    body: bytes::Bytes,
+    retries: u32,
+    not_before: Option<Instant>,
+    /// A follow-up a browser would make after a 202 (the repeat of a repeater).
+    follow_up: bool,
+    /// The buyer's first submission (not a bot's extra, a retry or a repeat).
+    first: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SaleReport {
+    pub event_id: u64,
+    pub buyers: u64,
+    pub units: u64,
+    pub connections: usize,
+    pub requests: u64,
+    pub burst_s: f64,
+    pub requests_per_s: f64,
+    pub admitted: u64,
+    pub admitted_per_s: f64,
+    pub orders: u64,
+    pub orders_persisted_per_s: f64,
+    /// From the open until every buyer had an answer to their first submission (retries
+    /// after 429, repeats and bots' extras not waited for): the burst, answered.
+    pub first_answers_s: f64,
+    /// From the last answer of the burst to nothing queued and nothing unsynced.
+    pub settle_s: f64,
+    /// Of which: until every reservation was an order in MySQL (the rest is stock sync
+    /// through RocketMQ).
+    pub created_s: f64,
+    pub answers: std::collections::BTreeMap<String, u64>,
+    pub latency: std::collections::BTreeMap<String, Latency>,
+    pub errors: u64,
+    pub audit: Audit,
+    /// (bucket start s, admitted, rejected) per 100 ms.
+    #[serde(skip)]
+    pub timeline: Vec<(f64, u64, u64)>,
+}
+
+pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
+    anyhow::ensure!(
+        a.buyers > 0 && a.connections > 0,
+        "--buyers and --connections must be at least 1"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&a.repeat_share)
+            && (0.0..=1.0).contains(&a.bot_share)
+            && (0.0..=1.0).contains(&a.seat_share),
+        "shares are between 0 and 1"
+    );
+    let body = event_body(
+        "stampede-bench sale",
+        a.units,
+        a.categories.max(1),
+        a.seats,
+        a.per_user_limit,
+        Duration::from_secs(a.open_in_s),
+    );
+    let opens_at = Instant::now() + Duration::from_secs(a.open_in_s);
+    let (event, categories) = stack.event(&body).await?;
+    eprintln!(
+        "event {event}: {} units, {} buyers over {} connections",
+        a.units, a.buyers, a.connections
+    );
+    let (_, tokens) = stack.buyers(a.buyers).await?;
+    let tokens = Arc::new(tokens);
+
+    // Who does what, decided up front from the seed.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    let unseated: Vec<u64> = categories[..a.categories.max(1) as usize].to_vec();
+    let seated = a
+        .seats
+        .map(|_| *categories.last().expect("a seated category"));
+    let mut queue = VecDeque::new();
+    let mut repeaters = vec![false; a.buyers as usize];
+    for (b, repeats) in repeaters.iter_mut().enumerate() {
+        let bot = rng.gen_bool(a.bot_share);
+        *repeats = !bot && rng.gen_bool(a.repeat_share);
+        let order = |rng: &mut rand::rngs::StdRng| -> serde_json::Value {
+            match (seated, a.seats) {
+                (Some(cid), Some((rows, cols))) if rng.gen_bool(a.seat_share) => {
+                    let seat = format!("{}:{}", rng.gen_range(1..=rows), rng.gen_range(1..=cols));
+                    serde_json::json!({"category_id": cid, "seat_ids": [seat]})
+                }
+                _ => {
+                    serde_json::json!({"category_id": unseated[rng.gen_range(0..unseated.len())], "quantity": 1})
+                }
+            }
+        };
+        let tries = if bot { a.bot_attempts.max(1) } else { 1 };
+        for t in 0..tries {
+            queue.push_back(Attempt {
+                buyer: b,
+                key: format!("b{b}-{t}"),
+                body: bytes::Bytes::from(order(&mut rng).to_string()),
+                retries: 0,
+                not_before: None,
+                follow_up: false,
+                first: t == 0,
+            });
+        }
+    }
+    let repeaters = Arc::new(repeaters);
+    let total_attempts = queue.len();
+    let pending = Arc::new(AtomicUsize::new(total_attempts));
+    let queue = Arc::new(Mutex::new(queue));
+    let admitted_ids = Arc::new(std::sync::Mutex::new(Vec::<(u64, u64)>::new()));
+
+    tokio::time::sleep_until(opens_at.into()).await;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(a.max_seconds);
+    let bar = ProgressBar::new(total_attempts as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} burst {bar:40} {pos}/{len} answers  {per_sec}  {elapsed}",
+        )
+        .expect("valid template"),
+    );
+    let answered = Arc::new(AtomicU64::new(0));
+    // When the last buyer had the answer to their first submission, µs after the open.
+    let first_answered = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..a.connections {
+        let (queue, pending, tokens, repeaters, ids) = (
+            queue.clone(),
+            pending.clone(),
+            tokens.clone(),
+            repeaters.clone(),
+            admitted_ids.clone(),
+        );
+        let (bar, answered, edge) = (bar.clone(), answered.clone(), stack.edge);
+        let first_answered = first_answered.clone();
+        let max_retries = a.max_retries;
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::new(edge, c);
+            let mut rec = Recorder::new(started);
+            loop {
+                if Instant::now() >= deadline || pending.load(Ordering::SeqCst) == 0 {
+                    return rec;
+                }
+                let next = queue.lock().await.pop_front();
+                let Some(attempt) = next else {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                };
+                if let Some(t) = attempt.not_before
+                    && t > Instant::now()
+                {
+                    tokio::time::sleep_until(t.into()).await;
+                }
+                let req = Request {
+                    method: http::Method::POST,
+                    path: format!("/api/events/{event}/orders"),
+                    bearer: Some(tokens[attempt.buyer].clone()),
+                    idempotency_key: Some(attempt.key.clone()),
+                    body: attempt.body.clone(),
+                };
+                let answer = match conn.send(&req).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        rec.errors += 1;
+                        pending.fetch_sub(1, Ordering::SeqCst);
+                        continue;
+                    }
+                };
+                rec.record(&answer);
+                if attempt.first {
+                    let at = started.elapsed().as_micros() as u64;
+                    first_answered.fetch_max(at, Ordering::Relaxed);
+                }
+                answered.fetch_add(1, Ordering::Relaxed);
+                bar.inc(1);
+                let mut follow = Vec::new();
+                match answer.status {
+                    202 => {
+                        // A replay answers the first request id again: deduplicated below.
+                        if let Some(rid) = answer.json()["request_id"]
+                            .as_str()
+                            .and_then(|s| s.parse().ok())
+                        {
+                            ids.lock()
+                                .expect("not poisoned")
+                                .push((attempt.buyer as u64, rid));
+                        }
+                        if repeaters[attempt.buyer] && !attempt.follow_up {
+                            for key in [attempt.key.clone(), format!("{}-again", attempt.key)] {
+                                follow.push(Attempt {
+                                    key,
+                                    follow_up: true,
+                                    first: false,
+                                    retries: 0,
+                                    not_before: None,
+                                    ..attempt.clone()
+                                });
+                            }
+                        }
+                    }
+                    429 | 503 if attempt.retries < max_retries => {
+                        let wait =
+                            Duration::from_secs(answer.retry_after_s.unwrap_or(1).clamp(1, 5));
+                        follow.push(Attempt {
+                            first: false,
+                            retries: attempt.retries + 1,
+                            not_before: Some(Instant::now() + wait),
+                            ..attempt.clone()
+                        });
+                    }
+                    _ => {}
+                }
+                if !follow.is_empty() {
+                    bar.inc_length(follow.len() as u64);
+                    pending.fetch_add(follow.len(), Ordering::SeqCst);
+                    let mut q = queue.lock().await;
+                    q.extend(follow);
+                }
+                pending.fetch_sub(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    let mut rec = Recorder::new(started);
+    for t in tasks {
+        rec.merge(t.await?);
+    }
+    bar.finish_and_clear();
+    let last = rec.last_answer.unwrap_or(started);
+    let burst_s = (last - started).as_secs_f64().max(1e-3);
+
+    // Settle: nothing queued, nothing left to sync.
+    let settle_deadline = Instant::now() + Duration::from_secs(a.settle_timeout_s);
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message("waiting for the orders to settle");
+    let mut created_at = None;
+    let settled_at = loop {
+        let s = stack.stats(event).await?;
+        spinner.tick();
+        if s["queued_reservations"] == 0 {
+            created_at.get_or_insert_with(Instant::now);
+            if s["unsynced_stock_log"] == 0 {
+                break Instant::now();
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < settle_deadline,
+            "not settled within {} s: {s}",
+            a.settle_timeout_s
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    spinner.finish_and_clear();
+    let settle_s = (settled_at - last).as_secs_f64();
+    let created_s = (created_at.unwrap_or(settled_at).max(last) - last).as_secs_f64();
+    let mut admitted = admitted_ids.lock().expect("not poisoned").clone();
+    admitted.sort_unstable_by_key(|(_, rid)| *rid);
+    admitted.dedup_by_key(|(_, rid)| *rid);
+    let audit = audit::run(stack, event, a.per_user_limit, &admitted).await?;
+    let persisted_window = (settled_at - started).as_secs_f64().max(1e-3);
+    Ok(SaleReport {
+        event_id: event,
+        buyers: a.buyers,
+        units: a.units + a.seats.map_or(0, |(r, c)| u64::from(r * c)),
+        connections: a.connections,
+        requests: rec.total(),
+        burst_s,
+        requests_per_s: rec.total() as f64 / burst_s,
+        admitted: admitted.len() as u64,
+        admitted_per_s: admitted.len() as f64 / burst_s,
+        orders: audit.orders,
+        orders_persisted_per_s: audit.orders as f64 / persisted_window,
+        settle_s,
+        created_s,
+        first_answers_s: first_answered.load(Ordering::Relaxed) as f64 / 1e6,
+        answers: rec.counts.clone(),
+        latency: rec.latencies(),
+        errors: rec.errors,
+        timeline: rec
+            .timeline
+            .iter()
+            .map(|(b, (ad, rj))| (*b as f64 * crate::load::BUCKET.as_secs_f64(), *ad, *rj))
+            .collect(),
+        audit,
+    })
+}

@@ -1,0 +1,199 @@
+//! Where the running stack is (the ports and secrets `scripts/stack.sh` uses), and
+//! its admin API.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::Value;
+
+use crate::load::{self, Request};
+
+/// The stack under test; defaults are `make up`'s, and the same variables as
+/// `scripts/stack.sh` override them.
+#[derive(Debug, Clone, Args)]
+pub struct StackArgs {
+    /// The state directory holding admin.token and mysql.password.
+    #[arg(long, env = "STACK_DIR", default_value = ".stack")]
+    pub stack_dir: PathBuf,
+    #[arg(long, env = "EDGE_PORT", default_value_t = 8080)]
+    pub edge_port: u16,
+    #[arg(long, env = "ADMIN_PORT", default_value_t = 9091)]
+    pub admin_port: u16,
+    #[arg(long, env = "MYSQL_PORT", default_value_t = 3306)]
+    pub mysql_port: u16,
+    #[arg(long, env = "REDIS_PORT", default_value_t = 6379)]
+    pub redis_port: u16,
+    #[arg(long, env = "MYSQL_DATABASE", default_value = "stampede")]
+    pub mysql_database: String,
+}
+
+pub struct Stack {
+    pub edge: SocketAddr,
+    pub admin: SocketAddr,
+    pub admin_token: String,
+    pub mysql: mysql_async::Pool,
+    pub redis_url: String,
+}
+
+impl Stack {
+    pub fn open(a: &StackArgs) -> anyhow::Result<Stack> {
+        let secret = |name: &str| -> anyhow::Result<String> {
+            let path = a.stack_dir.join(name);
+            Ok(std::fs::read_to_string(&path)
+                .with_context(|| {
+                    format!("cannot read {} (is the stack up? make up)", path.display())
+                })?
+                .trim()
+                .to_owned())
+        };
+        let password = secret("mysql.password")?;
+        let opts = mysql_async::OptsBuilder::default()
+            .ip_or_hostname("127.0.0.1")
+            .tcp_port(a.mysql_port)
+            .user(Some("stampede"))
+            .pass(Some(password))
+            .db_name(Some(a.mysql_database.clone()));
+        Ok(Stack {
+            edge: SocketAddr::from(([127, 0, 0, 1], a.edge_port)),
+            admin: SocketAddr::from(([127, 0, 0, 1], a.admin_port)),
+            admin_token: secret("admin.token")?,
+            mysql: mysql_async::Pool::new(opts),
+            redis_url: format!("redis://127.0.0.1:{}/", a.redis_port),
+        })
+    }
+
+    /// An admin call; fails unless the status is one of `ok`.
+    pub async fn admin(&self, req: Request, ok: &[u16]) -> anyhow::Result<Value> {
+        let path = req.path.clone();
+        let a = load::call(self.admin, &req.bearer(&self.admin_token))
+            .await
+            .with_context(|| format!("admin API at {} ({path})", self.admin))?;
+        if !ok.contains(&a.status) {
+            bail!(
+                "admin {path} answered {}: {}",
+                a.status,
+                String::from_utf8_lossy(&a.body)
+            );
+        }
+        Ok(a.json())
+    }
+
+    /// `count` users and a token for each: (first user id, tokens).
+    pub async fn buyers(&self, count: u64) -> anyhow::Result<(u64, Vec<String>)> {
+        let mut first = None;
+        let mut tokens = Vec::with_capacity(count as usize);
+        let mut left = count;
+        while left > 0 {
+            let n = left.min(100_000);
+            let made = self
+                .admin(
+                    Request::post("/admin/users", &serde_json::json!({"count": n})),
+                    &[201, 200],
+                )
+                .await?;
+            let from = made["first_user_id"].as_u64().context("first_user_id")?;
+            first.get_or_insert(from);
+            let issued = self
+                .admin(
+                    Request::post(
+                        "/admin/tokens",
+                        &serde_json::json!({"first_user_id": from, "count": n, "ttl_s": 3600}),
+                    ),
+                    &[200, 201],
+                )
+                .await?;
+            tokens.extend(
+                issued["tokens"]
+                    .as_array()
+                    .context("tokens")?
+                    .iter()
+                    .filter_map(|t| t.as_str().map(str::to_owned)),
+            );
+            left -= n;
+        }
+        Ok((first.unwrap_or(0), tokens))
+    }
+
+    /// Creates and publishes an event; its id and category ids.
+    pub async fn event(&self, body: &Value) -> anyhow::Result<(u64, Vec<u64>)> {
+        let created = self
+            .admin(Request::post("/admin/events", body), &[201])
+            .await?;
+        let id = created["event_id"].as_u64().context("event_id")?;
+        let categories = created["categories"]
+            .as_array()
+            .context("categories")?
+            .iter()
+            .filter_map(|c| c["id"].as_u64())
+            .collect();
+        self.admin(
+            Request::post(
+                format!("/admin/events/{id}/publish"),
+                &serde_json::json!({}),
+            ),
+            &[200],
+        )
+        .await?;
+        Ok((id, categories))
+    }
+
+    pub async fn stats(&self, event: u64) -> anyhow::Result<Value> {
+        self.admin(Request::get(format!("/admin/events/{event}/stats")), &[200])
+            .await
+    }
+
+    /// Edge limits raised out of the way (for measuring the purchase path itself), or
+    /// restored to nginx.conf's with `None`.
+    pub async fn edge_limits(&self, high: bool) -> anyhow::Result<()> {
+        let body = if high {
+            serde_json::json!({
+                "orders_ip": {"algo": "token_bucket", "rate": 1e9, "burst": 1e9},
+                "orders_user": {"algo": "sliding_window", "limit": 1e9, "window_s": 1},
+                "orders_event": {"algo": "leaky_bucket", "rate": 1e9, "burst": 1e9},
+            })
+        } else {
+            serde_json::json!({"orders_ip": null, "orders_user": null, "orders_event": null})
+        };
+        let mut req = Request::post("/admin/limits", &body);
+        req.method = http::Method::PUT;
+        self.admin(req, &[200]).await?;
+        // Every edge worker picks limits up within a second.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        Ok(())
+    }
+}
+
+/// An event body: `units` split over `categories` unseated categories, plus a seated
+/// block when `seats` is (rows, cols); selling from `start_in` from now for an hour.
+pub fn event_body(
+    title: &str,
+    units: u64,
+    categories: u32,
+    seats: Option<(u32, u32)>,
+    per_user_limit: u32,
+    start_in: Duration,
+) -> Value {
+    let now = chrono::Utc::now();
+    let start = now + chrono::Duration::from_std(start_in).unwrap_or_default();
+    let mut cats: Vec<Value> = (0..categories)
+        .map(|i| {
+            let share = units / u64::from(categories)
+                + u64::from(u64::from(i) < units % u64::from(categories));
+            serde_json::json!({"name": format!("Zone {}", i + 1), "price_cents": 5000, "quantity": share})
+        })
+        .collect();
+    if let Some((rows, cols)) = seats {
+        cats.push(serde_json::json!({"name": "Seated", "price_cents": 9000, "seats": {"rows": rows, "cols": cols}}));
+    }
+    serde_json::json!({
+        "title": title, "venue": "loopback",
+        "show_time": (now + chrono::Duration::days(30)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "sale_start": start.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "sale_end": (start + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "per_user_limit": per_user_limit, "pay_timeout_s": 900,
+        "categories": cats,
+    })
+}
