@@ -7,7 +7,7 @@
 #   scripts/stack.sh down [PART...]   stop what `up` started (pid files), newest first
 #   scripts/stack.sh status           every part with its port, pid and health
 #
-# Parts: redis mysql namesrv broker core edge. Idempotent: `up` twice changes nothing,
+# Parts: redis mysql namesrv broker core paysim edge. Idempotent: `up` twice changes nothing,
 # and a part already answering on its port is reused. A port held by something else is
 # an error naming the port. State (data, logs, pids, generated secrets) lives under
 # $STACK_DIR (default .stack/). Every setting below can be overridden from the
@@ -16,11 +16,14 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STACK_DIR=${STACK_DIR:-$ROOT/.stack}
-PARTS_DEFAULT="redis mysql namesrv broker core edge"
+PARTS_DEFAULT="redis mysql namesrv broker core paysim edge"
 
 EDGE_PORT=${EDGE_PORT:-8080}
 CORE_PORT=${CORE_PORT:-8081}
 ADMIN_PORT=${ADMIN_PORT:-9091}
+# The edge's loopback-only ops dashboard, and the payment provider simulator's page.
+OPS_PORT=${OPS_PORT:-8082}
+PAYSIM_PORT=${PAYSIM_PORT:-8090}
 REDIS_PORT=${REDIS_PORT:-6379}
 MYSQL_PORT=${MYSQL_PORT:-3306}
 NAMESRV_PORT=${NAMESRV_PORT:-9876}
@@ -32,7 +35,7 @@ MYSQL_USER=${MYSQL_USER:-stampede}
 BROKER_HEALTH_PORT=$((BROKER_PORT + 3))
 
 ROCKETMQ_VERSION=1.0.0
-APT_PACKAGES="redis-server mariadb-server mariadb-client nginx libnginx-mod-http-lua lua-resty-core lua-nginx-redis lua-cjson curl openssl python3 wrk"
+APT_PACKAGES="redis-server mariadb-server mariadb-client nginx libnginx-mod-http-lua lua-resty-core lua-nginx-redis lua-cjson curl openssl python3"
 # cargo install keeps its build here, so a second install or upgrade reuses it.
 ROCKETMQ_BUILD_DIR=${ROCKETMQ_BUILD_DIR:-$HOME/.cache/stampede/rocketmq-target}
 CARGO_BIN=${CARGO_HOME:-$HOME/.cargo}/bin
@@ -239,6 +242,20 @@ start_core() {
   say "  core: started, public 127.0.0.1:$CORE_PORT, admin 127.0.0.1:$ADMIN_PORT"
 }
 
+# ---------------------------------------------------------------- paysim
+health_paysim() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$PAYSIM_PORT/paysim/health" 2>/dev/null)" = ok ]; }
+start_paysim() {
+  secret_file provider.secret >/dev/null
+  before_start paysim "$PAYSIM_PORT" PAYSIM_PORT || return 0
+  build_core
+  nohup "$CORE_BIN" pay-sim-serve --listen "127.0.0.1:$PAYSIM_PORT" \
+    --secret-file "$STACK_DIR/provider.secret" \
+    --callback-url "http://127.0.0.1:$EDGE_PORT/api/payments/callback" >>"$LOGS/paysim.log" 2>&1 &
+  echo $! >"$PIDS/paysim.pid"
+  wait_for paysim 20 || die "the payment simulator did not come up; see $LOGS/paysim.log"
+  say "  paysim: started on 127.0.0.1:$PAYSIM_PORT (the provider's page, /paysim/pay)"
+}
+
 # ---------------------------------------------------------------- edge
 health_edge() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$EDGE_PORT/edge/health" 2>/dev/null)" = ok ]; }
 EDGE_PREFIX=$STACK_DIR/nginx
@@ -247,7 +264,9 @@ render_edge_conf() { # every file of openresty/conf/, ports and paths filled in 
   local f
   for f in "$ROOT"/openresty/conf/*; do
     sed -e "s#\${EDGE_PORT}#$EDGE_PORT#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
-      -e "s#\${REDIS_PORT}#$REDIS_PORT#g" -e "s#\${STAMPEDE_ROOT}#$ROOT#g" "$f" >"$1/$(basename "$f")"
+      -e "s#\${REDIS_PORT}#$REDIS_PORT#g" -e "s#\${STAMPEDE_ROOT}#$ROOT#g" \
+      -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$OPS_PORT#g" \
+      -e "s#\${PAYSIM_PORT}#$PAYSIM_PORT#g" "$f" >"$1/$(basename "$f")"
   done
 }
 start_edge() {
@@ -280,7 +299,7 @@ start_edge() {
   nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf
   wait_for edge 20 || die "the edge did not come up; see $EDGE_PREFIX/logs/error.log"
   cp "$EDGE_PREFIX/logs/nginx.pid" "$PIDS/edge.pid"
-  say "  edge: started on 127.0.0.1:$EDGE_PORT"
+  say "  edge: started on 127.0.0.1:$EDGE_PORT (ops dashboard on 127.0.0.1:$OPS_PORT)"
 }
 
 # ---------------------------------------------------------------- stop, status
@@ -305,7 +324,8 @@ stop_part() {
 port_of() {
   case $1 in
     redis) echo "$REDIS_PORT" ;; mysql) echo "$MYSQL_PORT" ;; namesrv) echo "$NAMESRV_PORT" ;;
-    broker) echo "$BROKER_PORT" ;; core) echo "$CORE_PORT,$ADMIN_PORT" ;; edge) echo "$EDGE_PORT" ;;
+    broker) echo "$BROKER_PORT" ;; core) echo "$CORE_PORT,$ADMIN_PORT" ;; paysim) echo "$PAYSIM_PORT" ;;
+    edge) echo "$EDGE_PORT,$OPS_PORT" ;;
   esac
 }
 

@@ -8,7 +8,7 @@ cd "$ROOT"
 
 export STACK_DIR=$ROOT/.stack-test
 export EDGE_PORT=18080 CORE_PORT=18081 ADMIN_PORT=19091 REDIS_PORT=16379 MYSQL_PORT=13306
-export NAMESRV_PORT=19876 BROKER_PORT=20911 CORE_PROFILE=dev
+export NAMESRV_PORT=19876 BROKER_PORT=20911 OPS_PORT=18082 PAYSIM_PORT=18092 CORE_PROFILE=dev
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -38,3 +38,30 @@ if ! cargo test -p stampede-e2e --test e2e -- --test-threads 2; then
   done
   exit 1
 fi
+
+step "browser tests (Playwright, Debian's Chromium)"
+ui_deps() {
+  local missing=()
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
+  if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || { echo "the browser tests need: ${missing[*]} (apt-get, as root)" >&2; exit 1; }
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # npm ci only when the lock changed since the last install.
+  if ! cmp -s ui-tests/package-lock.json ui-tests/node_modules/.installed-lock.json; then
+    (cd ui-tests && npm ci --no-audit --no-fund --silent && cp package-lock.json node_modules/.installed-lock.json)
+  fi
+}
+ui_deps
+export SCREENSHOT_DIR=$ROOT/target/ui-screenshots
+if ! node --test --test-concurrency=1 ui-tests/; then
+  for log in "$STACK_DIR/nginx/logs/error.log" "$STACK_DIR/logs/core.log" "$STACK_DIR/logs/paysim.log"; do
+    printf '\n==> last lines of %s\n' "$log"
+    tail -n 40 "$log" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-400
+  done
+  exit 1
+fi
+echo "screenshots: $SCREENSHOT_DIR"

@@ -42,6 +42,18 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Serve the payment provider's page for the browser app (`/paysim/pay`): the buyer
+    /// pays or declines there; a payment is signed and posted as the provider's callback.
+    PaySimServe {
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        listen: std::net::SocketAddr,
+        /// File holding the provider's signing secret (e.g. .stack/provider.secret).
+        #[arg(long)]
+        secret_file: PathBuf,
+        /// e.g. http://127.0.0.1:8080/api/payments/callback
+        #[arg(long)]
+        callback_url: String,
+    },
     /// Play the payment provider: sign and post a payment callback.
     PaySim {
         /// The callback URL, e.g. http://127.0.0.1:8080/api/payments/callback
@@ -97,6 +109,29 @@ async fn main() -> ExitCode {
                 Err(e) => {
                     eprintln!("stampede: pay-sim: {e:#}");
                     ExitCode::FAILURE
+                }
+            };
+        }
+        Command::PaySimServe {
+            listen,
+            secret_file,
+            callback_url,
+        } => {
+            let Ok(secret) = std::fs::read_to_string(&secret_file) else {
+                eprintln!("stampede: cannot read {}", secret_file.display());
+                return ExitCode::from(EX_CONFIG);
+            };
+            telemetry::init(&Settings::defaults().log);
+            let server = stampede_core::paysim::PageServer {
+                listen,
+                secret,
+                callback_url,
+            };
+            return match stampede_core::paysim::serve(server).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("stampede: pay-sim-serve: {e:#}");
+                    ExitCode::from(EX_UNAVAILABLE)
                 }
             };
         }

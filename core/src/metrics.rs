@@ -16,6 +16,8 @@ pub struct Metrics {
     /// Orders the pipeline created, and reservations it released as FAILED.
     pub orders_created: IntCounter,
     pub reservations_released: IntCounter,
+    /// Purchases the core answered, by answer (QUEUED or the error code).
+    pub purchase_answers: IntCounterVec,
     /// Per event and category: total − (Redis stock + queued + unpaid + paid).
     pub conservation_gap: IntGaugeVec,
     /// Per event and category: MySQL remain − (total − unpaid − paid + unsynced).
@@ -70,6 +72,14 @@ impl Metrics {
             "Reservations released as FAILED",
         )
         .expect("valid metric");
+        let purchase_answers = IntCounterVec::new(
+            Opts::new(
+                "stampede_purchase_answers_total",
+                "Purchases the core answered, by answer: QUEUED or the error code",
+            ),
+            &["answer"],
+        )
+        .expect("valid metric");
         let conservation_gap = IntGaugeVec::new(
             Opts::new(
                 "stampede_conservation_gap",
@@ -94,6 +104,7 @@ impl Metrics {
             Box::new(checkbacks.clone()),
             Box::new(orders_created.clone()),
             Box::new(reservations_released.clone()),
+            Box::new(purchase_answers.clone()),
             Box::new(conservation_gap.clone()),
             Box::new(remain_gap.clone()),
         ] {
@@ -108,6 +119,7 @@ impl Metrics {
             checkbacks,
             orders_created,
             reservations_released,
+            purchase_answers,
             conservation_gap,
             remain_gap,
         }

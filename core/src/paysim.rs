@@ -1,6 +1,12 @@
 //! `stampede pay-sim`: plays the payment provider for the demo and the tests — signs a
-//! callback the way the provider does and posts it, on time, late or several times.
+//! callback the way the provider does and posts it, on time, late or several times —
+//! and `stampede pay-sim serve`, the provider's payment page for the browser app: the
+//! buyer confirms (or declines) there, the simulator signs and posts the callback, then
+//! sends the browser back to the shop.
 
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -23,40 +29,272 @@ pub struct PaySim {
 
 /// Posts the signed callback `times` times, `after` a wait; prints each answer.
 pub async fn run(sim: PaySim) -> anyhow::Result<()> {
-    let uri: http::Uri = sim.url.parse().context("invalid --url")?;
-    let (Some(host), Some(port)) = (uri.host(), uri.port_u16().or(Some(80))) else {
-        bail!("--url needs a host")
-    };
-    let body = serde_json::to_vec(&Callback {
+    let callback = Callback {
         provider_txn_id: sim.provider_txn_id.clone(),
         order_no: sim.order_no.clone(),
         amount_cents: sim.amount_cents,
-    })?;
-    let signature = sign(sim.secret.trim().as_bytes(), &body);
+    };
     tokio::time::sleep(sim.after).await;
     for attempt in 1..=sim.times {
-        let stream = tokio::net::TcpStream::connect((host, port))
-            .await
-            .with_context(|| format!("connect {host}:{port}"))?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        let req = http::Request::post(uri.path())
-            .header(http::header::HOST, host)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(SIGNATURE_HEADER, &signature)
-            .body(Full::new(Bytes::from(body.clone())))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .context("post the callback")?;
-        let status = resp.status();
-        let answer = resp.into_body().collect().await?.to_bytes();
-        println!(
-            "callback {attempt}/{}: {status} {}",
-            sim.times,
-            String::from_utf8_lossy(&answer)
-        );
+        let (status, answer) = post_callback(&sim.url, sim.secret.trim(), &callback).await?;
+        println!("callback {attempt}/{}: {status} {answer}", sim.times);
     }
     Ok(())
+}
+
+/// Signs `callback` with `secret` and posts it to `url`: the status and the body.
+pub async fn post_callback(
+    url: &str,
+    secret: &str,
+    callback: &Callback,
+) -> anyhow::Result<(http::StatusCode, String)> {
+    let uri: http::Uri = url.parse().context("invalid callback URL")?;
+    let (Some(host), Some(port)) = (uri.host(), uri.port_u16().or(Some(80))) else {
+        bail!("the callback URL needs a host")
+    };
+    let body = serde_json::to_vec(callback)?;
+    let signature = sign(secret.as_bytes(), &body);
+    let stream = tokio::net::TcpStream::connect((host, port))
+        .await
+        .with_context(|| format!("connect {host}:{port}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let req = http::Request::post(uri.path())
+        .header(http::header::HOST, host)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(SIGNATURE_HEADER, &signature)
+        .body(Full::new(Bytes::from(body)))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .context("post the callback")?;
+    let status = resp.status();
+    let answer = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&answer).into_owned()))
+}
+
+/// The payment page's server.
+pub struct PageServer {
+    pub listen: SocketAddr,
+    pub secret: String,
+    /// Where callbacks go, e.g. http://127.0.0.1:8080/api/payments/callback
+    pub callback_url: String,
+}
+
+/// Serves `/paysim/pay` (the page and its form) and `/paysim/health` until the process ends.
+pub async fn serve(server: PageServer) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(server.listen)
+        .await
+        .with_context(|| format!("listen on {}", server.listen))?;
+    let server = Arc::new(server);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let server = server.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let server = server.clone();
+                async move { Ok::<_, Infallible>(page(&server, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+type PageResponse = http::Response<Full<Bytes>>;
+
+fn respond(status: http::StatusCode, content_type: &str, body: String) -> PageResponse {
+    http::Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, content_type)
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid response")
+}
+
+async fn page(server: &PageServer, req: http::Request<hyper::body::Incoming>) -> PageResponse {
+    use http::{Method, StatusCode};
+    match (req.method().clone(), req.uri().path()) {
+        (Method::GET, "/paysim/health") => respond(StatusCode::OK, "text/plain", "ok".into()),
+        (Method::GET, "/paysim/pay") => {
+            let form = parse_form(req.uri().query().unwrap_or(""));
+            match PayForm::from_pairs(&form) {
+                Ok(f) => respond(StatusCode::OK, "text/html; charset=utf-8", f.html()),
+                Err(e) => respond(StatusCode::BAD_REQUEST, "text/plain", e),
+            }
+        }
+        (Method::POST, "/paysim/pay") => {
+            let body = match http_body_util::Limited::new(req.into_body(), 4096)
+                .collect()
+                .await
+            {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return respond(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "text/plain",
+                        "too large".into(),
+                    );
+                }
+            };
+            let pairs = parse_form(&String::from_utf8_lossy(&body));
+            let f = match PayForm::from_pairs(&pairs) {
+                Ok(f) => f,
+                Err(e) => return respond(StatusCode::BAD_REQUEST, "text/plain", e),
+            };
+            let declined = pairs.iter().any(|(k, v)| k == "action" && v == "decline");
+            let outcome = if declined {
+                "declined".to_owned()
+            } else {
+                let callback = Callback {
+                    provider_txn_id: format!("sim-{}", rand::random::<u64>()),
+                    order_no: f.order_no.clone(),
+                    amount_cents: f.amount_cents,
+                };
+                match post_callback(&server.callback_url, server.secret.trim(), &callback).await {
+                    Ok((status, answer)) if status.is_success() => {
+                        tracing::info!(order_no = f.order_no, answer, "payment callback accepted");
+                        "paid".to_owned()
+                    }
+                    Ok((status, answer)) => {
+                        tracing::warn!(order_no = f.order_no, %status, answer, "payment callback refused");
+                        "refused".to_owned()
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            order_no = f.order_no,
+                            error = format!("{e:#}"),
+                            "payment callback failed"
+                        );
+                        "failed".to_owned()
+                    }
+                }
+            };
+            let sep = if f.return_to.contains('?') { '&' } else { '?' };
+            http::Response::builder()
+                .status(StatusCode::SEE_OTHER)
+                .header(
+                    http::header::LOCATION,
+                    format!("{}{sep}payment={outcome}", f.return_to),
+                )
+                .body(Full::new(Bytes::new()))
+                .expect("valid response")
+        }
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
+    }
+}
+
+struct PayForm {
+    order_no: String,
+    amount_cents: u64,
+    /// A path on the shop's own site (never another host).
+    return_to: String,
+}
+
+impl PayForm {
+    fn from_pairs(pairs: &[(String, String)]) -> Result<PayForm, String> {
+        let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let order_no = get("order_no")
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or("order_no: digits")?
+            .to_owned();
+        let amount_cents = get("amount_cents")
+            .and_then(|v| v.parse().ok())
+            .ok_or("amount_cents: a number")?;
+        let return_to = get("return").unwrap_or("/");
+        if !return_to.starts_with('/') || return_to.starts_with("//") {
+            return Err("return: a path on the shop's site".into());
+        }
+        Ok(PayForm {
+            order_no,
+            amount_cents,
+            return_to: return_to.to_owned(),
+        })
+    }
+
+    fn html(&self) -> String {
+        let amount = format!("{}.{:02}", self.amount_cents / 100, self.amount_cents % 100);
+        let hidden = format!(
+            "<input type=hidden name=order_no value=\"{}\"><input type=hidden name=amount_cents value=\"{}\">\
+             <input type=hidden name=return value=\"{}\">",
+            self.order_no,
+            self.amount_cents,
+            escape(&self.return_to)
+        );
+        format!(
+            "<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content=\"width=device-width, initial-scale=1\">\
+             <title>SimPay — pay {amount}</title><style>\
+             body{{font:16px/1.5 system-ui,sans-serif;background:#eef1f6;margin:0;display:flex;min-height:100vh;align-items:center;justify-content:center}}\
+             .card{{background:#fff;border-radius:12px;box-shadow:0 4px 20px #0002;padding:2rem 2.5rem;max-width:24rem;width:100%}}\
+             h1{{font-size:1.1rem;color:#555;margin:0 0 1rem}} .amount{{font-size:2.4rem;font-weight:700;margin:.5rem 0}}\
+             .muted{{color:#777;font-size:.9rem}} button{{font:inherit;padding:.7rem 1.2rem;border-radius:8px;border:0;cursor:pointer;margin-right:.5rem}}\
+             .pay{{background:#1a7f37;color:#fff}} .decline{{background:#eee}}</style></head><body><div class=card>\
+             <h1>SimPay · payment provider simulator</h1><div class=muted>Order {}</div><div class=amount>€ {amount}</div>\
+             <p class=muted>This page stands in for a real payment provider. Paying sends Stampede a signed callback.</p>\
+             <form method=post action=/paysim/pay>{hidden}<button class=pay name=action value=pay>Pay € {amount}</button>\
+             <button class=decline name=action value=decline>Decline</button></form></div></body></html>",
+            self.order_no
+        )
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// `a=1&b=x%20y` → pairs, '+' as space, percent-decoded.
+fn parse_form(s: &str) -> Vec<(String, String)> {
+    fn decode(s: &str) -> String {
+        let bytes = s.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < bytes.len() => {
+                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                    match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                        Some(b) => {
+                            out.push(b);
+                            i += 2;
+                        }
+                        None => out.push(b'%'),
+                    }
+                }
+                b => out.push(b),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    s.split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_decode_and_refuse_returns_to_other_sites() {
+        let pairs = parse_form("order_no=42&amount_cents=1500&return=%2F%23%2Forder%2F42&x=a+b");
+        assert_eq!(pairs[2], ("return".into(), "/#/order/42".into()));
+        assert_eq!(pairs[3], ("x".into(), "a b".into()));
+        let f = PayForm::from_pairs(&pairs).unwrap();
+        assert_eq!((f.order_no.as_str(), f.amount_cents), ("42", 1500));
+        for bad in ["return=%2F%2Fevil.example", "return=http://evil.example"] {
+            let p = parse_form(&format!("order_no=1&amount_cents=1&{bad}"));
+            assert!(PayForm::from_pairs(&p).is_err(), "{bad}");
+        }
+        assert!(PayForm::from_pairs(&parse_form("order_no=1x&amount_cents=1")).is_err());
+        assert_eq!(parse_form("a=%zz%4"), vec![("a".into(), "%zz%4".into())]);
+    }
 }

@@ -610,6 +610,8 @@ fn own_stack(dir: &std::path::Path, ports: &[(&str, u16)], args: &[&str]) -> std
         "EDGE_PORT",
         "CORE_PORT",
         "ADMIN_PORT",
+        "OPS_PORT",
+        "PAYSIM_PORT",
     ] {
         cmd.env(part, "1");
     }

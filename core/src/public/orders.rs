@@ -17,6 +17,25 @@ pub async fn create(
     user_id: u64,
     req: Request,
 ) -> Result<Response, ApiError> {
+    let outcome = purchase(state, event_id, user_id, req).await;
+    let answer = match &outcome {
+        Ok(_) => "QUEUED",
+        Err(e) => e.code(),
+    };
+    state
+        .metrics
+        .purchase_answers
+        .with_label_values(&[answer])
+        .inc();
+    outcome
+}
+
+async fn purchase(
+    state: &AppState,
+    event_id: Result<u64, ApiError>,
+    user_id: u64,
+    req: Request,
+) -> Result<Response, ApiError> {
     let event_id = event_id?;
     let key = req
         .headers()

@@ -4,10 +4,11 @@
 local auth = require "stampede.auth"
 local limit = require "stampede.limit"
 local state = require "stampede.state"
+local stats = require "stampede.stats"
 
 local _M = {}
 
--- opts: token_secret_env, state_dict, limit_dict, redis = {host, port, prefix,
+-- opts: token_secret_env, state_dict, limit_dict, stats_dict, redis = {host, port, prefix,
 -- timeout_ms}, refresh_interval_s, limits, routes (see nginx.conf).
 function _M.init(opts)
   local secret = os.getenv(opts.token_secret_env)
@@ -18,10 +19,12 @@ function _M.init(opts)
     dict = opts.state_dict, host = opts.redis.host, port = opts.redis.port, prefix = opts.redis.prefix,
     timeout_ms = opts.redis.timeout_ms, interval_s = opts.refresh_interval_s,
   })
+  stats.init({ dict = opts.stats_dict })
 end
 
 function _M.start()
   state.start()
+  stats.start()
 end
 
 return _M

@@ -37,7 +37,22 @@ async fn the_edge_serves_the_app_runs_lua_and_hides_the_admin_api() {
     let (app, _edge) = stack_app().await;
     let page = edge_get(&app, "/", None).await;
     assert_eq!(page.status(), 200);
-    assert!(page.text().await.unwrap().contains("<h1>Stampede</h1>"));
+    assert!(
+        page.text()
+            .await
+            .unwrap()
+            .contains(r#"<script src="/app.js"></script>"#)
+    );
+    let script = edge_get(&app, "/app.js", None).await;
+    assert_eq!(script.status(), 200);
+    assert!(
+        script.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .contains("javascript")
+    );
+    // The edge's counters are the ops server's, not the public port's.
+    assert_eq!(edge_get(&app, "/edge/stats", None).await.status(), 404);
     assert_eq!(
         edge_get(&app, "/edge/health", None)
             .await

@@ -1,0 +1,208 @@
+// The buyer app and the ops dashboard in a real browser (Debian's Chromium, driven by
+// playwright-core) against the real stack: edge, core, Redis, MariaDB, RocketMQ and the
+// payment simulator. Screenshots go to $SCREENSHOT_DIR (target/ui-screenshots).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const env = process.env;
+const EDGE = `http://127.0.0.1:${env.EDGE_PORT || 8080}`;
+const OPS = `http://127.0.0.1:${env.OPS_PORT || 8082}`;
+const ADMIN = `http://127.0.0.1:${env.ADMIN_PORT || 9091}`;
+const STACK_DIR = env.STACK_DIR || ".stack";
+const ADMIN_TOKEN = readFileSync(join(STACK_DIR, "admin.token"), "utf8").trim();
+const SHOTS = env.SCREENSHOT_DIR || "target/ui-screenshots";
+mkdirSync(SHOTS, { recursive: true });
+
+let browser;
+
+before(async () => {
+  browser = await chromium.launch({
+    executablePath: env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+  });
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+async function admin(method, path, body) {
+  const r = await fetch(ADMIN + path, {
+    method,
+    headers: { Authorization: `Bearer ${ADMIN_TOKEN}`, "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await r.json();
+  assert.ok(r.ok, `${method} ${path}: ${r.status} ${JSON.stringify(data)}`);
+  return data;
+}
+
+/** Users with a password: their usernames. */
+async function users(count, password) {
+  const made = await admin("POST", "/admin/users", { count, password });
+  return Array.from({ length: count }, (_, i) => `user${made.first_user_id + i}`);
+}
+
+/** A published event selling from `startInS` seconds from now. */
+async function sale({ title, ga, rows, cols, limit = 2, startInS = 0 }) {
+  const now = Date.now();
+  const iso = (ms) => new Date(ms).toISOString();
+  const categories = [{ name: "Standing", price_cents: 4500, quantity: ga }];
+  if (rows) categories.push({ name: "Seated", price_cents: 8900, seats: { rows, cols } });
+  const created = await admin("POST", "/admin/events", {
+    title, venue: "Loopback Arena", show_time: iso(now + 30 * 86400e3),
+    sale_start: iso(now + startInS * 1000), sale_end: iso(now + 3600e3),
+    per_user_limit: limit, pay_timeout_s: 600, categories,
+  });
+  await admin("POST", `/admin/events/${created.event_id}/publish`);
+  return { id: created.event_id, categories: created.categories.map((c) => c.id) };
+}
+
+async function signIn(page, username, password) {
+  await page.fill('input[name="username"]', username);
+  await page.fill('input[name="password"]', password);
+  await page.click('form#login button[type="submit"]');
+  await page.waitForSelector('[data-testid="user"]');
+}
+
+const text = (page, testid) => page.textContent(`[data-testid="${testid}"]`);
+
+async function shot(page, name) {
+  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+}
+
+test("a buyer waits for the open, picks seats, is queued then created, pays; another buyer sees the seats taken", async () => {
+  const password = "pw-" + Math.random().toString(36).slice(2);
+  const [alice, bob] = await users(2, password);
+  const ev = await sale({ title: "Aurora Live — browser test", ga: 50, rows: 5, cols: 8, startInS: 10 });
+
+  const page = await (await browser.newContext({ viewport: { width: 1200, height: 900 } })).newPage();
+  await page.goto(`${EDGE}/#/event/${ev.id}`);
+  await signIn(page, alice, password);
+  await page.waitForSelector('[data-testid="countdown"]:has-text("Opens in")');
+  assert.equal(await page.isDisabled('[data-testid="buy"]'), true, "the buy button waits for the open");
+  await page.check('input[aria-label="Seated"]');
+  await page.waitForSelector('[data-seat="1:4"]');
+  await shot(page, "01-event-countdown");
+
+  // The button opens with the sale, on the server's clock.
+  await page.waitForSelector('[data-testid="buy"]:not([disabled])', { timeout: 20_000 });
+  await page.click('[data-seat="1:4"]');
+  await page.click('[data-seat="1:5"]');
+  await shot(page, "02-seats-picked");
+  // Every status the page shows, in order.
+  await page.evaluate(() => {
+    window.seen = [];
+    const el = document.querySelector('[data-testid="purchase-status"]');
+    new MutationObserver(() => window.seen.push(el.textContent)).observe(el, { childList: true, characterData: true, subtree: true });
+  });
+  await page.click('[data-testid="buy"]');
+  await page.waitForSelector('[data-testid="purchase-status"]:has-text("CREATED")', { timeout: 30_000 });
+  const seen = await page.evaluate(() => window.seen);
+  assert.equal(seen[0], "QUEUED", `statuses shown: ${seen}`);
+  assert.equal(seen.at(-1), "CREATED");
+  await shot(page, "03-created");
+
+  await page.click('[data-testid="order-link"]');
+  await page.waitForSelector('[data-testid="order-status"]:has-text("UNPAID")');
+  assert.equal(await text(page, "order-seats"), "Row 1 seat 4, Row 1 seat 5");
+  await shot(page, "04-order-unpaid");
+
+  // Pay through the provider simulator's page, and come back paid.
+  await page.click('[data-testid="pay"]');
+  await page.waitForURL(/\/paysim\/pay\?/);
+  await shot(page, "05-provider-page");
+  await page.click('button[value="pay"]');
+  await page.waitForSelector('[data-testid="order-status"]:has-text("PAID")', { timeout: 15_000 });
+  await shot(page, "06-order-paid");
+
+  // MySQL agrees: two seated units paid.
+  const stats = await admin("GET", `/admin/events/${ev.id}/stats`);
+  const seated = stats.categories.find((c) => c.category_id === ev.categories[1]);
+  assert.equal(seated.paid, 2, JSON.stringify(stats));
+
+  // A second buyer, in a browser of their own, sees those two seats sold.
+  const other = await (await browser.newContext({ viewport: { width: 1200, height: 900 } })).newPage();
+  await other.goto(`${EDGE}/#/event/${ev.id}`);
+  await signIn(other, bob, password);
+  await other.check('input[aria-label="Seated"]');
+  await other.waitForSelector('[data-seat="1:4"][data-state="S"]');
+  assert.equal(await other.getAttribute('[data-seat="1:5"]', "data-state"), "S");
+  assert.equal(await other.isDisabled('[data-seat="1:4"]'), true);
+  assert.equal(await other.getAttribute('[data-seat="1:6"]', "data-state"), "F");
+  await shot(other, "07-seats-taken-for-another-buyer");
+});
+
+test("a sold-out sale says so and offers nothing to buy", async () => {
+  const password = "pw-" + Math.random().toString(36).slice(2);
+  const [first, late] = await users(2, password);
+  const ev = await sale({ title: "Tiny Room — one ticket", ga: 1, limit: 1 });
+  // The only ticket goes to the first buyer, through the edge.
+  const login = await fetch(`${EDGE}/api/login`, {
+    method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ username: first, password }),
+  }).then((r) => r.json());
+  await new Promise((ok) => setTimeout(ok, 1000)); // the edge learns of the new sale
+  const bought = await fetch(`${EDGE}/api/events/${ev.id}/orders`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Authorization: `Bearer ${login.token}`, "Idempotency-Key": "only" },
+    body: JSON.stringify({ category_id: ev.categories[0], quantity: 1 }),
+  });
+  assert.equal(bought.status, 202);
+
+  const page = await (await browser.newContext()).newPage();
+  await page.goto(`${EDGE}/#/event/${ev.id}`);
+  await signIn(page, late, password);
+  await page.waitForSelector('[data-testid="soldout"]:not([hidden])', { timeout: 10_000 });
+  assert.match(await text(page, `avail-${ev.categories[0]}`), /Sold out/);
+  assert.equal(await page.isDisabled('[data-testid="buy"]'), true);
+  await shot(page, "08-sold-out");
+});
+
+test("the ops dashboard shows a sale's numbers live while buyers stream in", async () => {
+  // 600 buyers for 300 standing units, admitted over a few seconds through the edge.
+  const made = await admin("POST", "/admin/users", { count: 600 });
+  const { tokens } = await admin("POST", "/admin/tokens", { first_user_id: made.first_user_id, count: 600, ttl_s: 600 });
+  const ev = await sale({ title: "Dashboard sale", ga: 300, limit: 1 });
+  const page = await (await browser.newContext({ viewport: { width: 1400, height: 1000 } })).newPage();
+  await page.goto(`${OPS}/?event=${ev.id}`);
+  await page.fill("#token", ADMIN_TOKEN);
+  await page.click('#connect button[type="submit"]');
+  await page.waitForSelector('[data-testid="state"]:has-text("live")', { timeout: 10_000 });
+  assert.equal(await text(page, "stock"), "300");
+
+  let next = 0;
+  const buyer = async () => {
+    while (next < tokens.length) {
+      const token = tokens[next++];
+      await fetch(`${EDGE}/api/events/${ev.id}/orders`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Authorization: `Bearer ${token}`, "Idempotency-Key": "k" },
+        body: JSON.stringify({ category_id: ev.categories[0], quantity: 1 }),
+      });
+      await new Promise((ok) => setTimeout(ok, 60)); // a stream, not a spike: a few seconds of it
+    }
+  };
+  const seenAdmitting = page.waitForFunction(
+    () => Number(document.querySelector('[data-testid="admitted-rate"]').textContent.replace(/,/g, "")) > 0,
+    null, { timeout: 20_000 },
+  );
+  await Promise.all(Array.from({ length: 8 }, buyer));
+  await seenAdmitting;
+  // Sold out, every unit an order, nothing queued, the books balanced.
+  await page.waitForFunction(
+    () => ["stock", "orders", "queue", "gap"].map((t) => document.querySelector(`[data-testid="${t}"]`).textContent).join() === "0,300,0,0",
+    null, { timeout: 20_000 },
+  );
+  await shot(page, "09-ops-dashboard");
+
+  // A wrong token is refused, and says so.
+  const bad = await (await browser.newContext()).newPage();
+  await bad.goto(`${OPS}/`);
+  await bad.fill("#token", "not-the-token");
+  await bad.click('#connect button[type="submit"]');
+  await bad.waitForSelector('[data-testid="state"]:has-text("refused")');
+});
