@@ -268,6 +268,8 @@ render_edge_conf() { # every file of openresty/conf/, ports and paths filled in 
       -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$OPS_PORT#g" \
       -e "s#\${PAYSIM_PORT}#$PAYSIM_PORT#g" "$f" >"$1/$(basename "$f")"
   done
+  # Not read by nginx: makes an edited Lua module count as a changed conf (a reload).
+  cat "$ROOT"/lua/edge/stampede/*.lua | sha256sum >"$1/lua.sha256"
 }
 start_edge() {
   if alive edge && health_edge; then
@@ -283,7 +285,7 @@ start_edge() {
       rm -rf "$EDGE_PREFIX/conf.old" && mv "$EDGE_PREFIX/conf" "$EDGE_PREFIX/conf.old"
       mv "$EDGE_PREFIX/conf.new" "$EDGE_PREFIX/conf" && rm -rf "$EDGE_PREFIX/conf.old"
       kill -HUP "$(pid_of edge)"
-      say "  edge: openresty/conf changed; reloaded"
+      say "  edge: openresty/conf or lua/edge changed; reloaded"
     fi
     return 0
   fi

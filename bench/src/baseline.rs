@@ -12,7 +12,7 @@ use anyhow::Context;
 use mysql_async::prelude::*;
 use serde::Serialize;
 
-use crate::load::{self, Request};
+use crate::load;
 use crate::stack::Stack;
 
 /// A scratch nginx (and, for the proxy, a trivial backend), stopped when dropped.
@@ -117,20 +117,20 @@ pub async fn serve_trivial(addr: SocketAddr) -> anyhow::Result<()> {
 }
 
 /// Requests per second of the same purchase POST against `target`.
+/// Requests per second of the purchase POST (the edge's, `tokens` as its bearers)
+/// against `target`.
 pub async fn http_rate(
     target: SocketAddr,
     connections: usize,
     duration: Duration,
+    tokens: Vec<String>,
 ) -> anyhow::Result<f64> {
-    let body = serde_json::json!({"category_id": 1, "quantity": 1});
-    let (rate, rec) = load::closed_loop(target, connections, duration, move |_, _| {
-        Request::post("/api/events/1/orders", &body)
-    })
-    .await?;
+    let make = load::purchase_maker(1, 1, tokens, connections);
+    let (rate, rec) = load::closed_loop(target, connections, duration, make).await?;
     anyhow::ensure!(
         rec.count("200") > 0,
         "no 200 from {target}: {:?}",
-        rec.counts
+        rec.counts()
     );
     Ok(rate)
 }

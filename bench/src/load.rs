@@ -2,7 +2,7 @@
 //! source address of its own in 127.0.0.0/8 (so per-IP limits see many clients, as on
 //! real traffic), and a recorder of answers, latencies and a timeline.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -45,13 +45,6 @@ pub struct Answer {
 
 impl Answer {
     /// "202", "409 SOLD_OUT", "429 RATE_LIMITED", …: the status and the error code.
-    pub fn kind(&self) -> String {
-        match error_code(&self.body) {
-            Some(code) => format!("{} {code}", self.status),
-            None => self.status.to_string(),
-        }
-    }
-
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
     }
@@ -191,6 +184,26 @@ impl Request {
     }
 }
 
+/// The one purchase request every closed loop sends, to the edge or to a baseline alike
+/// (so the client's work per request is the same on every path): a POST with a bearer
+/// token rotating over `tokens`, a fresh Idempotency-Key and a one-unit body.
+pub fn purchase_maker(
+    event: u64,
+    category: u64,
+    tokens: Vec<String>,
+    connections: usize,
+) -> impl Fn(usize, u64) -> Request + Send + Sync + 'static {
+    let body = Bytes::from(format!(r#"{{"category_id":{category},"quantity":1}}"#));
+    let path = format!("/api/events/{event}/orders");
+    move |c, n| Request {
+        method: http::Method::POST,
+        path: path.clone(),
+        bearer: Some(tokens[(n as usize * connections + c) % tokens.len()].clone()),
+        idempotency_key: Some(format!("c{c}-{n}")),
+        body: body.clone(),
+    }
+}
+
 /// One call on a fresh connection from 127.0.0.1 (set-up and polling, not load).
 pub async fn call(target: SocketAddr, req: &Request) -> anyhow::Result<Answer> {
     let mut conn = Conn {
@@ -201,13 +214,32 @@ pub async fn call(target: SocketAddr, req: &Request) -> anyhow::Result<Answer> {
     conn.send(req).await
 }
 
-/// Answers by kind, their latencies, and admissions and rejects over time.
+/// One kind of answer: its status and error code, how many, how fast.
+struct Kind {
+    status: u16,
+    code: Box<str>,
+    count: u64,
+    latency: Histogram<u64>,
+}
+
+impl Kind {
+    fn name(&self) -> String {
+        if self.code.is_empty() {
+            self.status.to_string()
+        } else {
+            format!("{} {}", self.status, self.code)
+        }
+    }
+}
+
+/// Answers by kind, their latencies, and admissions and rejects over time. Recording an
+/// answer allocates nothing once its kind has been seen: the client's cost per request
+/// is part of every ratio measured on the same cores.
 pub struct Recorder {
     pub started: Instant,
-    pub counts: BTreeMap<String, u64>,
-    pub latency: HashMap<String, Histogram<u64>>,
-    /// Per bucket: (admitted, rejected).
-    pub timeline: BTreeMap<u64, (u64, u64)>,
+    kinds: Vec<Kind>,
+    /// Per bucket since `started`: (admitted, rejected).
+    timeline: Vec<(u64, u64)>,
     pub errors: u64,
     pub last_answer: Option<Instant>,
 }
@@ -216,77 +248,104 @@ impl Recorder {
     pub fn new(started: Instant) -> Recorder {
         Recorder {
             started,
-            counts: BTreeMap::new(),
-            latency: HashMap::new(),
-            timeline: BTreeMap::new(),
+            kinds: Vec::new(),
+            timeline: Vec::new(),
             errors: 0,
             last_answer: None,
         }
     }
 
-    pub fn record(&mut self, a: &Answer) -> String {
-        let kind = a.kind();
-        *self.counts.entry(kind.clone()).or_default() += 1;
-        let h = self
-            .latency
-            .entry(kind.clone())
-            .or_insert_with(|| Histogram::new(3).expect("3 significant digits"));
-        let _ = h.record(a.latency.as_micros().max(1) as u64);
+    fn kind(&mut self, status: u16, code: &str) -> &mut Kind {
+        let i = match self
+            .kinds
+            .iter()
+            .position(|k| k.status == status && &*k.code == code)
+        {
+            Some(i) => i,
+            None => {
+                self.kinds.push(Kind {
+                    status,
+                    code: code.into(),
+                    count: 0,
+                    latency: Histogram::new(3).expect("3 significant digits"),
+                });
+                self.kinds.len() - 1
+            }
+        };
+        &mut self.kinds[i]
+    }
+
+    pub fn record(&mut self, a: &Answer) {
+        let code = error_code(&a.body).unwrap_or("");
+        let kind = self.kind(a.status, code);
+        kind.count += 1;
+        let _ = kind.latency.record(a.latency.as_micros().max(1) as u64);
         let now = Instant::now();
-        let bucket = (now - self.started).as_millis() as u64 / BUCKET.as_millis() as u64;
-        let slot = self.timeline.entry(bucket).or_default();
+        let bucket = ((now - self.started).as_millis() / BUCKET.as_millis()) as usize;
+        if self.timeline.len() <= bucket {
+            self.timeline.resize(bucket + 1, (0, 0));
+        }
         if a.status == 202 {
-            slot.0 += 1;
+            self.timeline[bucket].0 += 1;
         } else if a.status >= 400 {
-            slot.1 += 1;
+            self.timeline[bucket].1 += 1;
         }
         self.last_answer = Some(now);
-        kind
     }
 
     pub fn merge(&mut self, other: Recorder) {
-        for (k, n) in other.counts {
-            *self.counts.entry(k).or_default() += n;
+        for k in other.kinds {
+            let mine = self.kind(k.status, &k.code);
+            mine.count += k.count;
+            let _ = mine.latency.add(&k.latency);
         }
-        for (k, h) in other.latency {
-            match self.latency.get_mut(&k) {
-                Some(mine) => {
-                    let _ = mine.add(&h);
-                }
-                None => {
-                    self.latency.insert(k, h);
-                }
-            }
+        if self.timeline.len() < other.timeline.len() {
+            self.timeline.resize(other.timeline.len(), (0, 0));
         }
-        for (b, (a, r)) in other.timeline {
-            let slot = self.timeline.entry(b).or_default();
-            slot.0 += a;
-            slot.1 += r;
+        for (b, (a, r)) in other.timeline.into_iter().enumerate() {
+            self.timeline[b].0 += a;
+            self.timeline[b].1 += r;
         }
         self.errors += other.errors;
         self.last_answer = self.last_answer.max(other.last_answer);
     }
 
-    pub fn total(&self) -> u64 {
-        self.counts.values().sum()
+    /// Answers by kind: "202", "409 SOLD_OUT", …
+    pub fn counts(&self) -> BTreeMap<String, u64> {
+        self.kinds.iter().map(|k| (k.name(), k.count)).collect()
     }
 
-    pub fn count(&self, status_prefix: &str) -> u64 {
-        self.counts
+    pub fn total(&self) -> u64 {
+        self.kinds.iter().map(|k| k.count).sum()
+    }
+
+    /// Answers whose kind starts with `prefix` ("202", "409", "409 SOLD_OUT").
+    pub fn count(&self, prefix: &str) -> u64 {
+        self.kinds
             .iter()
-            .filter(|(k, _)| k.starts_with(status_prefix))
-            .map(|(_, n)| n)
+            .filter(|k| k.name().starts_with(prefix))
+            .map(|k| k.count)
             .sum()
+    }
+
+    /// (seconds since the start, admitted, rejected) per bucket.
+    pub fn timeline(&self) -> Vec<(f64, u64, u64)> {
+        self.timeline
+            .iter()
+            .enumerate()
+            .map(|(b, (a, r))| (b as f64 * BUCKET.as_secs_f64(), *a, *r))
+            .collect()
     }
 
     /// Latency percentiles per kind, in milliseconds.
     pub fn latencies(&self) -> BTreeMap<String, Latency> {
-        self.latency
+        self.kinds
             .iter()
-            .map(|(k, h)| {
+            .map(|k| {
+                let h = &k.latency;
                 let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
                 (
-                    k.clone(),
+                    k.name(),
                     Latency {
                         count: h.len(),
                         p50_ms: ms(0.50),

@@ -3,6 +3,7 @@
 
 mod audit;
 mod baseline;
+mod cpu;
 mod load;
 mod sale;
 mod stack;
@@ -151,9 +152,15 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                     let proxy = matches!(which, Baseline::Proxy { .. });
                     let nginx = baseline::ScratchNginx::start()?;
                     let target = if proxy { nginx.proxy } else { nginx.bare };
-                    let rate =
-                        baseline::http_rate(target, connections, Duration::from_secs(seconds))
-                            .await?;
+                    // Bearers the size of real tokens; neither baseline reads them.
+                    let tokens = (0..1000).map(|i| format!("{i:0>150}")).collect();
+                    let rate = baseline::http_rate(
+                        target,
+                        connections,
+                        Duration::from_secs(seconds),
+                        tokens,
+                    )
+                    .await?;
                     println!(
                         "{} {rate:.0} requests/s",
                         if proxy {
@@ -312,17 +319,9 @@ async fn edge_loop(
     connections: usize,
     duration: Duration,
 ) -> anyhow::Result<(f64, f64, load::Recorder)> {
-    let tokens = std::sync::Arc::new(tokens.to_vec());
-    let body = bytes::Bytes::from(json!({"category_id": category, "quantity": 1}).to_string());
+    let make = load::purchase_maker(event, category, tokens.to_vec(), connections);
     let started = Instant::now();
-    let (rate, rec) = load::closed_loop(stack.edge, connections, duration, move |c, n| Request {
-        method: http::Method::POST,
-        path: format!("/api/events/{event}/orders"),
-        bearer: Some(tokens[(n as usize * connections + c) % tokens.len()].clone()),
-        idempotency_key: Some(format!("c{c}-{n}")),
-        body: body.clone(),
-    })
-    .await?;
+    let (rate, rec) = load::closed_loop(stack.edge, connections, duration, make).await?;
     let admitted = rec.count("202") as f64 / started.elapsed().as_secs_f64();
     Ok((rate, admitted, rec))
 }
@@ -351,14 +350,25 @@ async fn compare(
 ) -> anyhow::Result<bool> {
     let step = |s: &str| eprintln!("==> {s}");
     step("baselines: bare nginx, nginx → trivial hyper");
+    let mut breakdown: Vec<(&str, cpu::Usage)> = Vec::new();
+    let (_, tokens) = stack.buyers(20_000).await?;
     let (nginx_rps, proxy_rps) = {
         let nginx = baseline::ScratchNginx::start()?;
-        (
-            baseline::http_rate(nginx.bare, c, d).await?,
-            baseline::http_rate(nginx.proxy, c, d).await?,
-        )
+        let t0 = cpu::snapshot();
+        let bare = baseline::http_rate(nginx.bare, c, d, tokens.clone()).await?;
+        let t1 = cpu::snapshot();
+        let proxy = baseline::http_rate(nginx.proxy, c, d, tokens.clone()).await?;
+        let t2 = cpu::snapshot();
+        breakdown.push((
+            "nginx return 200",
+            cpu::between(&t0, &t1, (bare * d.as_secs_f64()) as u64),
+        ));
+        breakdown.push((
+            "nginx → trivial hyper (core = the trivial backend here)",
+            cpu::between(&t1, &t2, (proxy * d.as_secs_f64()) as u64),
+        ));
+        (bare, proxy)
     };
-    let (_, tokens) = stack.buyers(20_000).await?;
 
     step("edge: purchases for a sold-out event");
     let (sold_event, sold_cats) = stack
@@ -382,8 +392,13 @@ async fn compare(
         String::from_utf8_lossy(&first.body)
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t0 = cpu::snapshot();
     let (reject_rps, _, reject_rec) =
         edge_loop(stack, sold_event, sold_cats[0], &tokens, c, d).await?;
+    breakdown.push((
+        "edge: sold out",
+        cpu::between(&t0, &cpu::snapshot(), reject_rec.total()),
+    ));
 
     step("edge: admitted purchases (edge limits raised for the run)");
     let (open_event, open_cats) = stack
@@ -397,12 +412,22 @@ async fn compare(
         ))
         .await?;
     stack.edge_limits(true).await?;
+    let admitted_started = Instant::now();
+    let t0 = cpu::snapshot();
     let admitted = edge_loop(stack, open_event, open_cats[0], &tokens, c, d).await;
+    let t1 = cpu::snapshot();
     stack.edge_limits(false).await?;
     let (_, admitted_rps, admitted_rec) = admitted?;
-    let admitted_started = Instant::now() - d;
     let settled = wait_settled(stack, open_event, Duration::from_secs(600)).await?;
     let sustained_orders = admitted_rec.count("202");
+    breakdown.push((
+        "edge: admitted (during admission; the pipeline runs too)",
+        cpu::between(&t0, &t1, sustained_orders),
+    ));
+    breakdown.push((
+        "admitted, from the first request until settled in MySQL",
+        cpu::between(&t0, &cpu::snapshot(), sustained_orders),
+    ));
     let orders_persisted_per_s =
         sustained_orders as f64 / (settled - admitted_started).as_secs_f64();
 
@@ -410,13 +435,23 @@ async fn compare(
     let rowlock =
         baseline::rowlock(stack, c.min(120), sale_args.buyers, sale_args.units, d).await?;
     step("baseline: reserve.lua straight to Redis, pipelined");
+    let t0 = cpu::snapshot();
     let redis_rps = baseline::redis_reserve(stack, 2, 200, d).await?;
+    breakdown.push((
+        "reserve.lua by EVALSHA, pipelined",
+        cpu::between(&t0, &cpu::snapshot(), (redis_rps * d.as_secs_f64()) as u64),
+    ));
 
     step(&format!(
         "sale: {} buyers for {} units",
         sale_args.buyers, sale_args.units
     ));
+    let t0 = cpu::snapshot();
     let sale = sale::run(stack, sale_args).await?;
+    breakdown.push((
+        "sale burst, set-up to audit (per request)",
+        cpu::between(&t0, &cpu::snapshot(), sale.requests),
+    ));
     print_sale(&sale);
 
     let ratios = json!({
@@ -431,12 +466,13 @@ async fn compare(
     let raw = json!({
         "seconds_per_loop": d.as_secs(), "loop_connections": c,
         "nginx_return_200_per_s": nginx_rps, "nginx_proxy_hyper_per_s": proxy_rps,
-        "edge_sold_out_answers_per_s": reject_rps, "edge_sold_out_answers": reject_rec.counts,
-        "edge_admitted_per_s": admitted_rps, "edge_admitted_answers": admitted_rec.counts,
+        "edge_sold_out_answers_per_s": reject_rps, "edge_sold_out_answers": reject_rec.counts(),
+        "edge_admitted_per_s": admitted_rps, "edge_admitted_answers": admitted_rec.counts(),
         "sustained_orders": sustained_orders, "sustained_settled_s": (settled - admitted_started).as_secs_f64(),
         "rowlock": rowlock, "redis_reserve_per_s": redis_rps,
         "redis_ceiling_vs_admitted": redis_rps / admitted_rps,
         "sale": sale,
+        "cpu": breakdown.iter().map(|(name, u)| json!({"run": name, "usage": u})).collect::<Vec<_>>(),
     });
     let targets = [
         (
@@ -488,6 +524,11 @@ async fn compare(
         "     row-lock burst {:.2} s vs the sale's first answers {:.2} s, row-lock {:.0} purchases/s, reserve.lua by EVALSHA {redis_rps:.0}/s",
         rowlock.burst_s, sale.first_answers_s, rowlock.completed_per_s
     );
+    println!();
+    println!("where the time goes (CPU µs per request, every part on the same cores):");
+    for (name, u) in &breakdown {
+        println!("  {name}: {}", u.line());
+    }
     let mut doc = ratios.as_object().cloned().unwrap_or_default();
     doc.insert("raw".into(), raw);
     if let Some(dir) = out.parent() {

@@ -347,14 +347,10 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         settle_s,
         created_s,
         first_answers_s: first_answered.load(Ordering::Relaxed) as f64 / 1e6,
-        answers: rec.counts.clone(),
+        answers: rec.counts(),
         latency: rec.latencies(),
         errors: rec.errors,
-        timeline: rec
-            .timeline
-            .iter()
-            .map(|(b, (ad, rj))| (*b as f64 * crate::load::BUCKET.as_secs_f64(), *ad, *rj))
-            .collect(),
+        timeline: rec.timeline(),
         audit,
     })
 }
