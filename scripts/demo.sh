@@ -18,11 +18,11 @@ target/release/stampede-bench sale --buyers 5000 --units 300 --seats 10x20 --per
   --connections 128 --plot target/demo-sale.svg
 echo "admissions and rejects over time: target/demo-sale.svg"
 
-# An event left on sale for a person, with 20 users whose password is "demo".
+# An event left on sale for a person, with 20 users whose password is "stampede-demo".
 now=$(date -u +%s)
 iso() { date -u -d "@$1" +%Y-%m-%dT%H:%M:%SZ; }
 admin() {
-  curl -fsS -X "$1" "$ADMIN$2" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' ${3:+--data "$3"}
+  curl -sS --fail-with-body -X "$1" "$ADMIN$2" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' ${3:+--data "$3"}
 }
 field() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
 id=$(admin POST /admin/events "{\"title\": \"Stampede demo concert\", \"venue\": \"Loopback Arena\",
@@ -31,8 +31,8 @@ id=$(admin POST /admin/events "{\"title\": \"Stampede demo concert\", \"venue\":
   \"categories\": [{\"name\": \"Standing\", \"price_cents\": 4900, \"quantity\": 300},
                    {\"name\": \"Seated\", \"price_cents\": 8900, \"seats\": {\"rows\": 10, \"cols\": 20}}]}" | field event_id)
 admin POST "/admin/events/$id/publish" >/dev/null
-first=$(admin POST /admin/users '{"count": 20, "password": "demo"}' | field first_user_id)
+first=$(admin POST /admin/users '{"count": 20, "password": "stampede-demo"}' | field first_user_id)
 echo
-echo "Event $id opens in a minute: $EDGE/#/event/$id — sign in as user$first … user$((first + 19)), password demo."
+echo "Event $id opens in a minute: $EDGE/#/event/$id — sign in as user$first … user$((first + 19)), password stampede-demo."
 echo "Ops dashboard: $OPS/?event=$id (admin token in $STACK_DIR/admin.token)."
 echo "'make status' shows every part; 'make down' stops them."
