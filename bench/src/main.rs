@@ -326,21 +326,6 @@ async fn edge_loop(
     Ok((rate, admitted, rec))
 }
 
-async fn wait_settled(stack: &Stack, event: u64, within: Duration) -> anyhow::Result<Instant> {
-    let until = Instant::now() + within;
-    loop {
-        let s = stack.stats(event).await?;
-        if s["queued_reservations"] == 0 && s["unsynced_stock_log"] == 0 {
-            return Ok(Instant::now());
-        }
-        anyhow::ensure!(
-            Instant::now() < until,
-            "event {event} not settled within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn compare(
     stack: &Stack,
     sale_args: &sale::SaleArgs,
@@ -418,7 +403,9 @@ async fn compare(
     let t1 = cpu::snapshot();
     stack.edge_limits(false).await?;
     let (_, admitted_rps, admitted_rec) = admitted?;
-    let settled = wait_settled(stack, open_event, Duration::from_secs(600)).await?;
+    let (_, settled) = stack
+        .wait_settled(open_event, Duration::from_secs(600))
+        .await?;
     let sustained_orders = admitted_rec.count("202");
     breakdown.push((
         "edge: admitted (during admission; the pipeline runs too)",

@@ -303,30 +303,11 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
     let last = rec.last_answer.unwrap_or(started);
     let burst_s = (last - started).as_secs_f64().max(1e-3);
 
-    // Settle: nothing queued, nothing left to sync.
-    let settle_deadline = Instant::now() + Duration::from_secs(a.settle_timeout_s);
-    let spinner = ProgressBar::new_spinner();
-    spinner.set_message("waiting for the orders to settle");
-    let mut created_at = None;
-    let settled_at = loop {
-        let s = stack.stats(event).await?;
-        spinner.tick();
-        if s["queued_reservations"] == 0 {
-            created_at.get_or_insert_with(Instant::now);
-            if s["unsynced_stock_log"] == 0 {
-                break Instant::now();
-            }
-        }
-        anyhow::ensure!(
-            Instant::now() < settle_deadline,
-            "not settled within {} s: {s}",
-            a.settle_timeout_s
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    spinner.finish_and_clear();
+    let (created_at, settled_at) = stack
+        .wait_settled(event, Duration::from_secs(a.settle_timeout_s))
+        .await?;
     let settle_s = (settled_at - last).as_secs_f64();
-    let created_s = (created_at.unwrap_or(settled_at).max(last) - last).as_secs_f64();
+    let created_s = (created_at.max(last) - last).as_secs_f64();
     let mut admitted = admitted_ids.lock().expect("not poisoned").clone();
     admitted.sort_unstable_by_key(|(_, rid)| *rid);
     admitted.dedup_by_key(|(_, rid)| *rid);

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -143,6 +143,35 @@ impl Stack {
     pub async fn stats(&self, event: u64) -> anyhow::Result<Value> {
         self.admin(Request::get(format!("/admin/events/{event}/stats")), &[200])
             .await
+    }
+
+    /// Polls the event's stats until nothing is queued and nothing is left to sync, within
+    /// `within`: (when every reservation was an order, when everything was synced).
+    pub async fn wait_settled(
+        &self,
+        event: u64,
+        within: Duration,
+    ) -> anyhow::Result<(Instant, Instant)> {
+        let until = Instant::now() + within;
+        let spinner = indicatif::ProgressBar::new_spinner();
+        spinner.set_message(format!("waiting for event {event} to settle"));
+        let mut created = None;
+        loop {
+            let s = self.stats(event).await?;
+            spinner.tick();
+            if s["queued_reservations"] == 0 {
+                let at = *created.get_or_insert_with(Instant::now);
+                if s["unsynced_stock_log"] == 0 {
+                    spinner.finish_and_clear();
+                    return Ok((at, Instant::now()));
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < until,
+                "event {event} not settled within {within:?}: {s}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Edge limits raised out of the way (for measuring the purchase path itself), or

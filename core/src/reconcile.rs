@@ -234,18 +234,22 @@ impl Reconciler {
             return Ok(None);
         };
         let mut actions = Vec::new();
-        if heal && event.status != EventStatus::Draft && !self.preloader.is_loaded(event_id).await?
-        {
+        let mut loaded = self.preloader.is_loaded(event_id).await?;
+        if heal && !loaded && event.status != EventStatus::Draft {
             match self.preloader.preload(&event).await {
-                Ok(r) if r.epoch > 0 => actions.push(format!(
-                    "rebuilt the event's Redis keys from MySQL (generation {})",
-                    r.epoch
-                )),
-                Ok(_) => {}
+                Ok(r) => {
+                    loaded = true;
+                    if r.epoch > 0 {
+                        actions.push(format!(
+                            "rebuilt the event's Redis keys from MySQL (generation {})",
+                            r.epoch
+                        ));
+                    }
+                }
                 Err(e) => actions.push(format!("could not rebuild the event's keys yet: {e}")),
             }
         }
-        if heal && self.preloader.is_loaded(event_id).await? {
+        if heal && loaded {
             let mut redis = self.redis.clone();
             let lock = Lock::acquire(
                 &mut redis,

@@ -789,17 +789,26 @@ impl StackApp {
     }
 }
 
-/// Units in orders of `event_id` over every order shard (4 in the tests), and in how
-/// many orders.
+/// The order shards of the tests' cores (mysql.order_shards, 4 by default).
+pub const TEST_SHARDS: u32 = 4;
+
+/// `select` over every order shard, as one UNION ALL; `{n}` in it stands for the shard.
+pub fn over_shards(select: &str) -> String {
+    (0..TEST_SHARDS)
+        .map(|n| select.replace("{n}", &n.to_string()))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ")
+}
+
+/// Units in orders of `event_id` over every order shard, and in how many orders.
 pub async fn ordered_units(mysql: &mysql_async::Pool, event_id: u64) -> (u64, u64) {
-    let union: Vec<String> = (0..4)
-        .map(|n| format!("SELECT quantity FROM `order_{n}` WHERE event_id = {event_id}"))
-        .collect();
+    let union = over_shards(&format!(
+        "SELECT quantity FROM `order_{{n}}` WHERE event_id = {event_id}"
+    ));
     let mut conn = mysql.get_conn().await.unwrap();
     let row: Option<(Option<u64>, u64)> = conn
         .query_first(format!(
-            "SELECT CAST(SUM(quantity) AS UNSIGNED), COUNT(*) FROM ({}) o",
-            union.join(" UNION ALL ")
+            "SELECT CAST(SUM(quantity) AS UNSIGNED), COUNT(*) FROM ({union}) o"
         ))
         .await
         .unwrap();

@@ -193,7 +193,15 @@ pub async fn cancel(
         .await
         .context("Failed to commit the cancellation")?;
     order.status = "CANCELLED".into();
-    let restocked = match restock(redis, keys, GiveBack::from(&order)).await {
+    let give_back = GiveBack {
+        order_no,
+        user_id: order.user_id,
+        event_id: order.event_id,
+        category_id: order.category_id,
+        quantity: order.quantity,
+        seats: &order.seats,
+    };
+    let restocked = match restock(redis, keys, give_back).await {
         Ok(_) => true,
         Err(e) => {
             tracing::warn!(
@@ -217,19 +225,6 @@ pub struct GiveBack<'a> {
     pub quantity: u32,
     /// `"row:col"`, empty for unseated tickets.
     pub seats: &'a [String],
-}
-
-impl<'a> From<&'a OrderView> for GiveBack<'a> {
-    fn from(o: &'a OrderView) -> Self {
-        GiveBack {
-            order_no: o.order_no.parse().unwrap_or_default(),
-            user_id: o.user_id,
-            event_id: o.event_id,
-            category_id: o.category_id,
-            quantity: o.quantity,
-            seats: &o.seats,
-        }
-    }
 }
 
 /// Gives a cancelled order's units and seats back in Redis, once (restock.lua).

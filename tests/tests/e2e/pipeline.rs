@@ -305,17 +305,11 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
     let (_, last) = conserved(&mut redis, &mysql, &prefix, event, ga, 20_000).await;
     assert!(ok, "not conserved after the restart: {last}");
     // Every 202 answered before the kill is an order now.
-    let union: Vec<String> = (0..4)
-        .map(|n| format!("SELECT order_no FROM `order_{n}`"))
-        .collect();
+    let union = stampede_e2e::over_shards("SELECT order_no FROM `order_{n}`");
     let mut conn = mysql.get_conn().await.unwrap();
     use mysql_async::prelude::Queryable;
-    let orders: std::collections::HashSet<u64> = conn
-        .query(union.join(" UNION ALL "))
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
+    let orders: std::collections::HashSet<u64> =
+        conn.query(union).await.unwrap().into_iter().collect();
     let missing: Vec<&u64> = promised.iter().filter(|n| !orders.contains(n)).collect();
     assert!(
         missing.is_empty(),

@@ -8,25 +8,19 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use stampede_e2e::{
-    Buyer, OwnRedis, TestApp, core_binary, core_env, heavy, scalar, small_sale, spawn_app_with,
+    Buyer, OwnRedis, TestApp, core_binary, core_env, heavy, over_shards, scalar, small_sale,
+    spawn_app_with,
 };
 
-/// Units in live (UNPAID or PAID) orders of the category, over the 4 test shards.
+/// Units in live (UNPAID or PAID) orders of the category.
 async fn live_units(app: &TestApp, category: u64) -> i64 {
-    let union: Vec<String> = (0..4)
-        .map(|n| {
-            format!(
-                "SELECT quantity FROM `order_{n}` WHERE category_id = {category} \
-                 AND status IN ('UNPAID', 'PAID')"
-            )
-        })
-        .collect();
+    let union = over_shards(&format!(
+        "SELECT quantity FROM `order_{{n}}` WHERE category_id = {category} \
+         AND status IN ('UNPAID', 'PAID')"
+    ));
     scalar(
         &app.mysql,
-        &format!(
-            "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({}) o",
-            union.join(" UNION ALL ")
-        ),
+        &format!("SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({union}) o"),
     )
     .await
 }
@@ -152,16 +146,11 @@ async fn flushall_mid_sale_rebuilds_the_keys_and_no_unit_is_sold_twice() {
         assert_eq!(redis_left, 0);
     }
     // Every seat in at most one live order, and every live order's seat locked for it.
-    let seats = (0..4)
-        .map(|n| {
-            format!(
-                "SELECT i.row_no, i.col_no FROM `order_item_{n}` i JOIN `order_{n}` o \
-                 ON o.order_no = i.order_no WHERE o.event_id = {event} \
-                 AND o.status IN ('UNPAID', 'PAID') AND i.row_no IS NOT NULL"
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" UNION ALL ");
+    let seats = over_shards(&format!(
+        "SELECT i.row_no, i.col_no FROM `order_item_{{n}}` i JOIN `order_{{n}}` o \
+         ON o.order_no = i.order_no WHERE o.event_id = {event} \
+         AND o.status IN ('UNPAID', 'PAID') AND i.row_no IS NOT NULL"
+    ));
     assert_eq!(
         scalar(
             &app.mysql,
@@ -171,15 +160,10 @@ async fn flushall_mid_sale_rebuilds_the_keys_and_no_unit_is_sold_twice() {
         100
     );
     // Nobody above the limit, across what they held before and after the flush.
-    let per_user = (0..4)
-        .map(|n| {
-            format!(
-                "SELECT user_id, quantity FROM `order_{n}` WHERE event_id = {event} \
-                 AND status IN ('UNPAID', 'PAID')"
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" UNION ALL ");
+    let per_user = over_shards(&format!(
+        "SELECT user_id, quantity FROM `order_{{n}}` WHERE event_id = {event} \
+         AND status IN ('UNPAID', 'PAID')"
+    ));
     assert!(
         scalar(
             &app.mysql,
