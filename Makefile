@@ -1,5 +1,5 @@
 # Stampede: the two commands are `make demo` and `make test` (see README.md).
-.PHONY: up down status demo test bench install test-stack-up test-stack-down
+.PHONY: up down status demo test check bench install test-stack-up test-stack-down
 
 # Install what is missing, start the whole local stack (idempotent).
 up:
@@ -26,9 +26,14 @@ bench: up
 	cargo build --release --quiet -p stampede-bench
 	target/release/stampede-bench compare --buyers 200000 --units 10000 --connections 256
 
-# fmt, clippy, unit tests, end-to-end tests on a stack of their own.
+# The fresh-machine checks, fmt, clippy, unit tests, end-to-end tests on a stack of their own.
 test:
 	scripts/test.sh
+
+# The fresh-machine checks alone, in seconds (`make test` runs them first): shellcheck,
+# the install decision on an empty machine, docker-compose.yml against its schema and the stack.
+check:
+	scripts/check.sh
 
 # For running `cargo test` by hand against the test stack.
 TEST_ENV = STACK_DIR=$(CURDIR)/.stack-test EDGE_PORT=18080 CORE_PORT=18081 ADMIN_PORT=19091 \

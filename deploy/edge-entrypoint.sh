@@ -1,18 +1,17 @@
 #!/bin/sh
 # Renders openresty/conf/ for the OpenResty image, as scripts/stack.sh does for Debian's
 # nginx: the same ${...} values, the module lines dropped (Lua is built in), the core,
-# the payment simulator and Redis at their compose hosts (cosockets take an address, so Redis is resolved
-# here), and OpenResty's name for the Redis client.
+# and Redis at their compose hosts (cosockets take an address, so Redis is resolved here),
+# and OpenResty's name for the Redis client.
 set -eu
 mkdir -p /run/stampede/conf /run/stampede/logs /run/stampede/temp /run/stampede/lua/stampede
 redis_ip=$(getent hosts "$REDIS_HOST" | awk '{print $1; exit}')
 for f in /stampede/openresty/conf/*; do
   sed -e "s#\${EDGE_PORT}#${EDGE_PORT}#g" -e "s#\${CORE_PORT}#${CORE_PORT}#g" \
       -e "s#\${REDIS_PORT}#${REDIS_PORT}#g" -e "s#\${ADMIN_PORT}#${ADMIN_PORT}#g" \
-      -e "s#\${OPS_PORT}#${OPS_PORT}#g" -e "s#\${PAYSIM_PORT}#${PAYSIM_PORT}#g" \
+      -e "s#\${OPS_PORT}#${OPS_PORT}#g" \
       -e "s#127.0.0.1:${CORE_PORT}#${CORE_HOST}:${CORE_PORT}#g" \
       -e "s#127.0.0.1:${ADMIN_PORT}#${CORE_HOST}:${ADMIN_PORT}#g" \
-      -e "s#127.0.0.1:${PAYSIM_PORT}#${PAYSIM_HOST}:${PAYSIM_PORT}#g" \
       -e "s#host = \"127.0.0.1\"#host = \"${redis_ip}\"#" \
       -e "s#listen 127.0.0.1:#listen 0.0.0.0:#g" \
       -e "s#\${STAMPEDE_ROOT}/lua/edge#/run/stampede/lua#g" \

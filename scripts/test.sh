@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make test`: formatting, lints, unit tests, then the end-to-end tests against a
-# disposable stack of their own (.stack-test/, ports below), which never touches a
-# running demo. The test stack is stopped and removed on the way out, pass or fail.
+# `make test`: the fresh-machine checks (scripts/check.sh), formatting, lints, unit tests,
+# then the end-to-end tests against a disposable stack of their own (.stack-test/, ports
+# below), which never touches a running demo. The test stack is stopped and removed on
+# the way out, pass or fail.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -12,6 +13,8 @@ export NAMESRV_PORT=19876 BROKER_PORT=20911 OPS_PORT=18082 PAYSIM_PORT=18092 COR
 
 step() { printf '\n==> %s\n' "$*"; }
 
+step "fresh-machine checks: shellcheck, install --dry-run, docker-compose.yml (scripts/check.sh)"
+scripts/check.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy (warnings denied)"

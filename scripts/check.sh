@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# `make test`'s first step, and `make check`: what a fresh machine must get right, checked
+# in seconds without building or starting anything (the first run also makes a venv).
+#
+#   shell scripts   shellcheck over every one; a warning is fixed, or disabled on its
+#                   line with the reason
+#   install         `scripts/stack.sh install --dry-run` on a machine with nothing installed
+#                   (empty HOME and CARGO_HOME, cargo on PATH or not) plans the RocketMQ
+#                   build and the missing Debian packages, exits 0 and changes nothing; a
+#                   bad option and a failing step say so, never a silent exit
+#   compose         docker-compose.yml is valid by the Compose specification's JSON schema,
+#                   and agrees with the local stack and config/stampede.toml
+#                   (scripts/check_compose.py)
+#
+# The validator comes pinned from PyPI (scripts/check-requirements.txt, with hashes) in
+# target/venv-check, made again only when the pins change.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+VENV=$ROOT/target/venv-check
+REQUIREMENTS=scripts/check-requirements.txt
+
+ok() { printf '  ok: %s\n' "$*"; }
+fail() { printf 'check: %s\n' "$*" >&2; exit 1; }
+
+# apt_install PACKAGE...: as scripts/test.sh installs Chromium (apt-get, as root).
+apt_install() {
+  [ "$(id -u)" = 0 ] || fail "these checks need the Debian package(s) $* (apt-get install, as root)"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# ---------------------------------------------------------------- shell scripts
+# Every file with an sh or bash #! line, or named *.sh, outside build output and stack state.
+shell_scripts() {
+  find . \( -name .git -o -name target -o -name node_modules -o -name '.stack*' \) -prune \
+    -o -type f -print0 |
+    xargs -0 -r awk 'FNR == 1 { if (/^#!.*[\/ ](ba|da)?sh([ \t]|$)/ || FILENAME ~ /\.sh$/) print FILENAME; nextfile }' |
+    sed 's#^\./##' | sort
+}
+
+check_shell_scripts() {
+  command -v shellcheck >/dev/null || apt_install shellcheck
+  local scripts
+  mapfile -t scripts < <(shell_scripts)
+  [ ${#scripts[@]} -gt 0 ] || fail "found no shell script (run from the repository)"
+  shellcheck "${scripts[@]}" ||
+    fail "shellcheck: fix each warning above, or disable it on its line: # shellcheck disable=SCxxxx # why"
+  ok "shellcheck, no warning: ${scripts[*]}"
+}
+
+# ---------------------------------------------------------------- install
+# A machine that never built anything: HOME (so ~/.cargo and ~/.cache) and CARGO_HOME
+# empty, the stack's state dir not made yet. The Rust toolchain stays reachable: rustup's
+# cargo finds its toolchains through RUSTUP_HOME, whose default is under the real HOME.
+# Every run goes through guards first on PATH: apt-get fails (exit 100) and cargo does
+# nothing but list (anything else exits 101), so a broken dry run or option check can
+# neither install nor build.
+fresh=$(mktemp -d)
+trap 'rm -rf "$fresh"' EXIT
+GUARD=$fresh/guard GUARD_CARGO=$fresh/guard-cargo
+on_fresh_machine() {
+  env -u ROCKETMQ_BUILD_DIR -u STACK_APT_PACKAGES HOME="$fresh/home" CARGO_HOME="$fresh/cargo" \
+    RUSTUP_HOME="${RUSTUP_HOME:-$HOME/.rustup}" STACK_DIR="$fresh/stack" \
+    PATH="$GUARD:$GUARD_CARGO:$PATH" "$@"
+}
+make_guards() {
+  mkdir -p "$GUARD" "$GUARD_CARGO"
+  printf '#!/bin/sh\necho "check.sh: apt-get refused" >&2\nexit 100\n' >"$GUARD/apt-get"
+  local cargo
+  if cargo=$(command -v cargo); then
+    cat >"$GUARD_CARGO/cargo" <<EOS
+#!/bin/sh
+[ "\$1 \$2" = "install --list" ] && exec $cargo "\$@"
+echo "check.sh: cargo \$* refused" >&2
+exit 101
+EOS
+    chmod +x "$GUARD_CARGO/cargo"
+  fi
+  chmod +x "$GUARD/apt-get"
+}
+# Everything under the fresh machine's dirs, with sizes and times: the dry runs' footprint.
+footprint() { find "$fresh" -printf '%y %p %s %T@\n' | sort; }
+
+# dry_run WHAT [VAR=VALUE...]: `install --dry-run` with those settings must exit 0; its
+# output is left in $plan.
+dry_run() {
+  local what=$1
+  shift
+  plan=$(on_fresh_machine env "$@" scripts/stack.sh install --dry-run 2>&1) ||
+    fail "install --dry-run failed ($what), exit $?:"$'\n'"$plan"
+}
+plans_rocketmq_build() {
+  grep -qE 'cargo install: .*rocketmq-namesrv@.*rocketmq-broker@' <<<"$plan" ||
+    fail "install --dry-run ($1) does not plan to cargo install rocketmq-namesrv and rocketmq-broker:"$'\n'"$plan"
+}
+
+# PATH with the apt-get guard but without cargo; fails when cargo shares a directory with the
+# system's tools (Debian's cargo in /usr/bin), which the stack cannot do without.
+path_without_cargo() {
+  local dirs dir path=$GUARD
+  IFS=: read -ra dirs <<<"$PATH"
+  for dir in "${dirs[@]}"; do
+    if [ ! -x "$dir/cargo" ]; then
+      path+=:$dir
+    elif [ -x "$dir/dpkg-query" ]; then
+      return 1
+    fi
+  done
+  printf '%s' "$path"
+}
+
+check_install() {
+  make_guards
+  mkdir -p "$fresh/home" "$fresh/cargo" "$fresh/cargo-other/bin" "$fresh/root"
+  # RocketMQ binaries cargo's list does not know (another version, copied in): no match
+  # in the list must be an answer, not a failure (the silent exit of issue 11).
+  : >"$fresh/cargo-other/.crates.toml"
+  : >"$fresh/cargo-other/.crates2.json"
+  printf '#!/bin/sh\n' >"$fresh/cargo-other/bin/rocketmq-namesrv-rust"
+  printf '#!/bin/sh\n' >"$fresh/cargo-other/bin/rocketmq-broker-rust"
+  # For the failing step: `id -u` says root, so that the install goes as far as apt-get.
+  # shellcheck disable=SC2016 # $1 and $@ are the fake id's own, expanded when it runs
+  printf '#!/bin/sh\n[ "$1" = -u ] && exec echo 0\nexec %s "$@"\n' "$(command -v id)" >"$fresh/root/id"
+  chmod +x "$fresh/cargo-other/bin"/* "$fresh/root/id"
+  local before no_cargo_path absent=stampede-check-no-such-package
+  before=$(footprint)
+
+  dry_run "empty CARGO_HOME and HOME"
+  plans_rocketmq_build "empty CARGO_HOME and HOME"
+  ok "install --dry-run, empty CARGO_HOME and HOME: plans the RocketMQ build, exit 0"
+
+  dry_run "binaries cargo's list does not know" CARGO_HOME="$fresh/cargo-other"
+  plans_rocketmq_build "binaries cargo's list does not know"
+  ok "install --dry-run, RocketMQ binaries cargo's list does not know: plans the build, exit 0"
+
+  if no_cargo_path=$(path_without_cargo); then
+    dry_run "cargo not on PATH" PATH="$no_cargo_path"
+    plans_rocketmq_build "cargo not on PATH"
+    ok "install --dry-run, cargo not on PATH: plans the RocketMQ build, exit 0"
+  else
+    ok "install --dry-run, cargo not on PATH: skipped (cargo shares a directory with dpkg-query)"
+  fi
+
+  dry_run "a Debian package not installed" STACK_APT_PACKAGES="bash $absent"
+  grep -qE "apt-get install: $absent\$" <<<"$plan" ||
+    fail "install --dry-run does not list exactly the missing Debian package $absent (bash is installed):"$'\n'"$plan"
+  ok "install --dry-run lists the one Debian package not installed, exit 0"
+
+  [ "$(footprint)" = "$before" ] ||
+    fail "install --dry-run changed files:"$'\n'"$(diff <(printf '%s\n' "$before") <(footprint) || true)"
+  ok "install --dry-run changed nothing (HOME, CARGO_HOME, state dir)"
+
+  local out status=0
+  out=$(on_fresh_machine scripts/stack.sh install --bogus 2>&1) || status=$?
+  if [ "$status" -eq 0 ] || ! grep -q -- --bogus <<<"$out"; then
+    fail "install --bogus: wanted an error naming the option, got exit $status:"$'\n'"$out"
+  fi
+  ok "install --bogus: exit $status, $out"
+
+  # A step that fails: the ERR trap names the step, the exit status and the line of the
+  # command, and that line holds the command.
+  status=0
+  out=$(on_fresh_machine env PATH="$fresh/root:$GUARD:$GUARD_CARGO:$PATH" STACK_APT_PACKAGES=$absent \
+    scripts/stack.sh install 2>&1) || status=$?
+  local re='stack: failed while "[^"]+" \(exit ([0-9]+), scripts/stack.sh line ([0-9]+): ([^ )]+)'
+  if ! [[ $out =~ $re ]] || [ "${BASH_REMATCH[1]}" != "$status" ] ||
+    ! sed -n "${BASH_REMATCH[2]}p" scripts/stack.sh | grep -qF -- "${BASH_REMATCH[3]}"; then
+    fail "a failing install step (apt-get exits 100) must be named by the ERR trap:"$'\n'"  stack: failed while \"<step>\" (exit $status, scripts/stack.sh line <n>: <the command on line n>)"$'\n'"got exit $status:"$'\n'"$out"
+  fi
+  ok "a failing install step is named: ${out##*$'\n'}"
+}
+
+# ---------------------------------------------------------------- compose
+venv() {
+  if cmp -s "$REQUIREMENTS" "$VENV/requirements.txt" && "$VENV/bin/python" -c '' 2>/dev/null; then
+    return 0
+  fi
+  python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    fail "python3 is $(python3 -V 2>&1); the checks need 3.11 or later (tomllib)"
+  echo "  making $VENV from $REQUIREMENTS"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --require-hashes -r "$REQUIREMENTS"
+  cp "$REQUIREMENTS" "$VENV/requirements.txt"
+}
+
+check_compose() {
+  venv
+  local out
+  out=$("$VENV/bin/check-jsonschema" --builtin-schema vendor.compose-spec docker-compose.yml 2>&1) ||
+    fail "docker-compose.yml does not follow the Compose specification:"$'\n'"$out"
+  ok "docker-compose.yml follows the Compose specification's schema (check-jsonschema's vendor.compose-spec)"
+  "$VENV/bin/python" scripts/check_compose.py >/dev/null ||
+    fail "docker-compose.yml disagrees with the local stack (above); fix whichever side is wrong"
+  ok "docker-compose.yml agrees with scripts/stack.sh and config/stampede.toml: ports, environment keys, health checks"
+}
+
+check_shell_scripts
+check_install
+check_compose
+echo "  all checks passed in ${SECONDS}s"
