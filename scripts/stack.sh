@@ -3,16 +3,25 @@
 # server and broker, the Stampede core, and the nginx + Lua edge.
 #
 #   scripts/stack.sh install          install what is missing (apt-get, cargo install)
+#   scripts/stack.sh install --dry-run   print what `install` would install and build; change nothing
 #   scripts/stack.sh up [PART...]     install, then start what is not running
 #   scripts/stack.sh down [PART...]   stop what `up` started (pid files), newest first
 #   scripts/stack.sh status           every part with its port, pid and health
+#   scripts/stack.sh rotate-token-secret   a new user-token secret; the previous stays valid
 #
 # Parts: redis mysql namesrv broker core paysim edge. Idempotent: `up` twice changes nothing,
 # and a part already answering on its port is reused. A port held by something else is
 # an error naming the port. State (data, logs, pids, generated secrets) lives under
 # $STACK_DIR (default .stack/). Every setting below can be overridden from the
 # environment; the test harness runs a second stack with its own dir and ports.
-set -euo pipefail
+set -Eeuo pipefail
+# Never a silent exit: a failing command names the step it was part of and its line.
+step="read the settings"
+on_err() {
+  [ "$BASH_SUBSHELL" -eq 0 ] || return 0 # reported once, by the shell that runs the step
+  printf 'stack: failed while "%s" (exit %s, scripts/stack.sh line %s: %s)\n' "$step" "$1" "$2" "$3" >&2
+}
+trap 'on_err $? $LINENO "$BASH_COMMAND"' ERR
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STACK_DIR=${STACK_DIR:-$ROOT/.stack}
@@ -35,13 +44,15 @@ MYSQL_USER=${MYSQL_USER:-stampede}
 BROKER_HEALTH_PORT=$((BROKER_PORT + 3))
 
 ROCKETMQ_VERSION=1.0.0
-APT_PACKAGES="redis-server mariadb-server mariadb-client nginx libnginx-mod-http-lua lua-resty-core lua-nginx-redis lua-cjson curl openssl python3"
+# STACK_APT_PACKAGES replaces the list (scripts/check.sh adds one no machine has).
+APT_PACKAGES=${STACK_APT_PACKAGES:-redis-server mariadb-server mariadb-client nginx libnginx-mod-http-lua lua-resty-core lua-nginx-redis lua-cjson curl openssl python3}
 # cargo install keeps its build here, so a second install or upgrade reuses it.
 ROCKETMQ_BUILD_DIR=${ROCKETMQ_BUILD_DIR:-$HOME/.cache/stampede/rocketmq-target}
 CARGO_BIN=${CARGO_HOME:-$HOME/.cargo}/bin
 # The core is built with this cargo profile (the tests use dev, like their own build).
 CORE_PROFILE=${CORE_PROFILE:-release}
 CORE_BIN=$ROOT/target/$([ "$CORE_PROFILE" = dev ] && echo debug || echo "$CORE_PROFILE")/stampede
+PAYSIM_BIN=$(dirname "$CORE_BIN")/stampede-paysim
 
 PIDS=$STACK_DIR/pids
 LOGS=$STACK_DIR/logs
@@ -52,7 +63,7 @@ die() { printf 'stack: %s\n' "$*" >&2; exit 1; }
 # ---------------------------------------------------------------- helpers
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-pid_of() { [ -f "$PIDS/$1.pid" ] && cat "$PIDS/$1.pid" || true; }
+pid_of() { cat "$PIDS/$1.pid" 2>/dev/null || true; } # no pid file: nothing
 
 alive() { local pid; pid=$(pid_of "$1"); [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
 
@@ -86,26 +97,58 @@ secret_file() { # secret_file NAME: generated once, then reused.
 }
 
 # ---------------------------------------------------------------- install
-install() {
-  local missing=()
+# What a fresh machine lacks, decided without changing anything: the Debian packages not
+# installed, and whether the RocketMQ binaries must be built. `install --dry-run` prints it.
+missing_packages() {
+  local p
   for p in $APT_PACKAGES; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || printf '%s\n' "$p"
   done
-  if [ ${#missing[@]} -gt 0 ]; then
-    say "installing Debian packages: ${missing[*]}"
-    [ "$(id -u)" = 0 ] || die "installing packages needs root (apt-get): ${missing[*]}"
+  return 0
+}
+rocketmq_missing() { # 0 = the name server or the broker must be built
+  local b
+  for b in rocketmq-namesrv-rust rocketmq-broker-rust; do
+    [ -x "$CARGO_BIN/$b" ] || return 0
+  done
+  # Binaries from another version count as missing. `cargo install --list` prints nothing
+  # at all on a machine that never installed a crate: no match is an answer, not a failure.
+  local listed
+  listed=$(cargo install --list 2>/dev/null || true)
+  [ "$(grep -cE "^rocketmq-(namesrv|broker) v$ROCKETMQ_VERSION:" <<<"$listed" || true)" -lt 2 ]
+}
+install() {
+  local dry=${1:-} missing
+  missing=$(missing_packages | tr '\n' ' ')
+  missing=${missing% }
+  if [ "$dry" = --dry-run ]; then
+    say "install plan (--dry-run: nothing is changed)"
+    if [ -n "$missing" ]; then say "  apt-get install: $missing"; else say "  apt-get: nothing to install"; fi
+    if rocketmq_missing; then
+      say "  cargo install: rocketmq-namesrv@$ROCKETMQ_VERSION rocketmq-broker@$ROCKETMQ_VERSION into $CARGO_BIN (build kept in $ROCKETMQ_BUILD_DIR)"
+    else
+      say "  cargo install: nothing to build (RocketMQ $ROCKETMQ_VERSION in $CARGO_BIN)"
+    fi
+    command -v cargo >/dev/null 2>&1 || say "  note: cargo is not on PATH; install a Rust toolchain first"
+    return 0
+  fi
+  if [ -n "$missing" ]; then
+    step="apt-get install $missing"
+    say "installing Debian packages: $missing"
+    [ "$(id -u)" = 0 ] || die "installing packages needs root (apt-get): $missing"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # shellcheck disable=SC2086 # one word per package
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
   fi
-  local have
-  have=$(cargo install --list 2>/dev/null | grep -E "^rocketmq-(namesrv|broker) v$ROCKETMQ_VERSION:" | wc -l)
-  if [ "$have" -lt 2 ] || [ ! -x "$CARGO_BIN/rocketmq-broker-rust" ]; then
+  if rocketmq_missing; then
+    step="cargo install rocketmq $ROCKETMQ_VERSION"
     say "building the RocketMQ name server and broker $ROCKETMQ_VERSION (cargo install, ~16 min on 2 cores the first time)"
     mkdir -p "$ROCKETMQ_BUILD_DIR"
     CARGO_TARGET_DIR=$ROCKETMQ_BUILD_DIR cargo install --locked --quiet \
       "rocketmq-namesrv@$ROCKETMQ_VERSION" "rocketmq-broker@$ROCKETMQ_VERSION"
   fi
+  step=install
 }
 
 build_core() {
@@ -224,6 +267,7 @@ core_env() {
   export STAMPEDE_AUTH__ADMIN_TOKEN_FILE=$STACK_DIR/admin.token
   export STAMPEDE_AUTH__TOKEN_SECRET_FILE=$STACK_DIR/token.secret
   export STAMPEDE_PAYMENTS__PROVIDER_SECRET_FILE=$STACK_DIR/provider.secret
+  export STAMPEDE_PAYMENTS__PROVIDER_PAGE_URL=http://127.0.0.1:$PAYSIM_PORT/paysim/pay
 }
 health_core() { curl -fsS -m 1 "http://127.0.0.1:$ADMIN_PORT/healthz" >/dev/null 2>&1; }
 start_core() {
@@ -243,17 +287,19 @@ start_core() {
 }
 
 # ---------------------------------------------------------------- paysim
+# The payment provider, simulated (stampede-paysim): a tool of its own on a loopback
+# port, never behind the edge — it signs a payment for any order it is asked to.
 health_paysim() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$PAYSIM_PORT/paysim/health" 2>/dev/null)" = ok ]; }
 start_paysim() {
   secret_file provider.secret >/dev/null
   before_start paysim "$PAYSIM_PORT" PAYSIM_PORT || return 0
-  build_core
-  nohup "$CORE_BIN" pay-sim-serve --listen "127.0.0.1:$PAYSIM_PORT" \
-    --secret-file "$STACK_DIR/provider.secret" \
+  (cd "$ROOT" && cargo build --profile "$CORE_PROFILE" --quiet -p stampede-paysim)
+  nohup "$PAYSIM_BIN" serve --listen "127.0.0.1:$PAYSIM_PORT" \
+    --secret-file "$STACK_DIR/provider.secret" --app-origin "http://127.0.0.1:$EDGE_PORT" \
     --callback-url "http://127.0.0.1:$EDGE_PORT/api/payments/callback" >>"$LOGS/paysim.log" 2>&1 &
   echo $! >"$PIDS/paysim.pid"
   wait_for paysim 20 || die "the payment simulator did not come up; see $LOGS/paysim.log"
-  say "  paysim: started on 127.0.0.1:$PAYSIM_PORT (the provider's page, /paysim/pay)"
+  say "  paysim: started on 127.0.0.1:$PAYSIM_PORT (the provider's page, /paysim/pay; loopback only)"
 }
 
 # ---------------------------------------------------------------- edge
@@ -265,11 +311,11 @@ render_edge_conf() { # every file of openresty/conf/, ports and paths filled in 
   for f in "$ROOT"/openresty/conf/*; do
     sed -e "s#\${EDGE_PORT}#$EDGE_PORT#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
       -e "s#\${REDIS_PORT}#$REDIS_PORT#g" -e "s#\${STAMPEDE_ROOT}#$ROOT#g" \
-      -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$OPS_PORT#g" \
-      -e "s#\${PAYSIM_PORT}#$PAYSIM_PORT#g" "$f" >"$1/$(basename "$f")"
+      -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$OPS_PORT#g" "$f" >"$1/$(basename "$f")"
   done
-  # Not read by nginx: makes an edited Lua module count as a changed conf (a reload).
-  cat "$ROOT"/lua/edge/stampede/*.lua | sha256sum >"$1/lua.sha256"
+  # Not read by nginx: makes an edited Lua module, or a rotated token secret, count
+  # as a changed conf (a reload).
+  cat "$ROOT"/lua/edge/stampede/*.lua "$STACK_DIR/token.secret" | sha256sum >"$1/lua.sha256"
 }
 start_edge() {
   if alive edge && health_edge; then
@@ -280,7 +326,7 @@ start_edge() {
       rm -rf "$EDGE_PREFIX/conf.new"
       say "  edge: already running on 127.0.0.1:$EDGE_PORT"
     else
-      STAMPEDE_TOKEN_SECRET=x nginx -p "$EDGE_PREFIX/" -c conf.new/nginx.conf -t -q \
+      STAMPEDE_TOKEN_SECRET_FILE=$STACK_DIR/token.secret nginx -p "$EDGE_PREFIX/" -c conf.new/nginx.conf -t -q \
         || die "nginx rejected openresty/conf/nginx.conf"
       rm -rf "$EDGE_PREFIX/conf.old" && mv "$EDGE_PREFIX/conf" "$EDGE_PREFIX/conf.old"
       mv "$EDGE_PREFIX/conf.new" "$EDGE_PREFIX/conf" && rm -rf "$EDGE_PREFIX/conf.old"
@@ -295,13 +341,24 @@ start_edge() {
   chmod 0777 "$EDGE_PREFIX/temp" # workers run as nobody and buffer request bodies here
   rm -rf "$EDGE_PREFIX/conf"
   render_edge_conf "$EDGE_PREFIX/conf"
-  export STAMPEDE_TOKEN_SECRET
-  STAMPEDE_TOKEN_SECRET=$(cat "$STACK_DIR/token.secret")
+  # The master reads the keyring at start and at every reload (a rotation).
+  export STAMPEDE_TOKEN_SECRET_FILE=$STACK_DIR/token.secret
   nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf -t -q || die "nginx rejected openresty/conf/nginx.conf"
   nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf
   wait_for edge 20 || die "the edge did not come up; see $EDGE_PREFIX/logs/error.log"
   cp "$EDGE_PREFIX/logs/nginx.pid" "$PIDS/edge.pid"
   say "  edge: started on 127.0.0.1:$EDGE_PORT (ops dashboard on 127.0.0.1:$OPS_PORT)"
+}
+
+# ---------------------------------------------------------------- secrets
+# A new token secret, the previous one still accepted: the core re-reads the keyring
+# within a second, the edge on a graceful reload; nobody is logged out.
+rotate_token_secret() {
+  build_core
+  (core_env && "$CORE_BIN" rotate-token-secret)
+  if alive edge; then
+    start_edge # the keyring changed: a graceful reload
+  fi
 }
 
 # ---------------------------------------------------------------- stop, status
@@ -359,19 +416,34 @@ status() {
 cmd=${1:-status}
 shift || true
 parts=${*:-$PARTS_DEFAULT}
-mkdir -p "$PIDS" "$LOGS"
 case $cmd in
-  install) install ;;
+  install)
+    case ${1:-} in
+      "" | --dry-run) install "${1:-}" ;;
+      *) die "unknown option $1 to install (only --dry-run)" ;;
+    esac
+    ;;
   up)
     install
+    mkdir -p "$PIDS" "$LOGS"
     say "starting the stack (state in $STACK_DIR)"
-    for part in $parts; do "start_$part"; done
+    for part in $parts; do
+      step="start $part"
+      "start_$part"
+    done
     ;;
   down)
     say "stopping the stack (state in $STACK_DIR)"
-    for part in $(printf '%s\n' $parts | tac); do stop_part "$part"; done
+    for part in $(tr -s ' ' '\n' <<<"$parts" | tac); do
+      step="stop $part"
+      stop_part "$part"
+    done
     ;;
   status) status ;;
+  rotate-token-secret)
+    step="rotate the token secret"
+    rotate_token_secret
+    ;;
   env) core_env && env | grep '^STAMPEDE_' ;;
-  *) die "unknown command $cmd (install, up, down, status, env)" ;;
+  *) die "unknown command $cmd (install, up, down, status, rotate-token-secret, env)" ;;
 esac

@@ -10,6 +10,7 @@ import { chromium } from "playwright-core";
 const env = process.env;
 const EDGE = `http://127.0.0.1:${env.EDGE_PORT || 8080}`;
 const OPS = `http://127.0.0.1:${env.OPS_PORT || 8082}`;
+const PAYSIM = `http://127.0.0.1:${env.PAYSIM_PORT || 8090}`;
 const ADMIN = `http://127.0.0.1:${env.ADMIN_PORT || 9091}`;
 const STACK_DIR = env.STACK_DIR || ".stack";
 const ADMIN_TOKEN = readFileSync(join(STACK_DIR, "admin.token"), "utf8").trim();
@@ -114,6 +115,8 @@ test("a buyer waits for the open, picks seats, is queued then created, pays; ano
   // Pay through the provider simulator's page, and come back paid.
   await page.click('[data-testid="pay"]');
   await page.waitForURL(/\/paysim\/pay\?/);
+  // The provider's page is the simulator's own origin, never the edge's.
+  assert.ok(page.url().startsWith(`${PAYSIM}/paysim/pay?`), page.url());
   await shot(page, "05-provider-page");
   await page.click('button[value="pay"]');
   await page.waitForSelector('[data-testid="order-status"]:has-text("PAID")', { timeout: 15_000 });

@@ -8,10 +8,12 @@ use std::time::Duration;
 use anyhow::Context;
 use mysql_async::Pool;
 use redis::aio::ConnectionManager;
+use secrecy::ExposeSecret;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use crate::admission::throttle::Throttle;
+use crate::auth::login::LoginGuard;
 use crate::auth::token::TokenSigner;
 use crate::catalog::EventCache;
 use crate::config::Resolved;
@@ -39,6 +41,8 @@ pub struct AppState {
     pub mysql: Pool,
     pub keys: Keys,
     pub tokens: TokenSigner,
+    /// Failed logins per account, and the bound on password checks at once.
+    pub login: LoginGuard,
     pub preloader: Preloader,
     /// Compares Redis with MySQL and heals drift (periodic job and admin endpoint).
     pub reconciler: Reconciler,
@@ -169,7 +173,9 @@ impl App {
         let preloader = Preloader::new(redis.clone(), mysql.clone(), keys.clone(), s);
         let reconciler = Reconciler::new(preloader.clone(), s, &metrics);
         let state = Arc::new(AppState {
-            tokens: TokenSigner::new(config.token_secret.clone()),
+            tokens: TokenSigner::from_text(config.token_secret.expose_secret())
+                .expect("the keyring was checked when the configuration was resolved"),
+            login: LoginGuard::new(&s.login),
             config,
             redis,
             mysql,
@@ -269,6 +275,21 @@ impl App {
                 ));
             }
         }
+        let keyring = state
+            .config
+            .settings
+            .auth
+            .token_secret_file
+            .clone()
+            .filter(|_| state.config.settings.auth.token_secret.is_none());
+        let keyring =
+            keyring.map(|path| tokio::spawn(watch_keyring(state.clone(), path, stop.subscribe())));
+        let srv = &state.config.settings.server;
+        let limits = server::Limits {
+            max_connections: srv.max_connections,
+            read_timeout: Duration::from_millis(srv.read_timeout_ms),
+            request_timeout: Duration::from_millis(srv.request_timeout_ms),
+        };
         tracing::info!(
             public = %public.local_addr()?, admin = %admin.local_addr()?, "stampede core serving"
         );
@@ -278,16 +299,21 @@ impl App {
                 public,
                 Arc::new(Public(state.clone())),
                 stop.subscribe(),
-                grace
+                grace,
+                limits,
             ),
             server::serve(
                 "admin",
                 admin,
                 Arc::new(Admin(state.clone())),
                 stop.subscribe(),
-                grace
+                grace,
+                limits,
             ),
         );
+        if let Some(keyring) = keyring {
+            keyring.await.context("the keyring watcher panicked")?;
+        }
         scheduler.await.context("the preload scheduler panicked")?;
         if let Some(reconciler) = reconciler {
             reconciler.await.context("the reconciler panicked")?;
@@ -308,6 +334,34 @@ impl App {
             .context("Failed to close the MySQL pool")?;
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// Re-reads the token keyring file every second: `stampede rotate-token-secret` takes
+/// effect without a restart, and tokens of the previous secret stay valid.
+async fn watch_keyring(
+    state: Arc<AppState>,
+    path: std::path::PathBuf,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => match state.tokens.reload_from(&path) {
+                Ok(Some(ids)) => {
+                    failing = false;
+                    tracing::info!(key_ids = ?ids, "token keyring reloaded: the first signs, all verify");
+                }
+                Ok(None) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(path = %path.display(), error = format!("{e:#}"), "token keyring not reloaded; keeping the keys in force");
+                }
+                Err(_) => {}
+            },
+            _ = stopped(&mut stop) => return,
+        }
     }
 }
 

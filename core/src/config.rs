@@ -23,6 +23,7 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub payments: PaymentSettings,
     pub admission: AdmissionSettings,
+    pub login: LoginSettings,
     pub orders: OrderSettings,
     pub ids: IdSettings,
     pub startup: StartupSettings,
@@ -42,6 +43,12 @@ pub struct ServerSettings {
     pub shutdown_grace_s: u64,
     /// Cap on request bodies, so a client cannot make the core buffer megabytes.
     pub max_body_bytes: usize,
+    /// Open connections per listener; more wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's headers, then its body.
+    pub read_timeout_ms: u64,
+    /// Longest a request may take from its headers to its answer (503 beyond).
+    pub request_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -86,6 +93,24 @@ pub struct AuthSettings {
 pub struct PaymentSettings {
     pub provider_secret: Option<SecretString>,
     pub provider_secret_file: Option<PathBuf>,
+    /// The provider's payment page the buyer app sends a buyer to (`POST /api/orders/{no}/pay`
+    /// answers it as `provider.page`); none: the app has nowhere to send them.
+    pub provider_page_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoginSettings {
+    /// Failed logins in a row an account may have before each next one must wait.
+    pub free_failures: u32,
+    /// The first wait; it doubles with every further failure, up to `max_delay_s`.
+    pub base_delay_ms: u64,
+    pub max_delay_s: u64,
+    /// An account's failures are forgotten this long after its last one (or on success).
+    pub failure_window_s: u64,
+    /// Password checks (Argon2, ~20 ms of CPU and 19 MiB each) running at once; more
+    /// answer 503 with Retry-After instead of queueing without bound.
+    pub max_concurrent_checks: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -311,6 +336,8 @@ impl Settings {
             16,
         )?
         .ok_or_else(|| ConfigError("set auth.token_secret or auth.token_secret_file".into()))?;
+        crate::auth::token::Keyring::parse(token_secret.expose_secret())
+            .map_err(|e| ConfigError(format!("auth.token_secret: {e}")))?;
         let provider_secret = secret(
             "payments.provider_secret",
             self.payments.provider_secret.as_ref(),

@@ -88,6 +88,13 @@ impl Keys {
         format!("{}edge:limits", self.prefix)
     }
 
+    /// Hash `n` (failed logins in a row), `until_ms` (no attempt before): one account's
+    /// failed logins, by username (hex, so any name makes a plain key).
+    pub fn login_failures(&self, username: &str) -> String {
+        let hex: String = username.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("{}login:fail:{hex}", self.prefix)
+    }
+
     /// Hash: event id → `status:sale_start_ms:sale_end_ms`, read by the edge's refresh
     /// timer. Not on the admission path, so it needs no hash tag.
     pub fn sales_index(&self) -> String {

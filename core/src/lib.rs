@@ -18,7 +18,6 @@ pub mod lifecycle;
 pub mod lock;
 pub mod metrics;
 pub mod orders;
-pub mod paysim;
 pub mod preload;
 pub mod public;
 pub mod reconcile;

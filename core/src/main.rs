@@ -42,39 +42,13 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Serve the payment provider's page for the browser app (`/paysim/pay`): the buyer
-    /// pays or declines there; a payment is signed and posted as the provider's callback.
-    PaySimServe {
-        #[arg(long, default_value = "127.0.0.1:8090")]
-        listen: std::net::SocketAddr,
-        /// File holding the provider's signing secret (e.g. .stack/provider.secret).
-        #[arg(long)]
-        secret_file: PathBuf,
-        /// e.g. http://127.0.0.1:8080/api/payments/callback
-        #[arg(long)]
-        callback_url: String,
-    },
-    /// Play the payment provider: sign and post a payment callback.
-    PaySim {
-        /// The callback URL, e.g. http://127.0.0.1:8080/api/payments/callback
-        #[arg(long)]
-        url: String,
-        /// File holding the provider's signing secret (e.g. .stack/provider.secret).
-        #[arg(long)]
-        secret_file: PathBuf,
-        #[arg(long)]
-        order_no: String,
-        #[arg(long)]
-        amount_cents: u64,
-        /// The provider's transaction id (default: one made up per run).
-        #[arg(long)]
-        txn_id: Option<String>,
-        /// Post the same callback this many times (a provider retrying).
-        #[arg(long, default_value_t = 1)]
-        times: u32,
-        /// Wait this long first (a late payment).
-        #[arg(long, default_value_t = 0)]
-        after_s: u64,
+    /// Rotate the user-token secret in auth.token_secret_file: a new secret signs from
+    /// now on, the one it replaces still verifies (no one is logged out), any older one
+    /// is dropped. A running core picks it up within a second; reload the edge
+    /// (`scripts/stack.sh rotate-token-secret` does both).
+    RotateTokenSecret {
+        #[arg(long, env = "STAMPEDE_CONFIG")]
+        config: Option<PathBuf>,
     },
 }
 
@@ -82,62 +56,10 @@ enum Command {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let config = match cli.command {
-        Command::PaySim {
-            url,
-            secret_file,
-            order_no,
-            amount_cents,
-            txn_id,
-            times,
-            after_s,
-        } => {
-            let Ok(secret) = std::fs::read_to_string(&secret_file) else {
-                eprintln!("stampede: cannot read {}", secret_file.display());
-                return ExitCode::from(EX_CONFIG);
-            };
-            let sim = stampede_core::paysim::PaySim {
-                url,
-                secret,
-                order_no,
-                amount_cents,
-                provider_txn_id: txn_id.unwrap_or_else(|| format!("sim-{:016x}", rand_id())),
-                times,
-                after: std::time::Duration::from_secs(after_s),
-            };
-            return match stampede_core::paysim::run(sim).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("stampede: pay-sim: {e:#}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
-        Command::PaySimServe {
-            listen,
-            secret_file,
-            callback_url,
-        } => {
-            let Ok(secret) = std::fs::read_to_string(&secret_file) else {
-                eprintln!("stampede: cannot read {}", secret_file.display());
-                return ExitCode::from(EX_CONFIG);
-            };
-            telemetry::init(&Settings::defaults().log);
-            let server = stampede_core::paysim::PageServer {
-                listen,
-                secret,
-                callback_url,
-            };
-            return match stampede_core::paysim::serve(server).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("stampede: pay-sim-serve: {e:#}");
-                    ExitCode::from(EX_UNAVAILABLE)
-                }
-            };
-        }
         Command::Serve { ref config }
         | Command::CheckConfig { ref config }
-        | Command::Reconcile { ref config, .. } => config.clone(),
+        | Command::Reconcile { ref config, .. }
+        | Command::RotateTokenSecret { ref config } => config.clone(),
     };
     let resolved = match Settings::load(config.as_deref()).and_then(Settings::resolve) {
         Ok(r) => r,
@@ -149,6 +71,15 @@ async fn main() -> ExitCode {
     if let Command::CheckConfig { .. } = cli.command {
         println!("{resolved:#?}");
         return ExitCode::SUCCESS;
+    }
+    if let Command::RotateTokenSecret { .. } = cli.command {
+        return match rotate_token_secret(&resolved) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("stampede: rotate-token-secret: {e:#}");
+                ExitCode::from(EX_CONFIG)
+            }
+        };
     }
     telemetry::init(&resolved.settings.log);
     if let Command::Reconcile {
@@ -187,6 +118,45 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Rewrites the keyring file: a new current secret, the old current kept as previous.
+fn rotate_token_secret(config: &stampede_core::config::Resolved) -> anyhow::Result<()> {
+    use anyhow::{Context, bail};
+    use stampede_core::auth::token::{Keyring, rotated};
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let auth = &config.settings.auth;
+    let Some(path) = auth
+        .token_secret_file
+        .as_ref()
+        .filter(|_| auth.token_secret.is_none())
+    else {
+        bail!(
+            "the token secret is set inline (auth.token_secret); only a keyring file (auth.token_secret_file) can be rotated in place"
+        )
+    };
+    let current =
+        std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let next = rotated(&current).context("the keyring in force")?;
+    let tmp = path.with_extension("rotating");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("write {}", tmp.display()))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(next.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replace {}", path.display()))?;
+    let ids = Keyring::parse(&next)?.ids().join(", ");
+    println!(
+        "token keyring {}: key ids {ids} (the first signs; both verify)",
+        path.display()
+    );
+    Ok(())
 }
 
 /// One reconciliation pass, printed as a table; true when every gap is 0 afterwards.
@@ -249,14 +219,6 @@ async fn reconcile(
 
 fn opt(n: Option<i64>) -> String {
     n.map_or("-".to_owned(), |n| n.to_string())
-}
-
-/// A made-up provider transaction id's random part.
-fn rand_id() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 async fn wait_for_signal() {

@@ -361,8 +361,10 @@ async function orderView(no, query) {
     $("#pay").onclick = async () => {
       const p = await api("POST", `/api/orders/${no}/pay`);
       if (p.status !== 200) { $("#order-error").textContent = errorText(p); return; }
+      const page = p.body.provider && p.body.provider.page;
+      if (!page) { $("#order-error").textContent = "Payments are not set up here (no provider page configured)."; return; }
       const ret = `/#/order/${no}`;
-      location.href = `/paysim/pay?order_no=${encodeURIComponent(p.body.order_no)}&amount_cents=${p.body.amount_cents}&return=${encodeURIComponent(ret)}`;
+      location.href = `${page}?order_no=${encodeURIComponent(p.body.order_no)}&amount_cents=${p.body.amount_cents}&return=${encodeURIComponent(ret)}`;
     };
     $("#cancel").onclick = async () => {
       if (!confirm("Cancel this order and give the tickets back?")) return;

@@ -21,6 +21,12 @@ pub struct Stack {
     pub namesrv_port: u16,
     pub edge_port: u16,
     pub admin_port: u16,
+    /// The stack core's public port (behind the edge).
+    pub core_port: u16,
+    /// The edge's loopback-only ops server.
+    pub ops_port: u16,
+    /// The payment provider simulator (a tool, never behind the edge).
+    pub paysim_port: u16,
 }
 
 fn env_port(name: &str, default: u16) -> u16 {
@@ -46,6 +52,9 @@ impl Stack {
             namesrv_port: env_port("NAMESRV_PORT", 19876),
             edge_port: env_port("EDGE_PORT", 18080),
             admin_port: env_port("ADMIN_PORT", 19091),
+            core_port: env_port("CORE_PORT", 18081),
+            ops_port: env_port("OPS_PORT", 18082),
+            paysim_port: env_port("PAYSIM_PORT", 18092),
         }
     }
 
@@ -403,6 +412,11 @@ pub fn core_binary() -> PathBuf {
     std::env::var("STAMPEDE_BIN")
         .map(Into::into)
         .unwrap_or_else(|_| root().join("target/debug/stampede"))
+}
+
+/// The payment provider simulator (`cargo build -p stampede-paysim`, built by the stack).
+pub fn paysim_binary() -> PathBuf {
+    core_binary().with_file_name("stampede-paysim")
 }
 
 /// The `STAMPEDE_*` variables that configure a core process like `s`, listening on
@@ -838,4 +852,89 @@ pub fn small_sale(units: u32, rows: u32, cols: u32, per_user_limit: u32) -> Valu
             {"name": "Seated", "price_cents": 9000, "seats": {"rows": rows, "cols": cols}},
         ],
     })
+}
+
+/// An answer read off the wire: status, headers (names lower-cased), body.
+#[derive(Debug)]
+pub struct RawAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawAnswer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// One HTTP/1.1 request written byte for byte — the path exactly as given, which an
+/// HTTP client would normalise — to 127.0.0.1:`port`, and its answer.
+pub async fn raw_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> RawAnswer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut raw))
+        .await
+        .expect("an answer within 20 s")
+        .ok();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect::<Vec<_>>();
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    RawAnswer {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
 }

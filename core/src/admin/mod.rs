@@ -13,15 +13,85 @@ use secrecy::ExposeSecret;
 use crate::app::AppState;
 use crate::auth::constant_time_eq;
 use crate::health;
-use crate::http::{ApiError, Request, Response, bearer, path_id, segments, text};
+use crate::http::{ApiError, Request, Response, bearer, canonical_id, segments, text};
+
+/// Every endpoint of the admin port, each with its one spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Healthz,
+    Readyz,
+    Metrics,
+    Events,
+    Event(u64),
+    EventAction(u64, Action),
+    EventStats(u64),
+    Limits,
+    Users,
+    Tokens,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Publish,
+    Close,
+    Reopen,
+    Reconcile,
+}
+
+impl Endpoint {
+    /// The endpoint a path names, or `None` (404) for every other spelling.
+    fn of(path: &str) -> Option<Endpoint> {
+        use Endpoint::*;
+        let id = canonical_id;
+        Some(match segments(path)?.as_slice() {
+            ["healthz"] => Healthz,
+            ["readyz"] => Readyz,
+            ["metrics"] => Metrics,
+            ["admin", "events"] => Events,
+            ["admin", "events", e] => Event(id(e)?),
+            ["admin", "events", e, "stats"] => EventStats(id(e)?),
+            ["admin", "events", e, action] => {
+                let action = match *action {
+                    "publish" => Action::Publish,
+                    "close" => Action::Close,
+                    "reopen" => Action::Reopen,
+                    "reconcile" => Action::Reconcile,
+                    _ => return None,
+                };
+                EventAction(id(e)?, action)
+            }
+            ["admin", "limits"] => Limits,
+            ["admin", "users"] => Users,
+            ["admin", "tokens"] => Tokens,
+            _ => return None,
+        })
+    }
+
+    /// The methods the endpoint takes, as an `Allow` header lists them.
+    fn allow(self) -> &'static str {
+        use Endpoint::*;
+        match self {
+            Healthz | Readyz | Metrics | Event(_) | EventStats(_) => "GET",
+            Events => "GET, POST",
+            Limits => "GET, PUT",
+            EventAction(..) | Users | Tokens => "POST",
+        }
+    }
+}
 
 pub async fn route(state: &AppState, req: Request) -> Response {
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let segs = segments(&path);
-    match (&method, segs.as_slice()) {
-        (&Method::GET, ["healthz"]) => return health::healthz(),
-        (&Method::GET, ["readyz"]) => return health::readyz(state).await,
+    use Endpoint::*;
+    let path = req.uri().path();
+    let Some(endpoint) = Endpoint::of(path) else {
+        return not_found(path).into_response();
+    };
+    let allow = endpoint.allow();
+    if !allow.split(", ").any(|m| m == req.method().as_str()) {
+        return ApiError::MethodNotAllowed(allow).into_response();
+    }
+    match endpoint {
+        Healthz => return health::healthz(),
+        Readyz => return health::readyz(state).await,
         _ => {}
     }
     let authorized = bearer(&req).is_some_and(|t| {
@@ -34,41 +104,57 @@ pub async fn route(state: &AppState, req: Request) -> Response {
         return ApiError::Unauthorized("missing or wrong admin token".into()).into_response();
     }
     let limit = state.config.settings.server.max_body_bytes;
-    let outcome = match (&method, segs.as_slice()) {
-        (&Method::GET, ["metrics"]) => Ok(text(
+    let get = req.method() == Method::GET;
+    let outcome = match endpoint {
+        Metrics => Ok(text(
             StatusCode::OK,
             "text/plain; version=0.0.4",
             state.metrics.render(),
         )),
-        (&Method::POST, ["admin", "events"]) => events::create(state, req, limit).await,
-        (&Method::GET, ["admin", "events"]) => events::list(state).await,
-        (&Method::GET, ["admin", "events", id]) => match path_id(id) {
-            Ok(id) => events::get(state, id).await,
-            Err(e) => Err(e),
-        },
-        (&Method::POST, ["admin", "events", id, action]) => match path_id(id) {
-            Ok(id) => match *action {
-                "publish" => events::publish(state, id).await,
-                "close" => events::close(state, id).await,
-                "reopen" => events::reopen(state, id).await,
-                "reconcile" => stats::reconcile(state, id).await,
-                _ => Err(not_found(&path)),
-            },
-            Err(e) => Err(e),
-        },
-        (&Method::GET, ["admin", "events", id, "stats"]) => match path_id(id) {
-            Ok(id) => stats::event_stats(state, id).await,
-            Err(e) => Err(e),
-        },
-        (&Method::PUT, ["admin", "limits"]) => limits::put(state, req, limit).await,
-        (&Method::GET, ["admin", "limits"]) => limits::get(state).await,
-        (&Method::POST, ["admin", "users"]) => users::create(state, req, limit).await,
-        (&Method::POST, ["admin", "tokens"]) => tokens::issue(state, req, limit).await,
-        _ => Err(not_found(&path)),
+        Events if get => events::list(state).await,
+        Events => events::create(state, req, limit).await,
+        Event(id) => events::get(state, id).await,
+        EventAction(id, Action::Publish) => events::publish(state, id).await,
+        EventAction(id, Action::Close) => events::close(state, id).await,
+        EventAction(id, Action::Reopen) => events::reopen(state, id).await,
+        EventAction(id, Action::Reconcile) => stats::reconcile(state, id).await,
+        EventStats(id) => stats::event_stats(state, id).await,
+        Limits if get => limits::get(state).await,
+        Limits => limits::put(state, req, limit).await,
+        Users => users::create(state, req, limit).await,
+        Tokens => tokens::issue(state, req, limit).await,
+        Healthz | Readyz => unreachable!("answered above"),
     };
     outcome.unwrap_or_else(ApiError::into_response)
 }
 
 fn not_found(path: &str) -> ApiError {
     ApiError::NotFound(format!("no such endpoint: {path}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Action;
+    use super::Endpoint::{self, *};
+
+    #[test]
+    fn each_endpoint_has_one_spelling() {
+        assert_eq!(
+            Endpoint::of("/admin/events/3/publish"),
+            Some(EventAction(3, Action::Publish))
+        );
+        assert_eq!(Endpoint::of("/admin/events/3/stats"), Some(EventStats(3)));
+        for other in [
+            "/admin/events/",
+            "/admin//events",
+            "/admin/events/+3",
+            "/admin/events/03/publish",
+            "/admin/events/3/publish/",
+            "/admin/events/3/Publish",
+            "/metrics/",
+            "/admin/limits/",
+        ] {
+            assert_eq!(Endpoint::of(other), None, "{other}");
+        }
+    }
 }

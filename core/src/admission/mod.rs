@@ -10,6 +10,7 @@ pub mod validate;
 use chrono::Utc;
 
 use crate::app::AppState;
+use crate::catalog::EventStatus;
 use reserve::Reserved;
 use validate::OrderBody;
 
@@ -74,7 +75,14 @@ pub async fn admit(
         .get(event_id)
         .await?
         .ok_or(Refusal::NoSuchEvent(event_id))?;
-    let purchase = validate::validate(&body, &event, user_id, Utc::now())?;
+    let now = Utc::now();
+    let (purchase, window_closed) = match validate::validate(&body, &event, user_id, now) {
+        Err(Refusal::NotOpen) if event.status != EventStatus::Draft => (
+            validate::validate_for_replay(&body, &event, user_id, now)?,
+            true,
+        ),
+        other => (other?, false),
+    };
     let request_id = state.order_ids.next(user_id);
     let outcome = reserve::reserve(
         &mut state.redis.clone(),
@@ -86,10 +94,15 @@ pub async fn admit(
         state.config.settings.orders.max_stream_depth,
     )
     .await?;
-    if outcome == Err(Refusal::Loading) {
-        state.preloader.wake();
+    match outcome {
+        // Not a repeat of an admitted key: the answer the window gives.
+        Err(_) if window_closed => Err(Refusal::NotOpen.into()),
+        Err(Refusal::Loading) => {
+            state.preloader.wake();
+            Err(Refusal::Loading.into())
+        }
+        other => Ok(other?),
     }
-    Ok(outcome?)
 }
 
 /// A refusal for the buyer, or an infrastructure failure.

@@ -1,6 +1,7 @@
-//! Who is calling: user tokens (issued by the core, verified by the edge and the core)
-//! and the admin token.
+//! Who is calling: user tokens (issued by the core, verified by the edge and the core),
+//! the guards of login, and the admin token.
 
+pub mod login;
 pub mod token;
 
 /// Compares secrets in time independent of where they differ.

@@ -18,11 +18,17 @@ pub enum ApiError {
     Forbidden(&'static str, String),
     #[error("{0}")]
     NotFound(String),
+    /// The path exists, not with this method; the methods it takes (the `Allow` header).
+    #[error("this endpoint takes {0}")]
+    MethodNotAllowed(&'static str),
     /// A business outcome that conflicts with the current state (code, message).
     #[error("{1}")]
     Conflict(&'static str, String),
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// The client did not send its body in time.
+    #[error("the request body did not arrive in time")]
+    RequestTimeout,
     #[error("too many requests; retry in {retry_after_s} s")]
     RateLimited { retry_after_s: u64 },
     /// A dependency is down or busy; the client may retry.
@@ -42,8 +48,10 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(..) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(..) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -56,8 +64,10 @@ impl ApiError {
             ApiError::Unauthorized(_) => "UNAUTHORIZED",
             ApiError::Forbidden(code, _) => code,
             ApiError::NotFound(_) => "NOT_FOUND",
+            ApiError::MethodNotAllowed(_) => "METHOD_NOT_ALLOWED",
             ApiError::Conflict(code, _) => code,
             ApiError::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
+            ApiError::RequestTimeout => "REQUEST_TIMEOUT",
             ApiError::RateLimited { .. } => "RATE_LIMITED",
             ApiError::Unavailable(_) => "UNAVAILABLE",
             ApiError::Busy(_) => "SALE_BUSY",
@@ -78,9 +88,23 @@ impl ApiError {
             self.status(),
             &serde_json::json!({"error": {"code": self.code(), "message": message}}),
         );
-        if let ApiError::RateLimited { retry_after_s } = self {
-            resp.headers_mut()
-                .insert(http::header::RETRY_AFTER, retry_after_s.into());
+        match self {
+            ApiError::RateLimited { retry_after_s } => {
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, retry_after_s.into());
+            }
+            // A dependency down or busy: worth another try in a moment.
+            ApiError::Unavailable(_) | ApiError::Busy(_) => {
+                resp.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from_static("1"),
+                );
+            }
+            ApiError::MethodNotAllowed(allow) => {
+                resp.headers_mut()
+                    .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+            }
+            _ => {}
         }
         resp
     }

@@ -36,11 +36,17 @@ pub fn text(status: StatusCode, content_type: &'static str, body: String) -> Res
     resp
 }
 
-/// Reads a JSON body of at most `limit` bytes into `T`.
-pub async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T, ApiError> {
-    let bytes = Limited::new(req.into_body(), limit)
-        .collect()
-        .await
+/// Reads a body of at most `limit` bytes, by the request's [`server::BodyDeadline`].
+pub async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
+    let deadline = req.extensions().get::<server::BodyDeadline>().map(|d| d.0);
+    let collect = Limited::new(req.into_body(), limit).collect();
+    let collected = match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, collect)
+            .await
+            .map_err(|_| ApiError::RequestTimeout)?,
+        None => collect.await,
+    };
+    Ok(collected
         .map_err(|e| {
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some()
@@ -50,7 +56,12 @@ pub async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Resul
                 ApiError::Invalid(format!("could not read the request body: {e}"))
             }
         })?
-        .to_bytes();
+        .to_bytes())
+}
+
+/// Reads a JSON body of at most `limit` bytes into `T`.
+pub async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T, ApiError> {
+    let bytes = read_body(req, limit).await?;
     serde_json::from_slice(&bytes).map_err(|e| ApiError::Invalid(format!("invalid JSON body: {e}")))
 }
 
@@ -64,14 +75,75 @@ pub fn bearer(req: &Request) -> Option<&str> {
         .map(str::trim)
 }
 
-/// Path segments without empty ones: `/admin/events/7` → `["admin","events","7"]`.
-pub fn segments(path: &str) -> Vec<&str> {
-    path.split('/').filter(|s| !s.is_empty()).collect()
+/// The segments of a path in its one accepted spelling: `/admin/events/7` →
+/// `["admin","events","7"]`, `/` → `[]`. Anything else — an empty segment (a doubled or
+/// trailing slash), no leading slash — is `None`: every path has exactly one spelling,
+/// so no other spelling can reach a handler by a way the edge does not check.
+pub fn segments(path: &str) -> Option<Vec<&str>> {
+    let rest = path.strip_prefix('/')?;
+    if rest.is_empty() {
+        return Some(Vec::new());
+    }
+    let segs: Vec<&str> = rest.split('/').collect();
+    (!segs.iter().any(|s| s.is_empty())).then_some(segs)
 }
 
-/// Parses a numeric id from a path segment, 404 when it is not one.
-pub fn path_id(segment: &str) -> Result<u64, ApiError> {
-    segment
-        .parse()
-        .map_err(|_| ApiError::NotFound(format!("no such resource: {segment}")))
+/// An id in canonical decimal: digits only, no sign, no leading zero, within u64.
+/// `+1`, `01`, `%31`, `1.0` and `18446744073709551616` are not ids.
+pub fn canonical_id(segment: &str) -> Option<u64> {
+    let b = segment.as_bytes();
+    let canonical =
+        !b.is_empty() && b.iter().all(u8::is_ascii_digit) && (b.len() == 1 || b[0] != b'0');
+    if canonical {
+        segment.parse().ok()
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_spelling_per_path() {
+        assert_eq!(segments("/"), Some(vec![]));
+        assert_eq!(segments("/api/events/7"), Some(vec!["api", "events", "7"]));
+        for other in [
+            "",
+            "api/events",
+            "//api/events",
+            "/api//events",
+            "/api/events/",
+            "/api/events//",
+            "/api/events/1/orders/",
+        ] {
+            assert_eq!(segments(other), None, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn ids_are_canonical_decimal() {
+        assert_eq!(canonical_id("0"), Some(0));
+        assert_eq!(canonical_id("7"), Some(7));
+        assert_eq!(canonical_id("18446744073709551615"), Some(u64::MAX));
+        for other in [
+            "",
+            "+1",
+            "-1",
+            "01",
+            "00",
+            " 1",
+            "1 ",
+            "%31",
+            "1.0",
+            "1e3",
+            "0x1",
+            "١",
+            "18446744073709551616",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(canonical_id(other), None, "{other:?}");
+        }
+    }
 }

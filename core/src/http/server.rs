@@ -1,5 +1,8 @@
 //! The accept loop shared by the public and the admin listener: HTTP/1.1 with
-//! keep-alive, stop accepting on shutdown, then drain within a grace period.
+//! keep-alive, stop accepting on shutdown, then drain within a grace period. Bounded
+//! like mini-redis's: at most `max_connections` open at once (a semaphore: the next
+//! accept waits for a permit), a client has `read_timeout` to send its headers and
+//! then its body, and every request is answered within `request_timeout`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -10,9 +13,21 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
-use super::{Request, Response};
+use super::{ApiError, Request, Response};
+
+/// The bounds of one listener (`[server]` in the configuration).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub read_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+/// Put in every request's extensions: when reading its body must have ended.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyDeadline(pub tokio::time::Instant);
 
 /// Something that answers requests; one per listener.
 pub trait Handler: Send + Sync + 'static {
@@ -26,12 +41,19 @@ pub async fn serve<H: Handler>(
     handler: Arc<H>,
     mut stop: watch::Receiver<bool>,
     grace: Duration,
+    limits: Limits,
 ) {
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10));
+        .header_read_timeout(limits.read_timeout);
+    let open = Arc::new(Semaphore::new(limits.max_connections));
     loop {
+        // A permit first: at the cap, new connections wait in the kernel's queue.
+        let permit = tokio::select! {
+            permit = open.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            _ = crate::app::stopped(&mut stop) => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let stream = match accepted {
@@ -45,15 +67,24 @@ pub async fn serve<H: Handler>(
                 };
                 let _ = stream.set_nodelay(true);
                 let handler = handler.clone();
-                let service = service_fn(move |req| {
+                let service = service_fn(move |mut req: Request| {
                     let handler = handler.clone();
-                    async move { Ok::<_, Infallible>(handler.handle(req).await) }
+                    let now = tokio::time::Instant::now();
+                    req.extensions_mut().insert(BodyDeadline(now + limits.read_timeout));
+                    async move {
+                        let answer = tokio::time::timeout(limits.request_timeout, handler.handle(req)).await;
+                        Ok::<_, Infallible>(answer.unwrap_or_else(|_| {
+                            tracing::warn!(server = name, timeout_ms = limits.request_timeout.as_millis() as u64, "request timed out");
+                            ApiError::Unavailable("the request took too long; retry shortly".into()).into_response()
+                        }))
+                    }
                 });
                 let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!(server = name, error = %e, "connection ended with an error");
                     }
+                    drop(permit);
                 });
             }
             _ = crate::app::stopped(&mut stop) => break,

@@ -76,7 +76,9 @@ pub enum Refused {
     Unexpected(#[from] anyhow::Error),
 }
 
-/// Verifies and applies one callback.
+/// Verifies and applies one callback. Two deliveries of one transaction at the same
+/// moment both answer: the one that commits first applies it, the other sees it and
+/// answers DUPLICATE (never a 500 from the race).
 pub async fn apply(
     pool: &Pool,
     redis: &mut ConnectionManager,
@@ -93,15 +95,54 @@ pub async fn apply(
     }
     let cb: Callback = serde_json::from_slice(body)
         .map_err(|e| Refused::Invalid(format!("invalid callback: {e}")))?;
-    let order_no: u64 = cb
-        .order_no
-        .parse()
-        .map_err(|_| Refused::Invalid("order_no is not a number".into()))?;
+    let order_no = crate::http::canonical_id(&cb.order_no)
+        .ok_or_else(|| Refused::Invalid("order_no is not a number".into()))?;
     if cb.provider_txn_id.is_empty() || cb.provider_txn_id.len() > 128 {
         return Err(Refused::Invalid(
             "provider_txn_id must be 1..=128 characters".into(),
         ));
     }
+    let mut attempt = 1;
+    loop {
+        match apply_once(pool, redis, keys, shards, &cb, order_no).await {
+            Err(Refused::Unexpected(e))
+                if attempt < 3 && server_error(&e) == Some(ER_LOCK_DEADLOCK) =>
+            {
+                tracing::info!(
+                    order_no,
+                    attempt,
+                    "payment deadlocked with another; retrying"
+                );
+                attempt += 1;
+            }
+            // The same transaction inserted by a concurrent delivery that committed first.
+            Err(Refused::Unexpected(e)) if server_error(&e) == Some(ER_DUP_ENTRY) => {
+                return Ok((Applied::Duplicate, order_no));
+            }
+            other => return other,
+        }
+    }
+}
+
+const ER_DUP_ENTRY: u16 = 1062;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+
+/// The MySQL server's error code behind `e`, if it is one.
+fn server_error(e: &anyhow::Error) -> Option<u16> {
+    match e.downcast_ref::<mysql_async::Error>()? {
+        mysql_async::Error::Server(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+async fn apply_once(
+    pool: &Pool,
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    shards: u32,
+    cb: &Callback,
+    order_no: u64,
+) -> Result<(Applied, u64), Refused> {
     let mut conn = pool
         .get_conn()
         .await
@@ -110,9 +151,13 @@ pub async fn apply(
         .start_transaction(TxOpts::default())
         .await
         .context("begin")?;
+    // The order's row first: deliveries for one order take turns from here on.
+    let Some(order) = load_in(&mut tx, shards, order_no, true).await? else {
+        return Err(Refused::NoSuchOrder(order_no));
+    };
     let seen: Option<String> = tx
         .exec_first(
-            "SELECT status FROM payment WHERE provider_txn_id = ? FOR UPDATE",
+            "SELECT status FROM payment WHERE provider_txn_id = ?",
             (&cb.provider_txn_id,),
         )
         .await
@@ -121,9 +166,6 @@ pub async fn apply(
         tx.commit().await.context("commit")?;
         return Ok((Applied::Duplicate, order_no));
     }
-    let Some(order) = load_in(&mut tx, shards, order_no, true).await? else {
-        return Err(Refused::NoSuchOrder(order_no));
-    };
     if cb.amount_cents != order.amount_cents {
         return Err(Refused::AmountMismatch {
             got: cb.amount_cents,

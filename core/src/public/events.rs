@@ -19,11 +19,7 @@ pub async fn list(state: &AppState) -> Result<Response, ApiError> {
     ))
 }
 
-async fn visible(
-    state: &AppState,
-    id: Result<u64, ApiError>,
-) -> Result<std::sync::Arc<EventRecord>, ApiError> {
-    let id = id?;
+async fn visible(state: &AppState, id: u64) -> Result<std::sync::Arc<EventRecord>, ApiError> {
     state
         .events
         .get(id)
@@ -33,7 +29,7 @@ async fn visible(
 }
 
 /// The event, its categories with what Redis says is left, and the server's clock.
-pub async fn one(state: &AppState, id: Result<u64, ApiError>) -> Result<Response, ApiError> {
+pub async fn one(state: &AppState, id: u64) -> Result<Response, ApiError> {
     let event = visible(state, id).await?;
     let mut redis = state.redis.clone();
     let available: HashMap<u64, i64> = redis::cmd("HGETALL")
@@ -61,11 +57,7 @@ pub async fn one(state: &AppState, id: Result<u64, ApiError>) -> Result<Response
 
 /// `GET /api/events/{id}/seats?category={cid}`: one string per row, a letter per seat:
 /// `F` free, `L` locked (held by a purchase), `S` sold.
-pub async fn seats(
-    state: &AppState,
-    id: Result<u64, ApiError>,
-    req: &Request,
-) -> Result<Response, ApiError> {
+pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response, ApiError> {
     let event = visible(state, id).await?;
     let category_id: u64 = req
         .uri()

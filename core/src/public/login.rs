@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::AppState;
+use crate::auth::login::Held;
 use crate::http::{ApiError, Request, Response, json, read_json};
 
 #[derive(Deserialize)]
@@ -29,8 +30,27 @@ static DECOY: LazyLock<String> = LazyLock::new(|| {
         .to_string()
 });
 
+/// Longest username accepted.
+const MAX_USERNAME: usize = 128;
+
 pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError> {
     let creds: Credentials = read_json(req, 4096).await?;
+    if creds.username.is_empty() || creds.username.len() > MAX_USERNAME {
+        return Err(ApiError::Invalid(format!(
+            "username: 1..={MAX_USERNAME} bytes"
+        )));
+    }
+    let mut redis = state.redis.clone();
+    let now_ms = Utc::now().timestamp_millis();
+    let guard = &state.login;
+    let _slot = match guard
+        .admit(&mut redis, &state.keys, &creds.username, now_ms)
+        .await?
+    {
+        Ok(slot) => slot,
+        Err(Held::Waiting(retry_after_s)) => return Err(ApiError::RateLimited { retry_after_s }),
+        Err(busy @ Held::Busy) => return Err(ApiError::Unavailable(busy.to_string())),
+    };
     let mut conn = state.mysql.get_conn().await?;
     let row: Option<(u64, Option<String>)> = conn
         .exec_first(
@@ -57,8 +77,19 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
     .await
     .context("the password check panicked")?;
     let Some(user_id) = user_id.filter(|_| matches) else {
+        let wait = guard
+            .failed(&mut redis, &state.keys, &creds.username, now_ms)
+            .await?;
+        tracing::info!(
+            username_len = creds.username.len(),
+            wait_ms = wait.as_millis() as u64,
+            "failed login"
+        );
         return Err(ApiError::Unauthorized("wrong username or password".into()));
     };
+    guard
+        .succeeded(&mut redis, &state.keys, &creds.username)
+        .await?;
     let expires =
         Utc::now() + TimeDelta::seconds(state.config.settings.admission.token_ttl_s as i64);
     let token = state.tokens.sign(user_id, expires.timestamp());

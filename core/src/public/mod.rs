@@ -11,44 +11,87 @@ use http::Method;
 
 use crate::app::AppState;
 use crate::health;
-use crate::http::{ApiError, Request, Response, bearer, path_id, segments};
+use crate::http::{ApiError, Request, Response, bearer, canonical_id, segments};
+
+/// Every endpoint of the public port, each with its one spelling and its one method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Healthz,
+    Readyz,
+    Login,
+    PaymentCallback,
+    Events,
+    Event(u64),
+    Seats(u64),
+    Purchase(u64),
+    PurchaseStatus(u64),
+    Order(u64),
+    Cancel(u64),
+    Pay(u64),
+}
+
+impl Endpoint {
+    /// The endpoint a path names, or `None` (404) for every other spelling.
+    fn of(path: &str) -> Option<Endpoint> {
+        use Endpoint::*;
+        let id = canonical_id;
+        Some(match segments(path)?.as_slice() {
+            ["healthz"] => Healthz,
+            ["readyz"] => Readyz,
+            ["api", "login"] => Login,
+            ["api", "payments", "callback"] => PaymentCallback,
+            ["api", "events"] => Events,
+            ["api", "events", e] => Event(id(e)?),
+            ["api", "events", e, "seats"] => Seats(id(e)?),
+            ["api", "events", e, "orders"] => Purchase(id(e)?),
+            ["api", "events", e, "orders", "status"] => PurchaseStatus(id(e)?),
+            ["api", "orders", n] => Order(id(n)?),
+            ["api", "orders", n, "cancel"] => Cancel(id(n)?),
+            ["api", "orders", n, "pay"] => Pay(id(n)?),
+            _ => return None,
+        })
+    }
+
+    fn method(self) -> (Method, &'static str) {
+        use Endpoint::*;
+        match self {
+            Healthz | Readyz | Events | Event(_) | Seats(_) | PurchaseStatus(_) | Order(_) => {
+                (Method::GET, "GET")
+            }
+            Login | PaymentCallback | Purchase(_) | Cancel(_) | Pay(_) => (Method::POST, "POST"),
+        }
+    }
+}
 
 pub async fn route(state: &AppState, req: Request) -> Response {
-    let path = req.uri().path().to_owned();
-    let method = req.method().clone();
-    let segs = segments(&path);
-    let outcome = match (&method, segs.as_slice()) {
-        (&Method::GET, ["healthz"]) => return health::healthz(),
-        (&Method::GET, ["readyz"]) => return health::readyz(state).await,
-        (&Method::POST, ["api", "login"]) => login::login(state, req).await,
-        (&Method::POST, ["api", "payments", "callback"]) => {
-            orders::payment_callback(state, req).await
-        }
-        (_, ["api", ..]) => match user(state, &req) {
-            Ok(user_id) => match (&method, &segs[1..]) {
-                (&Method::GET, ["events"]) => events::list(state).await,
-                (&Method::GET, ["events", id]) => events::one(state, path_id(id)).await,
-                (&Method::GET, ["events", id, "seats"]) => {
-                    events::seats(state, path_id(id), &req).await
-                }
-                (&Method::POST, ["events", id, "orders"]) => {
-                    orders::create(state, path_id(id), user_id, req).await
-                }
-                (&Method::GET, ["orders", no]) => orders::order(state, path_id(no), user_id).await,
-                (&Method::POST, ["orders", no, "cancel"]) => {
-                    orders::cancel(state, path_id(no), user_id).await
-                }
-                (&Method::POST, ["orders", no, "pay"]) => {
-                    orders::pay(state, path_id(no), user_id).await
-                }
-                (&Method::GET, ["events", id, "orders", "status"]) => {
-                    orders::status(state, path_id(id), user_id).await
-                }
-                _ => Err(not_found(&path)),
+    use Endpoint::*;
+    let path = req.uri().path();
+    let Some(endpoint) = Endpoint::of(path) else {
+        return not_found(path).into_response();
+    };
+    let (method, allow) = endpoint.method();
+    if req.method() != method {
+        return ApiError::MethodNotAllowed(allow).into_response();
+    }
+    let outcome = match endpoint {
+        Healthz => return health::healthz(),
+        Readyz => return health::readyz(state).await,
+        Login => login::login(state, req).await,
+        PaymentCallback => orders::payment_callback(state, req).await,
+        _ => match user(state, &req) {
+            Ok(user_id) => match endpoint {
+                Events => events::list(state).await,
+                Event(id) => events::one(state, id).await,
+                Seats(id) => events::seats(state, id, &req).await,
+                Purchase(id) => orders::create(state, id, user_id, req).await,
+                PurchaseStatus(id) => orders::status(state, id, user_id).await,
+                Order(no) => orders::order(state, no, user_id).await,
+                Cancel(no) => orders::cancel(state, no, user_id).await,
+                Pay(no) => orders::pay(state, no, user_id).await,
+                Healthz | Readyz | Login | PaymentCallback => unreachable!("answered above"),
             },
             Err(e) => Err(e),
         },
-        _ => Err(not_found(&path)),
     };
     outcome.unwrap_or_else(ApiError::into_response)
 }
@@ -64,4 +107,34 @@ fn user(state: &AppState, req: &Request) -> Result<u64, ApiError> {
 
 fn not_found(path: &str) -> ApiError {
     ApiError::NotFound(format!("no such endpoint: {path}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Endpoint::{self, *};
+
+    #[test]
+    fn each_endpoint_has_one_spelling() {
+        assert_eq!(Endpoint::of("/api/events/1/orders"), Some(Purchase(1)));
+        assert_eq!(Endpoint::of("/api/login"), Some(Login));
+        for other in [
+            "/api/events/1/orders/",
+            "/api/events/+1/orders",
+            "/api/events/01/orders",
+            "/api//events/1/orders",
+            "//api/events/1/orders",
+            "/api/events/1//orders",
+            "/api/events/%31/orders",
+            "/api/events/1/orders/.",
+            "/api/events/1/./orders",
+            "/api/events/2/../1/orders",
+            "/api/login/",
+            "/api//login",
+            "/api/Login",
+            "/api/events/18446744073709551616/orders",
+            "/api/payments/callback/",
+        ] {
+            assert_eq!(Endpoint::of(other), None, "{other}");
+        }
+    }
 }

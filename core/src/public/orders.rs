@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::admission::{self, AdmissionError, status};
 use crate::app::AppState;
-use crate::http::{ApiError, Request, Response, json, read_json};
+use crate::http::{ApiError, Request, Response, json, read_body, read_json};
 use crate::lifecycle::{self, Cancelled};
 
 /// Longest Idempotency-Key accepted.
@@ -13,7 +13,7 @@ const MAX_KEY_LEN: usize = 64;
 
 pub async fn create(
     state: &AppState,
-    event_id: Result<u64, ApiError>,
+    event_id: u64,
     user_id: u64,
     req: Request,
 ) -> Result<Response, ApiError> {
@@ -32,11 +32,10 @@ pub async fn create(
 
 async fn purchase(
     state: &AppState,
-    event_id: Result<u64, ApiError>,
+    event_id: u64,
     user_id: u64,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let event_id = event_id?;
     let key = req
         .headers()
         .get("idempotency-key")
@@ -62,12 +61,7 @@ async fn purchase(
     }
 }
 
-pub async fn status(
-    state: &AppState,
-    event_id: Result<u64, ApiError>,
-    user_id: u64,
-) -> Result<Response, ApiError> {
-    let event_id = event_id?;
+pub async fn status(state: &AppState, event_id: u64, user_id: u64) -> Result<Response, ApiError> {
     match status::of_user(state, event_id, user_id).await? {
         Some(s) => Ok(json(StatusCode::OK, &s)),
         None => Err(ApiError::NotFound(format!(
@@ -77,14 +71,10 @@ pub async fn status(
 }
 
 /// `GET /api/orders/{order_no}`: the caller's order with its seats; anyone else's is 404.
-pub async fn order(
-    state: &AppState,
-    order_no: Result<u64, ApiError>,
-    user_id: u64,
-) -> Result<Response, ApiError> {
+pub async fn order(state: &AppState, order_no: u64, user_id: u64) -> Result<Response, ApiError> {
     Ok(json(
         StatusCode::OK,
-        &own_order(state, order_no?, user_id).await?,
+        &own_order(state, order_no, user_id).await?,
     ))
 }
 
@@ -101,12 +91,7 @@ async fn own_order(
 }
 
 /// `POST /api/orders/{order_no}/cancel` by its buyer, while UNPAID.
-pub async fn cancel(
-    state: &AppState,
-    order_no: Result<u64, ApiError>,
-    user_id: u64,
-) -> Result<Response, ApiError> {
-    let order_no = order_no?;
+pub async fn cancel(state: &AppState, order_no: u64, user_id: u64) -> Result<Response, ApiError> {
     let shards = state.config.settings.mysql.order_shards;
     let mut redis = state.redis.clone();
     match lifecycle::cancel(
@@ -135,12 +120,7 @@ pub async fn cancel(
 }
 
 /// `POST /api/orders/{order_no}/pay`: what the browser needs to pay the provider.
-pub async fn pay(
-    state: &AppState,
-    order_no: Result<u64, ApiError>,
-    user_id: u64,
-) -> Result<Response, ApiError> {
-    let order_no = order_no?;
+pub async fn pay(state: &AppState, order_no: u64, user_id: u64) -> Result<Response, ApiError> {
     let order = own_order(state, order_no, user_id).await?;
     if order.status != "UNPAID" {
         return Err(ApiError::Conflict(
@@ -152,14 +132,16 @@ pub async fn pay(
         StatusCode::OK,
         &json!({
             "order_no": order.order_no, "amount_cents": order.amount_cents, "pay_by": order.pay_deadline,
-            "provider": {"reference": order.order_no, "callback": "/api/payments/callback"},
+            "provider": {
+                "reference": order.order_no, "callback": "/api/payments/callback",
+                "page": state.config.settings.payments.provider_page_url,
+            },
         }),
     ))
 }
 
 /// `POST /api/payments/callback`, from the provider: signed, not a user's call.
 pub async fn payment_callback(state: &AppState, req: Request) -> Result<Response, ApiError> {
-    use http_body_util::BodyExt;
     use lifecycle::pay::{self, Refused};
     let Some(secret) = &state.config.provider_secret else {
         return Err(ApiError::Unavailable(
@@ -171,11 +153,7 @@ pub async fn payment_callback(state: &AppState, req: Request) -> Result<Response
         .get(pay::SIGNATURE_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let body = http_body_util::Limited::new(req.into_body(), 16 * 1024)
-        .collect()
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge(16 * 1024))?
-        .to_bytes();
+    let body = read_body(req, 16 * 1024).await?;
     let shards = state.config.settings.mysql.order_shards;
     let mut redis = state.redis.clone();
     use secrecy::ExposeSecret;

@@ -1,14 +1,43 @@
--- The access phase of /api/, called from nginx.conf, one function per kind of route.
--- In this order: auth token → rate limits → sale window → sold out. Whatever passes
--- goes to the core with the user id in $stampede_user (the header the core receives).
+-- The access phase of the public API, called from nginx.conf: one function per kind of
+-- route, each location of /api/ naming its own. In this order: one spelling and one
+-- method → auth token → rate limits → sale window → sold out. Whatever passes goes to
+-- the core with the user id in $stampede_user (the header the core receives).
 local ngx = ngx
 local auth = require "stampede.auth"
 local limit = require "stampede.limit"
 local state = require "stampede.state"
 local reject = require("stampede.respond").reject
-local match = string.match
+local match, find, sub, gmatch = string.match, string.find, string.sub, string.gmatch
+local U64_MAX = "18446744073709551615" -- compared as strings of 20 digits
 
 local _M = {}
+
+local passed       -- shared dict: "<user>:<event>:<Idempotency-Key>" of purchases let through
+local passed_ttl_s
+
+-- opts: {passed_dict, passed_ttl_s}
+function _M.init(opts)
+  passed = assert(ngx.shared[opts.passed_dict], "lua_shared_dict " .. tostring(opts.passed_dict) .. " is not declared")
+  passed_ttl_s = opts.passed_ttl_s
+end
+
+-- The path exactly as the client sent it must be the one nginx matched: no percent
+-- escapes, no "." or ".." segments, nothing nginx normalised on the way. The core
+-- accepts one spelling only, and so does the edge.
+local function one_spelling(method)
+  local raw = ngx.var.request_uri
+  local q = find(raw, "?", 1, true)
+  if q then raw = sub(raw, 1, q - 1) end
+  if raw ~= ngx.var.uri then return reject(404, "NOT_FOUND", "no such endpoint") end
+  -- nginx.conf's patterns take ids of up to 20 digits; past u64 is no id either.
+  for id in gmatch(raw, "/(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)") do
+    if id > U64_MAX then return reject(404, "NOT_FOUND", "no such endpoint") end
+  end
+  if ngx.req.get_method() ~= method then
+    ngx.header["Allow"] = method
+    return reject(405, "METHOD_NOT_ALLOWED", "this endpoint takes " .. method)
+  end
+end
 
 local function authenticate()
   local uid, why = auth.user()
@@ -30,29 +59,62 @@ local function category_of()
   return body and match(body, '"category_id"%s*:%s*(%d+)')
 end
 
+local function passed_key(uid, event_id)
+  local key = ngx.var.http_idempotency_key
+  if key and #key > 0 and #key <= 64 then return uid .. ":" .. event_id .. ":" .. key end
+end
+
 -- POST /api/events/{id}/orders; the id is in $stampede_event.
+--
+-- A purchase whose Idempotency-Key this edge let through before skips the sale window
+-- and the sold-out flags: its first answer may have been 202 (the buyer's connection
+-- dropped before it arrived), and only the core knows. The core answers a repeated key
+-- with its first answer, whatever the flags; any other purchase still meets them there.
 function _M.purchase()
-  if ngx.req.get_method() ~= "POST" then return end -- the core answers anything else
+  one_spelling("POST")
   local uid = authenticate()
   local event_id = ngx.var.stampede_event
   limited("orders", uid, event_id)
-  local status, code, message = state.gate(event_id, category_of)
-  if status then return reject(status, code, message) end
+  local key = passed_key(uid, event_id)
+  if not (key and passed:get(key)) then
+    local status, code, message = state.gate(event_id, category_of)
+    if status then return reject(status, code, message) end
+  end
+  if key then
+    local ok, err = passed:set(key, true, passed_ttl_s)
+    if not ok then ngx.log(ngx.WARN, "idempotency-key dict: ", err) end
+  end
 end
 
--- Every other /api/ call but login: a valid token, and the API's limits.
-function _M.api()
+-- The header filter of the purchase location: a key the core refused for good is
+-- forgotten, so its repeat meets the flags again; a 202, or no definite answer (5xx,
+-- no answer at all), keeps it. The edge's own rejections change nothing.
+function _M.purchase_answered()
+  local status = ngx.status
+  if status == 202 or status >= 500 or not ngx.var.upstream_status or ngx.var.stampede_user == "" then
+    return
+  end
+  local key = passed_key(ngx.var.stampede_user, ngx.var.stampede_event)
+  if key then passed:delete(key) end
+end
+
+-- Every other call of the public API but login: a valid token, and the API's limits.
+function _M.api(method)
+  one_spelling(method)
   local uid = authenticate()
   limited("api", uid, "")
 end
 
--- POST /api/login: no token yet; its own limits (per client address).
+-- POST /api/login: no token yet; its own limits (per client address). The core limits
+-- failed attempts per account.
 function _M.login()
+  one_spelling("POST")
   limited("login", "", "")
 end
 
 -- POST /api/payments/callback: the provider's, signed (checked by the core), no token.
 function _M.callback()
+  one_spelling("POST")
   limited("callback", "", "")
 end
 

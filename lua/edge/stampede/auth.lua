@@ -1,25 +1,64 @@
--- Bearer tokens issued by the core: "<user_id>.<expires_unix_s>.<signature>", the
--- signature being HMAC-SHA1 over "<user_id>.<expires_unix_s>" in standard base64
--- without padding (core/src/auth/token.rs). Verified tokens are remembered per worker,
--- so a buyer's repeated requests cost one table lookup, not an HMAC.
+-- Bearer tokens issued by the core: "<kid>.<user_id>.<expires_unix_s>.<signature>", the
+-- signature being HMAC-SHA1 over "<kid>.<user_id>.<expires_unix_s>" in standard base64
+-- without padding, with the secret whose key id is <kid> (core/src/auth/token.rs). The
+-- keyring is the current secret and the previous ones, so a rotation logs nobody out;
+-- a key id is the first 8 hex digits of its secret's SHA-1. Verified tokens are
+-- remembered per worker, so a buyer's repeated requests cost one table lookup, not an
+-- HMAC; signatures are compared in constant time.
 local ngx = ngx
-local hmac_sha1, encode_base64, ngx_time = ngx.hmac_sha1, ngx.encode_base64, ngx.time
-local find, sub, byte, tonumber = string.find, string.sub, string.byte, tonumber
+local bit = require "bit"
+local hmac_sha1, encode_base64, sha1_bin, ngx_time = ngx.hmac_sha1, ngx.encode_base64, ngx.sha1_bin, ngx.time
+local find, sub, byte, format, tonumber = string.find, string.sub, string.byte, string.format, tonumber
+local bor, bxor = bit.bor, bit.bxor
 local lrucache = require "resty.lrucache"
 
 local _M = {}
 
-local secret
-local verified -- token → {uid, exp}
+local secrets    -- key id → secret
+local verified   -- token → {uid, exp}
 
--- opts.secret: the shared signing secret; opts.cache_size: tokens remembered per worker.
+-- The key id of a secret: 8 hex digits of its SHA-1, as the core derives it.
+local function key_id(secret)
+  local d = sha1_bin(secret)
+  return format("%02x%02x%02x%02x", byte(d, 1, 4))
+end
+
+-- Keyring text → key id → secret: one secret per line, the current first (the format
+-- of the core's auth.token_secret_file); commas separate them in an environment variable.
+function _M.parse_keyring(text)
+  local ring, n = {}, 0
+  for line in string.gmatch(text or "", "[^\r\n,]+") do
+    local s = string.match(line, "^%s*(.-)%s*$")
+    if s ~= "" then
+      assert(#s >= 16, "a token secret is shorter than 16 characters")
+      ring[key_id(s)] = s
+      n = n + 1
+    end
+  end
+  assert(n > 0, "no token secret")
+  return ring
+end
+
+-- opts.keyring: key id → secret; opts.cache_size: tokens remembered per worker.
 function _M.init(opts)
-  assert(type(opts.secret) == "string" and #opts.secret >= 16, "token secret missing or shorter than 16")
-  secret = opts.secret
+  secrets = opts.keyring
   verified = assert(lrucache.new(opts.cache_size or 200000))
 end
 
+-- Equal strings, in time that depends on their length only.
+local function same(a, b)
+  if #a ~= #b then return false end
+  local diff = 0
+  for i = 1, #a do diff = bor(diff, bxor(byte(a, i), byte(b, i))) end
+  return diff == 0
+end
+
 local BEARER = "Bearer "
+
+-- An id in canonical decimal: no sign, no leading zero (as the core parses it).
+local function canonical_id(s)
+  return find(s, "^[1-9]%d*$") ~= nil or s == "0"
+end
 
 -- The user id of the request's valid token, or nil and why.
 function _M.user()
@@ -36,21 +75,23 @@ function _M.user()
   end
   local d1 = find(token, ".", 1, true)
   local d2 = d1 and find(token, ".", d1 + 1, true)
-  if not d2 or byte(token, 1) == 48 then -- no leading zero: ids are printed plainly
+  local d3 = d2 and find(token, ".", d2 + 1, true)
+  if not d3 or find(token, ".", d3 + 1, true) then return nil, "malformed token" end
+  local user, exp_s = sub(token, d1 + 1, d2 - 1), sub(token, d2 + 1, d3 - 1)
+  local exp = tonumber(exp_s)
+  if not canonical_id(user) or #user > 20 or not exp or not find(exp_s, "^%-?%d+$") then
     return nil, "malformed token"
   end
-  local uid, exp = tonumber(sub(token, 1, d1 - 1)), tonumber(sub(token, d1 + 1, d2 - 1))
-  if not uid or not exp then
-    return nil, "malformed token"
-  end
-  if encode_base64(hmac_sha1(secret, sub(token, 1, d2 - 1)), true) ~= sub(token, d2 + 1) then
+  local secret = secrets[sub(token, 1, d1 - 1)]
+  if not secret then return nil, "token signed with a retired or unknown key" end
+  if not same(encode_base64(hmac_sha1(secret, sub(token, 1, d3 - 1)), true), sub(token, d3 + 1)) then
     return nil, "bad token signature"
   end
   if exp <= now then
     return nil, "token expired"
   end
-  verified:set(token, { uid, exp })
-  return uid
+  verified:set(token, { user, exp })
+  return user
 end
 
 return _M

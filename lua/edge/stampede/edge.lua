@@ -8,18 +8,29 @@ local stats = require "stampede.stats"
 
 local _M = {}
 
--- opts: token_secret_env, state_dict, limit_dict, stats_dict, redis = {host, port, prefix,
+-- opts: token_secret_file_env, token_secret_env, state_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s, redis = {host, port, prefix,
 -- timeout_ms}, refresh_interval_s, limits, routes (see nginx.conf).
 function _M.init(opts)
-  local secret = os.getenv(opts.token_secret_env)
-  assert(secret and secret ~= "", "environment variable " .. opts.token_secret_env .. " is not set")
-  auth.init({ secret = secret, cache_size = opts.token_cache_size })
+  -- The token keyring: a file (read here, by the master, at every start and reload —
+  -- `nginx -s reload` after `stampede rotate-token-secret`), else an environment variable.
+  local text
+  local file = os.getenv(opts.token_secret_file_env)
+  if file and file ~= "" then
+    local f = assert(io.open(file, "r"))
+    text = f:read("*a")
+    f:close()
+  else
+    text = os.getenv(opts.token_secret_env)
+  end
+  assert(text and text ~= "", "set " .. opts.token_secret_file_env .. " or " .. opts.token_secret_env)
+  auth.init({ keyring = auth.parse_keyring(text), cache_size = opts.token_cache_size })
   limit.init({ dict = opts.limit_dict, limits = opts.limits, routes = opts.routes })
   state.init({
     dict = opts.state_dict, host = opts.redis.host, port = opts.redis.port, prefix = opts.redis.prefix,
     timeout_ms = opts.redis.timeout_ms, interval_s = opts.refresh_interval_s,
   })
   stats.init({ dict = opts.stats_dict })
+  require("stampede.access").init({ passed_dict = opts.passed_dict, passed_ttl_s = opts.passed_ttl_s })
 end
 
 function _M.start()

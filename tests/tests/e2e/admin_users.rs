@@ -52,7 +52,7 @@ async fn tokens_are_signed_for_existing_users_only() {
     assert_eq!(status, 200, "{body}");
     let tokens = body["tokens"].as_array().unwrap();
     assert_eq!(tokens.len(), 10);
-    let signer = TokenSigner::new(app.token_secret.clone().into());
+    let signer = TokenSigner::from_text(&app.token_secret).unwrap();
     let now = chrono_now();
     for (i, t) in tokens.iter().enumerate() {
         assert_eq!(

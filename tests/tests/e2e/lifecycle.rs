@@ -332,12 +332,12 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
         (409, Some("AMOUNT_MISMATCH"))
     );
 
-    // pay-sim plays the provider, posting the same callback twice.
+    // stampede-paysim plays the provider, posting the same callback twice.
     let secret_file = std::env::temp_dir().join(format!("{}.provider", app.database));
     std::fs::write(&secret_file, &secret).unwrap();
-    let out = tokio::process::Command::new(stampede_e2e::core_binary())
+    let out = tokio::process::Command::new(stampede_e2e::paysim_binary())
         .args([
-            "pay-sim",
+            "pay",
             "--url",
             &format!("{}/api/payments/callback", app.public_url),
         ])
@@ -477,5 +477,42 @@ async fn a_payment_after_the_cancellation_is_recorded_for_refund() {
     assert_eq!(stats["refunds_pending"], 1, "{stats}");
     let stock: i64 = app.stock(event, categories[0]).await;
     assert_eq!(stock, 10, "the cancelled units stay on sale");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_deliveries_of_one_payment_answer_paid_once_and_duplicate_never_500() {
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, categories) = app.create_event(small_sale(10, 2, 2, 4)).await;
+    app.publish(event).await;
+    let buyer = &app.buyers(1).await[0];
+    let body = json!({"category_id": categories[0], "quantity": 2});
+    assert_eq!(app.buy(event, buyer, "a", body).await.0, 202);
+    let order_no = created(&app, event, buyer).await;
+    let secret = provider_secret(&app);
+    let app = std::sync::Arc::new(app);
+    let mut deliveries = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (app, secret) = (app.clone(), secret.clone());
+        deliveries
+            .spawn(async move { callback(&app, &secret, "txn-race", order_no, 10_000).await });
+    }
+    let mut results = Vec::new();
+    while let Some(answer) = deliveries.join_next().await {
+        let (status, body) = answer.unwrap();
+        assert_eq!(status, 200, "{body}");
+        results.push(body["result"].as_str().unwrap().to_owned());
+    }
+    results.sort();
+    let mut expected = vec!["DUPLICATE".to_owned(); 7];
+    expected.push("PAID".to_owned());
+    assert_eq!(results, expected);
+    let payments = scalar(
+        &app.mysql,
+        &format!("SELECT COUNT(*) FROM payment WHERE order_no = {order_no}"),
+    )
+    .await;
+    assert_eq!(payments, 1);
+    let app = std::sync::Arc::into_inner(app).unwrap();
     app.stop().await;
 }

@@ -4,6 +4,7 @@ mod admin_events;
 mod admin_users;
 mod bench;
 mod docs;
+mod door;
 mod edge;
 mod health;
 mod lifecycle;

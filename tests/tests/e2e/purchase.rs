@@ -276,8 +276,8 @@ async fn bad_tokens_get_401_and_closed_sales_403() {
     let app = spawn_app().await;
     let (event, ga, _) = sale(&app, 5, 1, 1, 2).await;
     let buyer = &app.buyers(1).await[0];
-    let signer = TokenSigner::new(app.token_secret.clone().into());
-    let forger = TokenSigner::new("not-the-secret-at-all".to_owned().into());
+    let signer = TokenSigner::from_text(&app.token_secret).unwrap();
+    let forger = TokenSigner::from_text("not-the-secret-at-all").unwrap();
     let body = json!({"category_id": ga, "quantity": 1});
     for (why, token) in [
         ("expired", signer.sign(buyer.user_id, 1_000)),
@@ -348,7 +348,7 @@ async fn login_gives_a_token_that_buys_and_a_wrong_password_gets_401() {
     let (status, body) = login("correct horse").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["user_id"], user);
-    let signer = TokenSigner::new(app.token_secret.clone().into());
+    let signer = TokenSigner::from_text(&app.token_secret).unwrap();
     assert_eq!(signer.verify(body["token"].as_str().unwrap(), 0), Ok(user));
     let (status, body) = login("wrong horse").await;
     assert_eq!(

@@ -1,8 +1,9 @@
-//! `stampede pay-sim`: plays the payment provider for the demo and the tests — signs a
-//! callback the way the provider does and posts it, on time, late or several times —
-//! and `stampede pay-sim serve`, the provider's payment page for the browser app: the
-//! buyer confirms (or declines) there, the simulator signs and posts the callback, then
-//! sends the browser back to the shop.
+//! The payment provider, simulated: `pay` signs a callback the way the provider does and
+//! posts it, on time, late or several times; `serve` is the provider's payment page for
+//! the browser app — the buyer confirms (or declines) there, the simulator signs and
+//! posts the callback, then sends the browser back to the shop. It signs for any order
+//! it is asked to, which is why it is a tool of its own on a loopback port, never part
+//! of the product nor reachable through the edge.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
-use crate::lifecycle::pay::{Callback, SIGNATURE_HEADER, sign};
+use stampede_core::lifecycle::pay::{Callback, SIGNATURE_HEADER, sign};
 
 pub struct PaySim {
     /// e.g. http://127.0.0.1:8080/api/payments/callback
@@ -79,10 +80,18 @@ pub struct PageServer {
     pub secret: String,
     /// Where callbacks go, e.g. http://127.0.0.1:8080/api/payments/callback
     pub callback_url: String,
+    /// The shop's origin, e.g. http://127.0.0.1:8080: the browser goes back to a path there.
+    pub app_origin: String,
 }
 
 /// Serves `/paysim/pay` (the page and its form) and `/paysim/health` until the process ends.
 pub async fn serve(server: PageServer) -> anyhow::Result<()> {
+    if !server.listen.ip().is_loopback() {
+        bail!(
+            "the simulator signs payments for anyone who reaches it: it listens on loopback only, not {}",
+            server.listen
+        );
+    }
     let listener = tokio::net::TcpListener::bind(server.listen)
         .await
         .with_context(|| format!("listen on {}", server.listen))?;
@@ -171,14 +180,26 @@ async fn page(server: &PageServer, req: http::Request<hyper::body::Incoming>) ->
                 }
             };
             let sep = if f.return_to.contains('?') { '&' } else { '?' };
-            http::Response::builder()
-                .status(StatusCode::SEE_OTHER)
-                .header(
-                    http::header::LOCATION,
-                    format!("{}{sep}payment={outcome}", f.return_to),
-                )
-                .body(Full::new(Bytes::new()))
-                .expect("valid response")
+            let location = format!("{}{}{sep}payment={outcome}", server.app_origin, f.return_to);
+            // return_to is checked to be visible ASCII, so this is a valid header value.
+            match http::HeaderValue::from_str(&location) {
+                Ok(location) => http::Response::builder()
+                    .status(StatusCode::SEE_OTHER)
+                    .header(http::header::LOCATION, location)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap_or_else(|_| {
+                        respond(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "text/plain",
+                            "bad redirect".into(),
+                        )
+                    }),
+                Err(_) => respond(
+                    StatusCode::BAD_REQUEST,
+                    "text/plain",
+                    "return: not a valid path".into(),
+                ),
+            }
         }
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
     }
@@ -187,7 +208,7 @@ async fn page(server: &PageServer, req: http::Request<hyper::body::Incoming>) ->
 struct PayForm {
     order_no: String,
     amount_cents: u64,
-    /// A path on the shop's own site (never another host).
+    /// A path on the shop's own site (never another host): see `shop_path`.
     return_to: String,
 }
 
@@ -202,7 +223,7 @@ impl PayForm {
             .and_then(|v| v.parse().ok())
             .ok_or("amount_cents: a number")?;
         let return_to = get("return").unwrap_or("/");
-        if !return_to.starts_with('/') || return_to.starts_with("//") {
+        if !shop_path(return_to) {
             return Err("return: a path on the shop's site".into());
         }
         Ok(PayForm {
@@ -236,6 +257,16 @@ impl PayForm {
             self.order_no
         )
     }
+}
+
+/// A path on the shop's own origin, and nothing a browser could read as another host:
+/// one leading `/` (not `//` nor `/\`, which browsers read as `//`), then visible ASCII
+/// without a backslash — so no control character (a header split) and no scheme trick.
+fn shop_path(p: &str) -> bool {
+    let b = p.as_bytes();
+    b.first() == Some(&b'/')
+        && !matches!(b.get(1), Some(b'/' | b'\\'))
+        && b.iter().all(|&c| c.is_ascii_graphic() && c != b'\\')
 }
 
 fn escape(s: &str) -> String {
@@ -290,7 +321,20 @@ mod tests {
         assert_eq!(pairs[3], ("x".into(), "a b".into()));
         let f = PayForm::from_pairs(&pairs).unwrap();
         assert_eq!((f.order_no.as_str(), f.amount_cents), ("42", 1500));
-        for bad in ["return=%2F%2Fevil.example", "return=http://evil.example"] {
+        for bad in [
+            "return=%2F%2Fevil.example",
+            "return=http://evil.example",
+            "return=%2F%5Cevil.example",
+            "return=/%5Cevil.example",
+            "return=%5C%5Cevil.example",
+            "return=/a%0Ab",
+            "return=/a%0D%0ASet-Cookie:x=1",
+            "return=/a%00",
+            "return=/a%20b",
+            "return=/%C3%A9",
+            "return=",
+            "return=evil.example",
+        ] {
             let p = parse_form(&format!("order_no=1&amount_cents=1&{bad}"));
             assert!(PayForm::from_pairs(&p).is_err(), "{bad}");
         }

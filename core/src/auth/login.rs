@@ -1,0 +1,143 @@
+//! The guards of `POST /api/login`, besides the edge's limit per client address:
+//! failed logins per account, with a wait that doubles per failure (so guessing one
+//! account's password from many addresses is as slow as from one), and a bound on the
+//! Argon2 checks running at once (each takes ~20 ms of CPU and 19 MiB).
+//!
+//! Failures live in Redis (one small hash per account, expiring), so every core
+//! instance counts the same failures. Unknown usernames are counted too: the answers
+//! must not tell which accounts exist.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::LoginSettings;
+use crate::keys::Keys;
+
+/// Why a login attempt may not be checked now.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Held {
+    /// Too many failures for this account: the next attempt after this long.
+    #[error("too many failed logins for this account; retry in {0} s")]
+    Waiting(u64),
+    /// Every password check slot is busy.
+    #[error("too many logins at once; retry in a moment")]
+    Busy,
+}
+
+pub struct LoginGuard {
+    settings: LoginSettings,
+    checks: Arc<Semaphore>,
+}
+
+impl LoginGuard {
+    pub fn new(settings: &LoginSettings) -> LoginGuard {
+        LoginGuard {
+            settings: settings.clone(),
+            checks: Arc::new(Semaphore::new(settings.max_concurrent_checks.max(1))),
+        }
+    }
+
+    /// A slot to check a password in, unless the account must wait or all are busy.
+    pub async fn admit(
+        &self,
+        redis: &mut ConnectionManager,
+        keys: &Keys,
+        username: &str,
+        now_ms: i64,
+    ) -> Result<Result<OwnedSemaphorePermit, Held>, redis::RedisError> {
+        let until: Option<i64> = redis
+            .hget(keys.login_failures(username), "until_ms")
+            .await?;
+        if let Some(until) = until.filter(|u| *u > now_ms) {
+            return Ok(Err(Held::Waiting(((until - now_ms) as u64).div_ceil(1000))));
+        }
+        Ok(self
+            .checks
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Held::Busy))
+    }
+
+    /// Records a failed attempt: the account's wait before its next one.
+    pub async fn failed(
+        &self,
+        redis: &mut ConnectionManager,
+        keys: &Keys,
+        username: &str,
+        now_ms: i64,
+    ) -> Result<Duration, redis::RedisError> {
+        let key = keys.login_failures(username);
+        let n: u32 = redis.hincr(&key, "n", 1).await?;
+        let wait = self.wait_after(n);
+        let (): () = redis::pipe()
+            .hset(&key, "until_ms", now_ms + wait.as_millis() as i64)
+            .ignore()
+            .expire(&key, self.settings.failure_window_s as i64)
+            .ignore()
+            .query_async(redis)
+            .await?;
+        Ok(wait)
+    }
+
+    /// A success forgets the account's failures.
+    pub async fn succeeded(
+        &self,
+        redis: &mut ConnectionManager,
+        keys: &Keys,
+        username: &str,
+    ) -> Result<(), redis::RedisError> {
+        redis.del(keys.login_failures(username)).await
+    }
+
+    /// The wait after `n` failures in a row: none below `free_failures`, then the base
+    /// delay doubling per failure, at most `max_delay_s`.
+    pub fn wait_after(&self, n: u32) -> Duration {
+        let s = &self.settings;
+        let Some(over) = n.checked_sub(s.free_failures) else {
+            return Duration::ZERO;
+        };
+        let ms = s.base_delay_ms.saturating_mul(1u64 << over.min(40));
+        Duration::from_millis(ms).min(Duration::from_secs(s.max_delay_s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard() -> LoginGuard {
+        LoginGuard::new(&LoginSettings {
+            free_failures: 5,
+            base_delay_ms: 1000,
+            max_delay_s: 300,
+            failure_window_s: 900,
+            max_concurrent_checks: 2,
+        })
+    }
+
+    #[test]
+    fn the_wait_doubles_after_the_free_failures_up_to_the_cap() {
+        let g = guard();
+        let waits: Vec<u64> = (0..=16)
+            .map(|n| g.wait_after(n).as_millis() as u64)
+            .collect();
+        assert_eq!(&waits[..5], &[0; 5]);
+        assert_eq!(&waits[5..10], &[1000, 2000, 4000, 8000, 16000]);
+        assert_eq!(waits[16], 300_000);
+        assert_eq!(g.wait_after(u32::MAX), Duration::from_secs(300));
+    }
+
+    #[tokio::test]
+    async fn password_checks_are_bounded() {
+        let g = guard();
+        let a = g.checks.clone().try_acquire_owned().unwrap();
+        let _b = g.checks.clone().try_acquire_owned().unwrap();
+        assert!(g.checks.clone().try_acquire_owned().is_err());
+        drop(a);
+        assert!(g.checks.clone().try_acquire_owned().is_ok());
+    }
+}
