@@ -789,6 +789,14 @@ impl StackApp {
         format!("stampede:{suffix}")
     }
 
+    /// Units Redis still has for a category.
+    pub async fn stock(&self, event_id: u64, category_id: u64) -> i64 {
+        let key = self.key(&format!("{{ev:{event_id}}}:stock"));
+        redis::AsyncCommands::hget(&mut self.redis.clone(), key, category_id)
+            .await
+            .unwrap()
+    }
+
     /// A purchase through the edge.
     pub async fn buy(&self, event_id: u64, buyer: &Buyer, key: &str, body: Value) -> (u16, Value) {
         purchase(

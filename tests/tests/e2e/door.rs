@@ -59,12 +59,10 @@ async fn no_other_spelling_of_the_purchase_path_reaches_a_handler_or_reserves() 
             assert_not_found(&a, &format!("{at} {path}"));
         }
     }
-    let mut redis = app.redis.clone();
-    let stock: i64 = redis
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), ga)
-        .await
-        .unwrap();
-    let held: u64 = redis
+    let stock = app.stock(event, ga).await;
+    let held: u64 = app
+        .redis
+        .clone()
         .hlen(app.key(&format!("{{ev:{event}}}:held")))
         .await
         .unwrap();
@@ -213,12 +211,7 @@ async fn a_retried_purchase_gets_its_first_answer_after_the_sell_out() {
             );
         }
     }
-    let stock: i64 = app
-        .redis
-        .clone()
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), categories[0])
-        .await
-        .unwrap();
+    let stock = app.stock(event, categories[0]).await;
     assert_eq!(stock, 0);
 }
 

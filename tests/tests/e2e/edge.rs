@@ -164,12 +164,7 @@ async fn a_sale_not_yet_open_gets_403_at_the_edge() {
         (403, Some("NOT_OPEN")),
         "{body}"
     );
-    let stock: i64 = app
-        .redis
-        .clone()
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), categories[0])
-        .await
-        .unwrap();
+    let stock = app.stock(event, categories[0]).await;
     assert_eq!(stock, 5);
 }
 
