@@ -40,29 +40,36 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
             "username: 1..={MAX_USERNAME} bytes"
         )));
     }
+    let mut conn = state.mysql.get_conn().await?;
+    let row: Option<(u64, String, Option<String>)> = conn
+        .exec_first(
+            "SELECT id, username, password_hash FROM app_user WHERE username = ?",
+            (&creds.username,),
+        )
+        .await?;
+    drop(conn);
+    // Failures count per account: MariaDB's collation matches 'User1' and 'user1 ' to
+    // 'user1', so the stored name is the key, never the spelling tried. An unknown name
+    // is folded the same simple way, so both kinds of answer look alike.
+    let account = match &row {
+        Some((_, stored, _)) => stored.clone(),
+        None => creds.username.trim_end().to_lowercase(),
+    };
+    let (user_id, hash) = match row {
+        Some((id, _, Some(hash))) => (Some(id), hash),
+        // Unknown user, or one that signs in with issued tokens only.
+        _ => (None, DECOY.clone()),
+    };
     let mut redis = state.redis.clone();
     let now_ms = Utc::now().timestamp_millis();
     let guard = &state.login;
     let _slot = match guard
-        .admit(&mut redis, &state.keys, &creds.username, now_ms)
+        .admit(&mut redis, &state.keys, &account, now_ms)
         .await?
     {
         Ok(slot) => slot,
         Err(Held::Waiting(retry_after_s)) => return Err(ApiError::RateLimited { retry_after_s }),
         Err(busy @ Held::Busy) => return Err(ApiError::Unavailable(busy.to_string())),
-    };
-    let mut conn = state.mysql.get_conn().await?;
-    let row: Option<(u64, Option<String>)> = conn
-        .exec_first(
-            "SELECT id, password_hash FROM app_user WHERE username = ?",
-            (&creds.username,),
-        )
-        .await?;
-    drop(conn);
-    let (user_id, hash) = match row {
-        Some((id, Some(hash))) => (Some(id), hash),
-        // Unknown user, or one that signs in with issued tokens only.
-        _ => (None, DECOY.clone()),
     };
     let password = creds.password;
     let matches = tokio::task::spawn_blocking(move || {
@@ -78,7 +85,7 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
     .context("the password check panicked")?;
     let Some(user_id) = user_id.filter(|_| matches) else {
         let wait = guard
-            .failed(&mut redis, &state.keys, &creds.username, now_ms)
+            .failed(&mut redis, &state.keys, &account, now_ms)
             .await?;
         tracing::info!(
             username_len = creds.username.len(),
@@ -87,9 +94,7 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
         );
         return Err(ApiError::Unauthorized("wrong username or password".into()));
     };
-    guard
-        .succeeded(&mut redis, &state.keys, &creds.username)
-        .await?;
+    guard.succeeded(&mut redis, &state.keys, &account).await?;
     let expires =
         Utc::now() + TimeDelta::seconds(state.config.settings.admission.token_ttl_s as i64);
     let token = state.tokens.sign(user_id, expires.timestamp());
