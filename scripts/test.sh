@@ -68,3 +68,8 @@ if ! node --test --test-concurrency=1 ui-tests/; then
   exit 1
 fi
 echo "screenshots: $SCREENSHOT_DIR"
+
+# Last: it closes and reopens events, creates users and changes the edge's limits for its
+# run, which the tests above must not see.
+step "API fuzz: schemathesis against docs/openapi.yaml, public (edge) and admin (scripts/fuzz-api.sh)"
+scripts/fuzz-api.sh

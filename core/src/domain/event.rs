@@ -168,10 +168,19 @@ fn text(field: &str, value: &str, max: usize) -> Result<String, String> {
     Ok(v.to_owned())
 }
 
+/// Times from 1970 to 9999 (UTC): what MySQL's DATETIME and the sale's millisecond
+/// clocks hold.
 fn time(field: &str, value: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(value)
+    use chrono::Datelike;
+    let t = DateTime::parse_from_rfc3339(value)
         .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| format!("{field} is not an RFC 3339 time ({value:?}): {e}"))
+        .map_err(|e| format!("{field} is not an RFC 3339 time ({value:?}): {e}"))?;
+    if !(1970..=9999).contains(&t.year()) {
+        return Err(format!(
+            "{field} must be within the years 1970..=9999 UTC, got {value:?}"
+        ));
+    }
+    Ok(t)
 }
 
 fn within(field: &str, value: i64, min: i64, max: i64) -> Result<u32, String> {
@@ -255,5 +264,18 @@ mod tests {
         let mut r = request(serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 1}]));
         r.show_time = "tomorrow".into();
         assert!(NewEvent::try_from(r).unwrap_err().contains("show_time"));
+        for out_of_range in [
+            "0017-01-10T00:00:00Z",
+            "1969-12-31T23:59:59Z",
+            "9999-12-31T23:00:00-02:00",
+        ] {
+            let mut r =
+                request(serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 1}]));
+            r.sale_start = out_of_range.into();
+            assert!(
+                NewEvent::try_from(r).unwrap_err().contains("1970..=9999"),
+                "{out_of_range}"
+            );
+        }
     }
 }

@@ -6,9 +6,11 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -72,11 +74,17 @@ pub async fn serve<H: Handler>(
                     let now = tokio::time::Instant::now();
                     req.extensions_mut().insert(BodyDeadline(now + limits.read_timeout));
                     async move {
-                        let answer = tokio::time::timeout(limits.request_timeout, handler.handle(req)).await;
-                        Ok::<_, Infallible>(answer.unwrap_or_else(|_| {
-                            tracing::warn!(server = name, timeout_ms = limits.request_timeout.as_millis() as u64, "request timed out");
-                            ApiError::Unavailable("the request took too long; retry shortly".into()).into_response()
-                        }))
+                        let handled = AssertUnwindSafe(handler.handle(req)).catch_unwind();
+                        let answer = match tokio::time::timeout(limits.request_timeout, handled).await {
+                            Ok(Ok(answer)) => answer,
+                            // A bug, never a dropped connection: 500, and the cause in the log.
+                            Ok(Err(_)) => ApiError::Unexpected(anyhow::anyhow!("the handler panicked")).into_response(),
+                            Err(_) => {
+                                tracing::warn!(server = name, timeout_ms = limits.request_timeout.as_millis() as u64, "request timed out");
+                                ApiError::Unavailable("the request took too long; retry shortly".into()).into_response()
+                            }
+                        };
+                        Ok::<_, Infallible>(answer)
                     }
                 });
                 let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));

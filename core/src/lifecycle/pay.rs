@@ -93,11 +93,12 @@ pub async fn apply(
     if !crate::auth::constant_time_eq(expected.as_bytes(), given.as_bytes()) {
         return Err(Refused::BadSignature);
     }
-    let cb: Callback = serde_json::from_slice(body)
+    let cb: Callback = crate::http::from_json(body)
         .map_err(|e| Refused::Invalid(format!("invalid callback: {e}")))?;
     let order_no = crate::http::canonical_id(&cb.order_no)
         .ok_or_else(|| Refused::Invalid("order_no is not a number".into()))?;
-    if cb.provider_txn_id.is_empty() || cb.provider_txn_id.len() > 128 {
+    // Characters, as the column (VARCHAR(128), utf8mb4) counts them.
+    if cb.provider_txn_id.is_empty() || cb.provider_txn_id.chars().count() > 128 {
         return Err(Refused::Invalid(
             "provider_txn_id must be 1..=128 characters".into(),
         ));

@@ -35,9 +35,9 @@ const MAX_USERNAME: usize = 128;
 
 pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError> {
     let creds: Credentials = read_json(req, 4096).await?;
-    if creds.username.is_empty() || creds.username.len() > MAX_USERNAME {
+    if creds.username.is_empty() || creds.username.chars().count() > MAX_USERNAME {
         return Err(ApiError::Invalid(format!(
-            "username: 1..={MAX_USERNAME} bytes"
+            "username: 1..={MAX_USERNAME} characters"
         )));
     }
     let mut conn = state.mysql.get_conn().await?;
