@@ -311,7 +311,8 @@ render_edge_conf() { # every file of openresty/conf/, ports and paths filled in 
   for f in "$ROOT"/openresty/conf/*; do
     sed -e "s#\${EDGE_PORT}#$EDGE_PORT#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
       -e "s#\${REDIS_PORT}#$REDIS_PORT#g" -e "s#\${STAMPEDE_ROOT}#$ROOT#g" \
-      -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$OPS_PORT#g" "$f" >"$1/$(basename "$f")"
+      -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$OPS_PORT#g" \
+      -e "s#\${TOKEN_SECRET_FILE}#$STACK_DIR/token.secret#g" "$f" >"$1/$(basename "$f")"
   done
   # Not read by nginx: makes an edited Lua module, or a rotated token secret, count
   # as a changed conf (a reload).
@@ -326,7 +327,7 @@ start_edge() {
       rm -rf "$EDGE_PREFIX/conf.new"
       say "  edge: already running on 127.0.0.1:$EDGE_PORT"
     else
-      STAMPEDE_TOKEN_SECRET_FILE=$STACK_DIR/token.secret nginx -p "$EDGE_PREFIX/" -c conf.new/nginx.conf -t -q \
+      nginx -p "$EDGE_PREFIX/" -c conf.new/nginx.conf -t -q \
         || die "nginx rejected openresty/conf/nginx.conf"
       rm -rf "$EDGE_PREFIX/conf.old" && mv "$EDGE_PREFIX/conf" "$EDGE_PREFIX/conf.old"
       mv "$EDGE_PREFIX/conf.new" "$EDGE_PREFIX/conf" && rm -rf "$EDGE_PREFIX/conf.old"
@@ -341,8 +342,6 @@ start_edge() {
   chmod 0777 "$EDGE_PREFIX/temp" # workers run as nobody and buffer request bodies here
   rm -rf "$EDGE_PREFIX/conf"
   render_edge_conf "$EDGE_PREFIX/conf"
-  # The master reads the keyring at start and at every reload (a rotation).
-  export STAMPEDE_TOKEN_SECRET_FILE=$STACK_DIR/token.secret
   nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf -t -q || die "nginx rejected openresty/conf/nginx.conf"
   nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf
   wait_for edge 20 || die "the edge did not come up; see $EDGE_PREFIX/logs/error.log"

@@ -108,6 +108,9 @@ pub struct LoginSettings {
     pub max_delay_s: u64,
     /// An account's failures are forgotten this long after its last one (or on success).
     pub failure_window_s: u64,
+    /// Failures of one account from every address in `failure_window_s` before it takes
+    /// no attempt at all until the window ends.
+    pub account_max_failures: u32,
     /// Password checks (Argon2, ~20 ms of CPU and 19 MiB each) running at once; more
     /// answer 503 with Retry-After instead of queueing without bound.
     pub max_concurrent_checks: usize,

@@ -89,10 +89,19 @@ impl Keys {
     }
 
     /// Hash `n` (failed logins in a row), `until_ms` (no attempt before): one account's
-    /// failed logins, by username (hex, so any name makes a plain key).
-    pub fn login_failures(&self, username: &str) -> String {
-        let hex: String = username.bytes().map(|b| format!("{b:02x}")).collect();
-        format!("{}login:fail:{hex}", self.prefix)
+    /// failed logins from one client address (both hex, so any text makes a plain key).
+    pub fn login_failures(&self, username: &str, address: &str) -> String {
+        format!(
+            "{}login:fail:{}:{}",
+            self.prefix,
+            hex(username),
+            hex(address)
+        )
+    }
+
+    /// Counter: one account's failed logins from every address, in the failure window.
+    pub fn login_failures_all(&self, username: &str) -> String {
+        format!("{}login:fail:{}", self.prefix, hex(username))
     }
 
     /// Hash: event id → `status:sale_start_ms:sale_end_ms`, read by the edge's refresh
@@ -100,6 +109,10 @@ impl Keys {
     pub fn sales_index(&self) -> String {
         format!("{}sales", self.prefix)
     }
+}
+
+fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Seat states as stored in the seat hashes.

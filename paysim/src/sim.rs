@@ -123,6 +123,31 @@ fn respond(status: http::StatusCode, content_type: &str, body: String) -> PageRe
 
 async fn page(server: &PageServer, req: http::Request<hyper::body::Incoming>) -> PageResponse {
     use http::{Method, StatusCode};
+    // Loopback is no defence against the buyer's own browser: a page from elsewhere
+    // could post the form (so a POST must come from this page's own origin) or reach it
+    // by a name rebound to 127.0.0.1 (so the Host must be this address).
+    let port = server.listen.port();
+    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let ours =
+        |host: &str| host == format!("127.0.0.1:{port}") || host == format!("localhost:{port}");
+    if !header(http::header::HOST).is_some_and(ours) {
+        return respond(
+            StatusCode::MISDIRECTED_REQUEST,
+            "text/plain",
+            "not this host".into(),
+        );
+    }
+    if req.method() == Method::POST
+        && !header(http::header::ORIGIN)
+            .and_then(|o| o.strip_prefix("http://"))
+            .is_some_and(ours)
+    {
+        return respond(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "only this page may post the form".into(),
+        );
+    }
     match (req.method().clone(), req.uri().path()) {
         (Method::GET, "/paysim/health") => respond(StatusCode::OK, "text/plain", "ok".into()),
         (Method::GET, "/paysim/pay") => {

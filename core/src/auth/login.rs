@@ -1,11 +1,18 @@
 //! The guards of `POST /api/login`, besides the edge's limit per client address:
-//! failed logins per account, with a wait that doubles per failure (so guessing one
-//! account's password from many addresses is as slow as from one), and a bound on the
-//! Argon2 checks running at once (each takes ~20 ms of CPU and 19 MiB).
 //!
-//! Failures live in Redis (one small hash per account, expiring), so every core
-//! instance counts the same failures. Unknown usernames are counted too: the answers
-//! must not tell which accounts exist.
+//! - failed logins per account and client address, with a wait that doubles per failure
+//!   — a guesser at one address slows down fast, while the account's owner, elsewhere,
+//!   is not locked out by someone else's failures;
+//! - failed logins per account from any address, capped (`login.account_max_failures`
+//!   in `login.failure_window_s`): guessing spread over many addresses is bounded too,
+//!   at the price that someone failing that often can hold the account for the rest of
+//!   the window;
+//! - a bound on the Argon2 checks running at once (each ~20 ms of CPU and 19 MiB), the
+//!   slot held by the check itself, so a client that hangs up frees nothing early.
+//!
+//! Failures live in Redis (small keys that expire), so every core instance counts the
+//! same failures. Unknown usernames are counted too: the answers must not tell which
+//! accounts exist.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +27,8 @@ use crate::keys::Keys;
 /// Why a login attempt may not be checked now.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Held {
-    /// Too many failures for this account: the next attempt after this long.
+    /// Too many failures for this account (from this address, or from all): the next
+    /// attempt after this long.
     #[error("too many failed logins for this account; retry in {0} s")]
     Waiting(u64),
     /// Every password check slot is busy.
@@ -47,13 +55,20 @@ impl LoginGuard {
         redis: &mut ConnectionManager,
         keys: &Keys,
         username: &str,
+        address: &str,
         now_ms: i64,
     ) -> Result<Result<OwnedSemaphorePermit, Held>, redis::RedisError> {
-        let until: Option<i64> = redis
-            .hget(keys.login_failures(username), "until_ms")
+        let (until, failures, ttl_s): (Option<i64>, Option<u32>, i64) = redis::pipe()
+            .hget(keys.login_failures(username, address), "until_ms")
+            .get(keys.login_failures_all(username))
+            .ttl(keys.login_failures_all(username))
+            .query_async(redis)
             .await?;
         if let Some(until) = until.filter(|u| *u > now_ms) {
             return Ok(Err(Held::Waiting(((until - now_ms) as u64).div_ceil(1000))));
+        }
+        if failures.is_some_and(|n| n >= self.settings.account_max_failures) {
+            return Ok(Err(Held::Waiting(ttl_s.max(1) as u64)));
         }
         Ok(self
             .checks
@@ -62,35 +77,49 @@ impl LoginGuard {
             .map_err(|_| Held::Busy))
     }
 
-    /// Records a failed attempt: the account's wait before its next one.
+    /// Records a failed attempt: the wait before this address's next one.
     pub async fn failed(
         &self,
         redis: &mut ConnectionManager,
         keys: &Keys,
         username: &str,
+        address: &str,
         now_ms: i64,
     ) -> Result<Duration, redis::RedisError> {
-        let key = keys.login_failures(username);
-        let n: u32 = redis.hincr(&key, "n", 1).await?;
+        let key = keys.login_failures(username, address);
+        let all = keys.login_failures_all(username);
+        let window = self.settings.failure_window_s as i64;
+        let (n, _): (u32, u32) = redis::pipe()
+            .hincr(&key, "n", 1)
+            .incr(&all, 1)
+            .query_async(redis)
+            .await?;
         let wait = self.wait_after(n);
         let (): () = redis::pipe()
             .hset(&key, "until_ms", now_ms + wait.as_millis() as i64)
             .ignore()
-            .expire(&key, self.settings.failure_window_s as i64)
+            .expire(&key, window)
+            .ignore()
+            // NX: the window counts from the first failure, so a steady trickle ends.
+            .cmd("EXPIRE")
+            .arg(&all)
+            .arg(window)
+            .arg("NX")
             .ignore()
             .query_async(redis)
             .await?;
         Ok(wait)
     }
 
-    /// A success forgets the account's failures.
+    /// A success forgets this address's failures for the account (not the others').
     pub async fn succeeded(
         &self,
         redis: &mut ConnectionManager,
         keys: &Keys,
         username: &str,
+        address: &str,
     ) -> Result<(), redis::RedisError> {
-        redis.del(keys.login_failures(username)).await
+        redis.del(keys.login_failures(username, address)).await
     }
 
     /// The wait after `n` failures in a row: none below `free_failures`, then the base
@@ -115,6 +144,7 @@ mod tests {
             base_delay_ms: 1000,
             max_delay_s: 300,
             failure_window_s: 900,
+            account_max_failures: 100,
             max_concurrent_checks: 2,
         })
     }

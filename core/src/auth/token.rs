@@ -59,10 +59,11 @@ pub struct Keyring {
 }
 
 impl Keyring {
-    /// One secret per line, the current first; blank lines ignored.
+    /// One secret per line (or comma-separated, as in an environment variable), the
+    /// current first; blank entries ignored. The edge reads it the same way.
     pub fn parse(text: &str) -> Result<Keyring, KeyringError> {
         let keys = text
-            .lines()
+            .split(['\n', '\r', ','])
             .map(str::trim)
             .filter(|l| !l.is_empty())
             .enumerate()
@@ -296,6 +297,9 @@ mod tests {
             Keyring::parse(&format!("{A}\nshort\n")),
             Err(KeyringError::TooShort(2))
         ));
+        // The edge's format too: commas, as in STAMPEDE_TOKEN_SECRET.
+        let ring = Keyring::parse(&format!("{A},{B}")).unwrap();
+        assert_eq!(ring.ids(), vec![key_id(A), key_id(B)]);
     }
 
     #[test]

@@ -34,6 +34,14 @@ static DECOY: LazyLock<String> = LazyLock::new(|| {
 const MAX_USERNAME: usize = 128;
 
 pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError> {
+    // The client's address as the edge saw it (it overwrites the header); a caller on
+    // the core's own, internal port without it counts as one address.
+    let address = req
+        .headers()
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().chars().take(64).collect::<String>())
+        .unwrap_or_else(|| "direct".to_owned());
     let creds: Credentials = read_json(req, 4096).await?;
     if creds.username.is_empty() || creds.username.chars().count() > MAX_USERNAME {
         return Err(ApiError::Invalid(format!(
@@ -63,8 +71,8 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
     let mut redis = state.redis.clone();
     let now_ms = Utc::now().timestamp_millis();
     let guard = &state.login;
-    let _slot = match guard
-        .admit(&mut redis, &state.keys, &account, now_ms)
+    let slot = match guard
+        .admit(&mut redis, &state.keys, &account, &address, now_ms)
         .await?
     {
         Ok(slot) => slot,
@@ -73,6 +81,9 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
     };
     let password = creds.password;
     let matches = tokio::task::spawn_blocking(move || {
+        // Held by the check itself: a request dropped meanwhile (the client hung up, the
+        // deadline passed) does not free a slot while Argon2 still runs.
+        let _slot = slot;
         PasswordHash::new(&hash)
             .map(|parsed| {
                 argon2::Argon2::default()
@@ -85,7 +96,7 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
     .context("the password check panicked")?;
     let Some(user_id) = user_id.filter(|_| matches) else {
         let wait = guard
-            .failed(&mut redis, &state.keys, &account, now_ms)
+            .failed(&mut redis, &state.keys, &account, &address, now_ms)
             .await?;
         tracing::info!(
             username_len = creds.username.len(),
@@ -94,7 +105,9 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
         );
         return Err(ApiError::Unauthorized("wrong username or password".into()));
     };
-    guard.succeeded(&mut redis, &state.keys, &account).await?;
+    guard
+        .succeeded(&mut redis, &state.keys, &account, &address)
+        .await?;
     let expires =
         Utc::now() + TimeDelta::seconds(state.config.settings.admission.token_ttl_s as i64);
     let token = state.tokens.sign(user_id, expires.timestamp());

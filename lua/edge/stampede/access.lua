@@ -14,6 +14,10 @@ local _M = {}
 
 local passed       -- shared dict: "<user>:<event>:<Idempotency-Key>" of purchases let through
 local passed_ttl_s
+-- A key let through waits this long for the core's answer (proxy_read_timeout and some);
+-- only an answer that may be a 202 keeps it for passed_ttl_s.
+local PENDING_TTL_S = 15
+local PENDING, QUEUED = 1, 2 -- a key's state: let through, or answered (maybe) 202
 
 -- opts: {passed_dict, passed_ttl_s}
 function _M.init(opts)
@@ -80,22 +84,27 @@ function _M.purchase()
     local status, code, message = state.gate(event_id, category_of)
     if status then return reject(status, code, message) end
   end
-  if key then
-    local ok, err = passed:set(key, true, passed_ttl_s)
-    if not ok then ngx.log(ngx.WARN, "idempotency-key dict: ", err) end
-  end
+  -- Pending until the core answers; a key remembered already keeps its lifetime. Never
+  -- evicting (safe_add): a full dict costs a new key its shortcut, not someone else's.
+  if key then passed:safe_add(key, PENDING, PENDING_TTL_S) end
 end
 
--- The header filter of the purchase location: a key the core refused for good is
--- forgotten, so its repeat meets the flags again; a 202, or no definite answer (5xx,
--- no answer at all), keeps it. The edge's own rejections change nothing.
+-- The header filter of the purchase location: an answer from the core that is, or may
+-- be, a 202 (a 202, a 5xx, a timeout) keeps the key for passed_ttl_s; any other answer
+-- forgets a pending key (its repeat meets the flags again) and leaves a key that had a
+-- 202 before as it is. Keys the core never saw (the edge's own refusals, nginx's own
+-- 4xx) lapse within PENDING_TTL_S.
 function _M.purchase_answered()
-  local status = ngx.status
-  if status == 202 or status >= 500 or not ngx.var.upstream_status or ngx.var.stampede_user == "" then
-    return
-  end
+  if not ngx.var.upstream_status or ngx.var.stampede_user == "" then return end
   local key = passed_key(ngx.var.stampede_user, ngx.var.stampede_event)
-  if key then passed:delete(key) end
+  if not key then return end
+  local status = ngx.status
+  if status == 202 or status >= 500 then
+    local ok, err = passed:safe_set(key, QUEUED, passed_ttl_s)
+    if not ok then ngx.log(ngx.WARN, "idempotency-key dict: ", err) end
+  elseif passed:get(key) == PENDING then
+    passed:delete(key)
+  end
 end
 
 -- Every other call of the public API but login: a valid token, and the API's limits.

@@ -8,13 +8,14 @@ local stats = require "stampede.stats"
 
 local _M = {}
 
--- opts: token_secret_file_env, token_secret_env, state_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s, redis = {host, port, prefix,
+-- opts: token_secret_file, token_secret_file_env, token_secret_env, state_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s, redis = {host, port, prefix,
 -- timeout_ms}, refresh_interval_s, limits, routes (see nginx.conf).
 function _M.init(opts)
   -- The token keyring: a file (read here, by the master, at every start and reload —
   -- `nginx -s reload` after `stampede rotate-token-secret`), else an environment variable.
   local text
-  local file = os.getenv(opts.token_secret_file_env)
+  local file = opts.token_secret_file
+  if not file or file == "" then file = os.getenv(opts.token_secret_file_env) end
   if file and file ~= "" then
     local f = assert(io.open(file, "r"))
     text = f:read("*a")

@@ -9,7 +9,7 @@ use redis::AsyncCommands;
 use serde_json::json;
 use stampede_e2e::{RawAnswer, Stack, eventually, raw_request, root, small_sale, stack_app};
 
-use crate::edge::open_sale;
+use crate::edge::{core_answers, open_sale};
 
 fn assert_not_found(a: &RawAnswer, what: &str) {
     assert_eq!(a.status, 404, "{what}: {a:?}");
@@ -174,7 +174,8 @@ async fn a_retried_purchase_gets_its_first_answer_after_the_sell_out() {
     let admitted = first.iter().filter(|(s, _)| *s == 202).count();
     assert_eq!(admitted, units as usize, "{first:?}");
 
-    // The edge knows the category is sold out: a new buyer hears it from the edge.
+    // The edge knows the category is sold out: a new buyer hears it from the edge, not
+    // the core (whose count of 409s stays put).
     let late = app.admin.buyers(1).await.remove(0);
     let mut n = 0;
     let edge_says_sold_out = eventually(Duration::from_secs(10), || {
@@ -182,12 +183,18 @@ async fn a_retried_purchase_gets_its_first_answer_after_the_sell_out() {
         let key = format!("late-{n}");
         let (app, late, body) = (&app, &late, body.clone());
         async move {
+            let before = core_answers(app, 409).await;
             let (status, answer) = app.buy(event, late, &key, body).await;
-            status == 409 && answer["error"]["code"] == "SOLD_OUT"
+            status == 409
+                && answer["error"]["code"] == "SOLD_OUT"
+                && core_answers(app, 409).await == before
         }
     })
     .await;
-    assert!(edge_says_sold_out);
+    assert!(
+        edge_says_sold_out,
+        "the edge never answered SOLD_OUT itself"
+    );
 
     // Every buyer retries with the same key: a 202 stays a 202 with the same request id.
     for (i, buyer) in buyers.iter().enumerate() {
@@ -234,8 +241,30 @@ async fn the_payment_simulator_is_not_on_the_public_port_and_redirects_home_only
         .await;
         assert_eq!(a.status, 404, "edge {method} {path}: {a:?}");
     }
-    // The simulator itself, on its loopback port: a return path on the shop only.
-    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    // The simulator itself, on its loopback port: only its own page posts its form, only
+    // under its own address (no other site, no name rebound to 127.0.0.1).
+    let own = format!("http://127.0.0.1:{}", stack.paysim_port);
+    let decline = "order_no=1&amount_cents=1&action=decline&return=%2F";
+    let form_type = ("Content-Type", "application/x-www-form-urlencoded");
+    for (headers, status) in [
+        (vec![form_type], 403),
+        (vec![form_type, ("Origin", "http://evil.example")], 403),
+        (vec![form_type, ("Origin", "null")], 403),
+        (
+            vec![
+                form_type,
+                ("Origin", own.as_str()),
+                ("Host", "evil.example"),
+            ],
+            421,
+        ),
+    ] {
+        let a = raw_request(stack.paysim_port, "POST", "/paysim/pay", &headers, decline).await;
+        assert_eq!(a.status, status, "{headers:?}: {a:?}");
+        assert_eq!(a.header("location"), None);
+    }
+    // A return path on the shop only.
+    let form = [form_type, ("Origin", own.as_str())];
     for ret in [
         "%2F%5Cevil.example",
         "/%5Cevil.example",
@@ -365,12 +394,27 @@ async fn the_token_secret_rotates_with_no_restart_and_no_logout() {
 }
 
 async fn login(app: &stampede_e2e::TestApp, username: &str, password: &str) -> reqwest::Response {
+    login_from(app, "127.0.0.1", username, password).await
+}
+
+/// A login as the edge would pass it on for a client at `address` (a header only).
+async fn login_from(
+    app: &stampede_e2e::TestApp,
+    address: &str,
+    username: &str,
+    password: &str,
+) -> reqwest::Response {
     app.http
         .post(format!("{}/api/login", app.public_url))
+        .header("X-Forwarded-For", address)
         .json(&json!({"username": username, "password": password}))
         .send()
         .await
         .unwrap()
+}
+
+fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 #[tokio::test]
@@ -378,6 +422,7 @@ async fn failed_logins_make_that_account_wait_longer_and_longer() {
     let app = stampede_e2e::spawn_app_with(|s| {
         s.login.free_failures = 3;
         s.login.base_delay_ms = 60_000;
+        s.login.account_max_failures = 6;
     })
     .await;
     let (status, users) = app
@@ -397,7 +442,8 @@ async fn failed_logins_make_that_account_wait_longer_and_longer() {
         let resp = login(&app, name, "guess").await;
         assert_eq!(resp.status(), 401, "attempt {attempt} as {name:?}");
     }
-    // The fourth try waits, even with the right password: it is not even checked.
+    // The next try from that address waits, even with the right password: it is not
+    // even checked.
     let resp = login(&app, &victim.replacen('u', "U", 1), "right-password").await;
     assert_eq!(resp.status(), 429);
     let wait: u64 = resp.headers()["retry-after"]
@@ -408,23 +454,35 @@ async fn failed_logins_make_that_account_wait_longer_and_longer() {
     assert!((50..=60).contains(&wait), "Retry-After {wait}");
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "RATE_LIMITED");
+    // The owner, at another address, is not locked out by the guesser's failures.
+    let owner = login_from(&app, "127.0.0.2", &victim, "right-password").await;
+    assert_eq!(owner.status(), 200);
+    // A guesser spread over addresses meets the account's ceiling: 6 failures in all.
+    for _ in 0..3 {
+        let resp = login_from(&app, "127.0.0.3", &victim, "guess").await;
+        assert_eq!(resp.status(), 401);
+    }
+    let resp = login_from(&app, "127.0.0.4", &victim, "right-password").await;
+    assert_eq!(
+        resp.status(),
+        429,
+        "the account's ceiling holds at every address"
+    );
     // Unknown accounts are counted alike, so the answers do not tell who exists.
     for _ in 0..3 {
         assert_eq!(login(&app, "no-such-user", "guess").await.status(), 401);
     }
     assert_eq!(login(&app, "no-such-user", "guess").await.status(), 429);
-    // Another account is not held up; its success forgets its own failures.
+    // Another account is not held up; its success forgets its failures there.
     assert_eq!(login(&app, &bystander, "guess").await.status(), 401);
     assert_eq!(
         login(&app, &bystander, "right-password").await.status(),
         200
     );
     let key = app.key(&format!(
-        "login:fail:{}",
-        bystander
-            .bytes()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
+        "login:fail:{}:{}",
+        hex(&bystander),
+        hex("127.0.0.1")
     ));
     let left: bool = app.redis.clone().exists(&key).await.unwrap();
     assert!(!left, "a success forgets the failures");

@@ -18,6 +18,18 @@ async fn edge_get(app: &StackApp, path: &str, token: Option<&str>) -> reqwest::R
 }
 
 /// Creates and publishes a sale, then waits until the edge knows it is open.
+/// How many answers of `status` the stack's core gave on its public port.
+pub(crate) async fn core_answers(app: &StackApp, status: u16) -> u64 {
+    let (_, metrics) = app.admin.get("/metrics").await;
+    let line = format!("stampede_http_responses_total{{listener=\"public\",status=\"{status}\"}} ");
+    metrics
+        .as_str()
+        .unwrap_or("")
+        .lines()
+        .find_map(|l| l.strip_prefix(line.as_str())?.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 pub(crate) async fn open_sale(app: &StackApp, sale: serde_json::Value) -> (u64, Vec<u64>) {
     let (event, categories) = app.admin.create_event(sale).await;
     app.admin.publish(event).await;
@@ -29,6 +41,9 @@ pub(crate) async fn open_sale(app: &StackApp, sale: serde_json::Value) -> (u64, 
     })
     .await;
     assert!(known, "the edge did not learn of event {event}");
+    // That worker knows; each of the others adopts the snapshot on its next refresh
+    // timer (edge refresh_interval_s = 0.2): two intervals, and all of them do.
+    tokio::time::sleep(Duration::from_millis(400)).await;
     (event, categories)
 }
 
@@ -199,16 +214,7 @@ async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
     );
     // Every category is sold out now; the edge learns it from its refresh. A 409 proves
     // that only if the core did not answer it: its count of public 409s stays put.
-    let core_409s = || async {
-        let (_, metrics) = app.admin.get("/metrics").await;
-        let line = "stampede_http_responses_total{listener=\"public\",status=\"409\"} ";
-        metrics
-            .as_str()
-            .unwrap_or("")
-            .lines()
-            .find_map(|l| l.strip_prefix(line)?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let core_409s = || core_answers(&app, 409);
     let learned = eventually(Duration::from_secs(10), || async {
         let before = core_409s().await;
         let (status, body) = app
