@@ -88,7 +88,7 @@ impl Keys {
         format!("{}edge:limits", self.prefix)
     }
 
-    /// Hash `n` (failed logins in a row), `until_ms` (no attempt before): one account's
+    /// Hash `n` (failed logins in a row), `last_ms` (the last one's time): one account's
     /// failed logins from one client address (both hex, so any text makes a plain key).
     pub fn login_failures(&self, username: &str, address: &str) -> String {
         format!(

@@ -330,10 +330,12 @@ impl TestApp {
 
     /// Units Redis still has for a category.
     pub async fn stock(&self, event_id: u64, category_id: u64) -> i64 {
-        let key = self.key(&format!("{{ev:{event_id}}}:stock"));
-        redis::AsyncCommands::hget(&mut self.redis.clone(), key, category_id)
-            .await
-            .unwrap()
+        stock_in(
+            &self.redis,
+            self.key(&format!("{{ev:{event_id}}}:stock")),
+            category_id,
+        )
+        .await
     }
 
     /// Reservations in the event's stream, not yet settled.
@@ -712,6 +714,13 @@ impl TestApp {
     }
 }
 
+/// A category's units in an event's stock hash `key`.
+async fn stock_in(redis: &redis::aio::MultiplexedConnection, key: String, category_id: u64) -> i64 {
+    redis::AsyncCommands::hget(&mut redis.clone(), key, category_id)
+        .await
+        .unwrap()
+}
+
 /// `POST {base}/api/events/{id}/orders` with a token and an Idempotency-Key.
 pub async fn purchase(
     http: &reqwest::Client,
@@ -791,10 +800,12 @@ impl StackApp {
 
     /// Units Redis still has for a category.
     pub async fn stock(&self, event_id: u64, category_id: u64) -> i64 {
-        let key = self.key(&format!("{{ev:{event_id}}}:stock"));
-        redis::AsyncCommands::hget(&mut self.redis.clone(), key, category_id)
-            .await
-            .unwrap()
+        stock_in(
+            &self.redis,
+            self.key(&format!("{{ev:{event_id}}}:stock")),
+            category_id,
+        )
+        .await
     }
 
     /// A purchase through the edge.

@@ -13,7 +13,7 @@ use secrecy::ExposeSecret;
 use crate::app::AppState;
 use crate::auth::constant_time_eq;
 use crate::health;
-use crate::http::{ApiError, Request, Response, bearer, canonical_id, segments, text};
+use crate::http::{ApiError, Request, Response, allowed, bearer, canonical_id, segments, text};
 
 /// Every endpoint of the admin port, each with its one spelling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,9 +85,8 @@ pub async fn route(state: &AppState, req: Request) -> Response {
     let Some(endpoint) = Endpoint::of(path) else {
         return not_found(path).into_response();
     };
-    let allow = endpoint.allow();
-    if !allow.split(", ").any(|m| m == req.method().as_str()) {
-        return ApiError::MethodNotAllowed(allow).into_response();
+    if let Err(e) = allowed(endpoint.allow(), req.method()) {
+        return e.into_response();
     }
     match endpoint {
         Healthz => return health::healthz(),

@@ -58,14 +58,20 @@ impl LoginGuard {
         address: &str,
         now_ms: i64,
     ) -> Result<Result<OwnedSemaphorePermit, Held>, redis::RedisError> {
-        let (until, failures, ttl_s): (Option<i64>, Option<u32>, i64) = redis::pipe()
-            .hget(keys.login_failures(username, address), "until_ms")
-            .get(keys.login_failures_all(username))
-            .ttl(keys.login_failures_all(username))
-            .query_async(redis)
-            .await?;
-        if let Some(until) = until.filter(|u| *u > now_ms) {
-            return Ok(Err(Held::Waiting(((until - now_ms) as u64).div_ceil(1000))));
+        let all = keys.login_failures_all(username);
+        let ((n, last_ms), failures, ttl_s): ((Option<u32>, Option<i64>), Option<u32>, i64) =
+            redis::pipe()
+                .hget(keys.login_failures(username, address), &["n", "last_ms"])
+                .get(&all)
+                .ttl(&all)
+                .query_async(redis)
+                .await?;
+        // The wait follows from the failures in a row and the time of the last one.
+        if let (Some(n), Some(last_ms)) = (n, last_ms) {
+            let until = last_ms + self.wait_after(n).as_millis() as i64;
+            if until > now_ms {
+                return Ok(Err(Held::Waiting(((until - now_ms) as u64).div_ceil(1000))));
+            }
         }
         if failures.is_some_and(|n| n >= self.settings.account_max_failures) {
             return Ok(Err(Held::Waiting(ttl_s.max(1) as u64)));
@@ -77,7 +83,7 @@ impl LoginGuard {
             .map_err(|_| Held::Busy))
     }
 
-    /// Records a failed attempt: the wait before this address's next one.
+    /// Records a failed attempt, in one round trip: the wait before this address's next.
     pub async fn failed(
         &self,
         redis: &mut ConnectionManager,
@@ -89,16 +95,13 @@ impl LoginGuard {
         let key = keys.login_failures(username, address);
         let all = keys.login_failures_all(username);
         let window = self.settings.failure_window_s as i64;
-        let (n, _): (u32, u32) = redis::pipe()
+        let (n,): (u32,) = redis::pipe()
             .hincr(&key, "n", 1)
-            .incr(&all, 1)
-            .query_async(redis)
-            .await?;
-        let wait = self.wait_after(n);
-        let (): () = redis::pipe()
-            .hset(&key, "until_ms", now_ms + wait.as_millis() as i64)
+            .hset(&key, "last_ms", now_ms)
             .ignore()
             .expire(&key, window)
+            .ignore()
+            .incr(&all, 1)
             .ignore()
             // NX: the window counts from the first failure, so a steady trickle ends.
             .cmd("EXPIRE")
@@ -108,7 +111,7 @@ impl LoginGuard {
             .ignore()
             .query_async(redis)
             .await?;
-        Ok(wait)
+        Ok(self.wait_after(n))
     }
 
     /// A success forgets this address's failures for the account (not the others').

@@ -122,6 +122,16 @@ pub fn segments(path: &str) -> Option<Vec<&str>> {
     (!segs.iter().any(|s| s.is_empty())).then_some(segs)
 }
 
+/// Whether `method` is one of an endpoint's `allow` ("GET", "GET, PUT"): else 405
+/// naming them, the one answer both ports give.
+pub fn allowed(allow: &'static str, method: &http::Method) -> Result<(), ApiError> {
+    if allow.split(", ").any(|m| m == method.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::MethodNotAllowed(allow))
+    }
+}
+
 /// An id in canonical decimal: digits only, no sign, no leading zero, within u64.
 /// `+1`, `01`, `%31`, `1.0` and `18446744073709551616` are not ids.
 pub fn canonical_id(segment: &str) -> Option<u64> {

@@ -7,11 +7,10 @@ mod login;
 mod orders;
 
 use chrono::Utc;
-use http::Method;
 
 use crate::app::AppState;
 use crate::health;
-use crate::http::{ApiError, Request, Response, bearer, canonical_id, segments};
+use crate::http::{ApiError, Request, Response, allowed, bearer, canonical_id, segments};
 
 /// Every endpoint of the public port, each with its one spelling and its one method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,13 +51,12 @@ impl Endpoint {
         })
     }
 
-    fn method(self) -> (Method, &'static str) {
+    /// The method the endpoint takes, as an `Allow` header lists it.
+    fn allow(self) -> &'static str {
         use Endpoint::*;
         match self {
-            Healthz | Readyz | Events | Event(_) | Seats(_) | PurchaseStatus(_) | Order(_) => {
-                (Method::GET, "GET")
-            }
-            Login | PaymentCallback | Purchase(_) | Cancel(_) | Pay(_) => (Method::POST, "POST"),
+            Healthz | Readyz | Events | Event(_) | Seats(_) | PurchaseStatus(_) | Order(_) => "GET",
+            Login | PaymentCallback | Purchase(_) | Cancel(_) | Pay(_) => "POST",
         }
     }
 }
@@ -69,9 +67,8 @@ pub async fn route(state: &AppState, req: Request) -> Response {
     let Some(endpoint) = Endpoint::of(path) else {
         return not_found(path).into_response();
     };
-    let (method, allow) = endpoint.method();
-    if req.method() != method {
-        return ApiError::MethodNotAllowed(allow).into_response();
+    if let Err(e) = allowed(endpoint.allow(), req.method()) {
+        return e.into_response();
     }
     let outcome = match endpoint {
         Healthz => return health::healthz(),

@@ -80,10 +80,9 @@ function _M.purchase()
   local event_id = ngx.var.stampede_event
   limited("orders", uid, event_id)
   local key = passed_key(uid, event_id)
-  if not (key and passed:get(key)) then
-    local status, code, message = state.gate(event_id, category_of)
-    if status then return reject(status, code, message) end
-  end
+  local status, code, message = state.gate(event_id, category_of)
+  -- The remembered keys are read only for a purchase the flags refuse.
+  if status and not (key and passed:get(key)) then return reject(status, code, message) end
   -- Pending until the core answers; a key remembered already keeps its lifetime. Never
   -- evicting (safe_add): a full dict costs a new key its shortcut, not someone else's.
   if key then passed:safe_add(key, PENDING, PENDING_TTL_S) end
