@@ -1,18 +1,19 @@
-//! Wiring: connect to the dependencies, apply the schema, bind the listeners, run
-//! until told to stop, then drain.
+//! Wiring: connect to the dependencies, apply the schema, bind the listeners, start
+//! each flow's workers, consumers and sweepers, run until told to stop, then drain.
+//! Nothing below this module imports it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use mysql_async::Pool;
-use redis::aio::ConnectionManager;
 use secrecy::ExposeSecret;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
+use crate::admission::Admission;
 use crate::admission::throttle::Throttle;
+use crate::auth::keyring;
 use crate::auth::login::LoginGuard;
 use crate::auth::token::TokenSigner;
 use crate::catalog::EventCache;
@@ -22,40 +23,23 @@ use crate::http::{Request, Response};
 use crate::ids::{self, OrderIds};
 use crate::infra;
 use crate::keys::Keys;
+use crate::lifecycle::{self, Lifecycle};
 use crate::lock::Lock;
+use crate::messaging::{self, Mq, MqSettings, Names};
 use crate::metrics::Metrics;
-use crate::orders::{Pipeline, mq};
+use crate::orders::Pipeline;
+use crate::orders::tx::OrdersTxListener;
 use crate::preload::Preloader;
 use crate::reconcile::Reconciler;
+use crate::shutdown::Stopper;
+use crate::state::AppState;
+use crate::stock_sync;
 
 /// Connections the kernel may queue for each listener before the core accepts them.
 const LISTEN_BACKLOG: u32 = 4096;
 
 /// How long start-up waits for the broker before going on without it (not ready).
 const BROKER_WAIT: Duration = Duration::from_secs(10);
-
-/// What every handler shares.
-pub struct AppState {
-    pub config: Resolved,
-    pub redis: ConnectionManager,
-    pub mysql: Pool,
-    pub keys: Keys,
-    pub tokens: TokenSigner,
-    /// Failed logins per account, and the bound on password checks at once.
-    pub login: LoginGuard,
-    pub preloader: Preloader,
-    /// Compares Redis with MySQL and heals drift (periodic job and admin endpoint).
-    pub reconciler: Reconciler,
-    pub metrics: Metrics,
-    /// Events as the hot path reads them (moka, short TTL).
-    pub events: Arc<EventCache>,
-    /// The core's own rate limits, behind the edge's.
-    pub limits: Throttle,
-    /// Mints order numbers with this instance's leased worker id.
-    pub order_ids: Arc<OrderIds>,
-    /// The order pipeline, when `orders.enabled`.
-    pub pipeline: Option<Arc<Pipeline>>,
-}
 
 /// Why the core could not start; the binary maps it to an exit code.
 #[derive(Debug, thiserror::Error)]
@@ -70,29 +54,38 @@ pub enum BuildError {
     },
 }
 
+/// Faults only a test can inject (`App::inject`); no configuration reaches them.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TestFaults {
+    /// After committing a batch's orders, answer the broker UNKNOWN, so that its
+    /// check-back must settle every transaction.
+    pub checkback_only: bool,
+}
+
 /// A built core: connected, migrated, listening.
 pub struct App {
     state: Arc<AppState>,
     worker_lease: Lock,
     public: TcpListener,
     admin: TcpListener,
-    stop: watch::Sender<bool>,
+    stopper: Stopper,
+    faults: TestFaults,
 }
 
-/// Tells a running [`App`] to stop; cheap to clone.
-#[derive(Clone)]
-pub struct Stopper(watch::Sender<bool>);
-
-impl Stopper {
-    pub fn stop(&self) {
-        let _ = self.0.send(true);
-    }
-}
-
-/// Resolves once the stop signal is given (or its sender is gone).
-pub async fn stopped(stop: &mut watch::Receiver<bool>) {
-    // wait_for's guard is not Send; drop it here, before the caller awaits anything else.
-    let _ = stop.wait_for(|stopped| *stopped).await.map(|_| ());
+/// Binds with a deep accept queue (the kernel caps it at somaxconn) rather than
+/// tokio's default of 1024: a sale opens with a burst of connections.
+fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BuildError> {
+    let listen = || {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    listen().map_err(|source| BuildError::Bind { what, addr, source })
 }
 
 impl App {
@@ -122,23 +115,8 @@ impl App {
                 "starting without RocketMQ; /readyz says 503 until it answers"
             );
         }
-        let bind = |what, addr: SocketAddr| async move {
-            // A sale opens with a burst of connections: a deep accept queue (the kernel
-            // caps it at somaxconn) rather than tokio's default of 1024.
-            let listen = || {
-                let socket = if addr.is_ipv4() {
-                    TcpSocket::new_v4()?
-                } else {
-                    TcpSocket::new_v6()?
-                };
-                socket.set_reuseaddr(true)?;
-                socket.bind(addr)?;
-                socket.listen(LISTEN_BACKLOG)
-            };
-            listen().map_err(|source| BuildError::Bind { what, addr, source })
-        };
-        let public = bind("public API", config.public_addr).await?;
-        let admin = bind("admin API", config.admin_addr).await?;
+        let public = bind("public API", config.public_addr)?;
+        let admin = bind("admin API", config.admin_addr)?;
         let keys = Keys::new(&s.redis.key_prefix);
         let lease = Duration::from_secs(s.ids.worker_lease_s);
         let worker_lease = ids::lease_worker_id(&mut redis.clone(), &keys, lease)
@@ -153,7 +131,6 @@ impl App {
             mysql.clone(),
             Duration::from_millis(s.admission.event_cache_ttl_ms),
         ));
-        let limits = Throttle::new(&s.admission);
         let metrics = Metrics::new();
         let pipeline = s.orders.enabled.then(|| {
             Arc::new(Pipeline {
@@ -172,6 +149,21 @@ impl App {
         });
         let preloader = Preloader::new(redis.clone(), mysql.clone(), keys.clone(), s);
         let reconciler = Reconciler::new(preloader.clone(), s, &metrics);
+        let admission = Admission {
+            redis: redis.clone(),
+            keys: keys.clone(),
+            events: events.clone(),
+            limits: Throttle::new(&s.admission),
+            order_ids,
+            preloader: preloader.clone(),
+            max_stream_depth: s.orders.max_stream_depth,
+        };
+        let lifecycle = Lifecycle {
+            mysql: mysql.clone(),
+            redis: redis.clone(),
+            keys: keys.clone(),
+            shards: s.mysql.order_shards,
+        };
         let state = Arc::new(AppState {
             tokens: TokenSigner::from_text(config.token_secret.expose_secret())
                 .expect("the keyring was checked when the configuration was resolved"),
@@ -184,18 +176,25 @@ impl App {
             reconciler,
             metrics,
             events,
-            limits,
-            order_ids,
+            admission,
+            lifecycle,
             pipeline,
         });
-        let (stop, _) = watch::channel(false);
         Ok(App {
             state,
             worker_lease,
             public,
             admin,
-            stop,
+            stopper: Stopper::new(),
+            faults: TestFaults::default(),
         })
+    }
+
+    /// For tests only: run with these faults.
+    #[doc(hidden)]
+    pub fn inject(mut self, faults: TestFaults) -> App {
+        self.faults = faults;
+        self
     }
 
     pub fn public_port(&self) -> u16 {
@@ -207,7 +206,7 @@ impl App {
     }
 
     pub fn stopper(&self) -> Stopper {
-        Stopper(self.stop.clone())
+        self.stopper.clone()
     }
 
     /// Serves both APIs and runs the background jobs until [`Stopper::stop`].
@@ -217,79 +216,73 @@ impl App {
             worker_lease,
             public,
             admin,
-            stop,
+            stopper,
+            faults,
         } = self;
-        let grace = state.config.shutdown_grace();
-        let p = &state.config.settings.preload;
-        let scheduler = tokio::spawn(state.preloader.clone().run_scheduler(
-            Duration::from_secs(p.interval_s),
-            Duration::from_secs(p.window_s),
-            stop.subscribe(),
+        let s = &state.config.settings;
+        let mut tasks: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
+        let p = &s.preload;
+        tasks.push((
+            "the preload scheduler",
+            tokio::spawn(state.preloader.clone().run_scheduler(
+                Duration::from_secs(p.interval_s),
+                Duration::from_secs(p.window_s),
+                stopper.subscribe(),
+            )),
         ));
-        let r = &state.config.settings.reconcile;
-        let reconciler = (r.interval_s > 0).then(|| {
-            tokio::spawn(state.reconciler.clone().run(
-                Duration::from_secs(r.interval_s),
-                p.window_s,
-                stop.subscribe(),
-            ))
-        });
-        let lease = tokio::spawn(ids::keep_lease(
-            worker_lease,
-            state.order_ids.clone(),
-            state.redis.clone(),
-            state.keys.clone(),
-            Duration::from_secs(state.config.settings.ids.worker_lease_s),
-            stop.subscribe(),
+        if s.reconcile.interval_s > 0 {
+            tasks.push((
+                "the reconciler",
+                tokio::spawn(state.reconciler.clone().run(
+                    Duration::from_secs(s.reconcile.interval_s),
+                    p.window_s,
+                    stopper.subscribe(),
+                )),
+            ));
+        }
+        tasks.push((
+            "the worker lease",
+            tokio::spawn(ids::keep_lease(
+                worker_lease,
+                state.admission.order_ids.clone(),
+                state.redis.clone(),
+                state.keys.clone(),
+                Duration::from_secs(s.ids.worker_lease_s),
+                stopper.subscribe(),
+            )),
         ));
-        let forget = tokio::spawn({
-            let (state, mut stop) = (state.clone(), stop.subscribe());
-            async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(30));
-                loop {
-                    tokio::select! {
-                        _ = tick.tick() => state.limits.forget_idle(),
-                        _ = stopped(&mut stop) => return,
+        tasks.push((
+            "the throttle cleaner",
+            tokio::spawn({
+                let (state, mut stop) = (state.clone(), stopper.subscribe());
+                async move {
+                    let mut tick = tokio::time::interval(Duration::from_secs(30));
+                    loop {
+                        tokio::select! {
+                            _ = tick.tick() => state.admission.limits.forget_idle(),
+                            _ = stop.wait() => return,
+                        }
                     }
                 }
-            }
-        });
-        let mut pipeline_tasks = Vec::new();
+            }),
+        ));
         if let Some(pipeline) = &state.pipeline {
-            let s = &state.config.settings;
-            let settings = mq::MqSettings {
-                namesrv: s.rocketmq.namesrv_addr.clone(),
-                names: mq::Names::new(&s.rocketmq.namespace),
-                checkback_grace: Duration::from_secs(s.orders.checkback_grace_s),
-                inject_unknown: s.orders.inject_unknown,
-                send_threads: s.orders.workers + 1,
-                checkbacks: state.metrics.checkbacks.clone(),
-            };
-            pipeline_tasks.push(tokio::spawn(
-                pipeline.clone().start_mq(settings, stop.subscribe()),
-            ));
-            pipeline_tasks.push(tokio::spawn(pipeline.clone().run_sweeper(stop.subscribe())));
-            for i in 0..s.orders.workers {
-                pipeline_tasks.push(tokio::spawn(
-                    pipeline.clone().run_worker(i, stop.subscribe()),
-                ));
-            }
+            tasks.extend(start_flows(&state, pipeline, &stopper, faults));
         }
-        let keyring = state
-            .config
-            .settings
-            .auth
-            .token_secret_file
-            .clone()
-            .filter(|_| state.config.settings.auth.token_secret.is_none());
-        let keyring =
-            keyring.map(|path| tokio::spawn(watch_keyring(state.clone(), path, stop.subscribe())));
-        let srv = &state.config.settings.server;
+        if let Some(path) = state.config.keyring_file().map(ToOwned::to_owned) {
+            let (state, stop) = (state.clone(), stopper.subscribe());
+            tasks.push((
+                "the keyring watcher",
+                tokio::spawn(async move { keyring::watch(&state.tokens, &path, stop).await }),
+            ));
+        }
+        let srv = &s.server;
         let limits = server::Limits {
             max_connections: srv.max_connections,
             read_timeout: Duration::from_millis(srv.read_timeout_ms),
             request_timeout: Duration::from_millis(srv.request_timeout_ms),
         };
+        let grace = state.config.shutdown_grace();
         tracing::info!(
             public = %public.local_addr()?, admin = %admin.local_addr()?, "stampede core serving"
         );
@@ -298,7 +291,7 @@ impl App {
                 "public",
                 public,
                 Arc::new(Public(state.clone())),
-                stop.subscribe(),
+                stopper.subscribe(),
                 grace,
                 limits,
             ),
@@ -306,22 +299,13 @@ impl App {
                 "admin",
                 admin,
                 Arc::new(Admin(state.clone())),
-                stop.subscribe(),
+                stopper.subscribe(),
                 grace,
                 limits,
             ),
         );
-        if let Some(keyring) = keyring {
-            keyring.await.context("the keyring watcher panicked")?;
-        }
-        scheduler.await.context("the preload scheduler panicked")?;
-        if let Some(reconciler) = reconciler {
-            reconciler.await.context("the reconciler panicked")?;
-        }
-        lease.await.context("the worker lease task panicked")?;
-        forget.await.context("the throttle cleaner panicked")?;
-        for task in pipeline_tasks {
-            task.await.context("an order pipeline task panicked")?;
+        for (what, task) in tasks {
+            task.await.with_context(|| format!("{what} panicked"))?;
         }
         if let Some(mq) = state.pipeline.as_ref().and_then(|p| p.mq.get()) {
             mq.shutdown().await;
@@ -337,32 +321,72 @@ impl App {
     }
 }
 
-/// Re-reads the token keyring file every second: `stampede rotate-token-secret` takes
-/// effect without a restart, and tokens of the previous secret stay valid.
-async fn watch_keyring(
-    state: Arc<AppState>,
-    path: std::path::PathBuf,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => match state.tokens.reload_from(&path) {
-                Ok(Some(ids)) => {
-                    failing = false;
-                    tracing::info!(key_ids = ?ids, "token keyring reloaded: the first signs, all verify");
-                }
-                Ok(None) => failing = false,
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::warn!(path = %path.display(), error = format!("{e:#}"), "token keyring not reloaded; keeping the keys in force");
-                }
-                Err(_) => {}
-            },
-            _ = stopped(&mut stop) => return,
+/// Order creation's workers, the RocketMQ clients with each flow's consumer, stock
+/// sync's outbox and the lifecycle's overdue sweep.
+fn start_flows(
+    state: &Arc<AppState>,
+    pipeline: &Arc<Pipeline>,
+    stopper: &Stopper,
+    faults: TestFaults,
+) -> Vec<(&'static str, JoinHandle<()>)> {
+    let s = &state.config.settings;
+    let (mysql, shards) = (state.mysql.clone(), s.mysql.order_shards);
+    let settings = MqSettings {
+        namesrv: s.rocketmq.namesrv_addr.clone(),
+        names: Names::new(&s.rocketmq.namespace),
+        send_threads: s.orders.workers + 1,
+    };
+    let settings = Arc::new(settings);
+    let start = {
+        let (lifecycle, checkbacks) = (state.lifecycle.clone(), state.metrics.checkbacks.clone());
+        let grace = Duration::from_secs(s.orders.checkback_grace_s);
+        move || {
+            let tx = OrdersTxListener::new(
+                mysql.clone(),
+                grace,
+                faults.checkback_only,
+                checkbacks.clone(),
+            );
+            let consumers = vec![
+                stock_sync::consumer(mysql.clone(), shards, &settings.names),
+                lifecycle::timeout::consumer(lifecycle.clone(), &settings.names),
+            ];
+            let settings = settings.clone();
+            async move { Mq::start(&settings, tx, consumers).await }
         }
+    };
+    let mut tasks = vec![
+        (
+            "the RocketMQ starter",
+            tokio::spawn({
+                let (cell, stop) = (pipeline.mq.clone(), stopper.subscribe());
+                async move { messaging::start_until_stopped(cell, start, stop).await }
+            }),
+        ),
+        (
+            "the outbox sweeper",
+            tokio::spawn(stock_sync::outbox::run(
+                state.mysql.clone(),
+                pipeline.mq.clone(),
+                s.orders.sweep_after_s,
+                stopper.subscribe(),
+            )),
+        ),
+        (
+            "the overdue sweep",
+            tokio::spawn(lifecycle::timeout::run_overdue_sweep(
+                state.lifecycle.clone(),
+                stopper.subscribe(),
+            )),
+        ),
+    ];
+    for i in 0..s.orders.workers {
+        tasks.push((
+            "an order worker",
+            tokio::spawn(pipeline.clone().run_worker(i, stopper.subscribe())),
+        ));
     }
+    tasks
 }
 
 /// The public API (behind the edge).

@@ -140,8 +140,6 @@ pub struct OrderSettings {
     /// A reservation older than this is released rather than created late.
     pub deadline_s: u64,
     pub checkback_grace_s: u64,
-    /// Test-only fault injection: report UNKNOW after a local commit.
-    pub inject_unknown: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -373,6 +371,16 @@ impl std::fmt::Debug for Resolved {
 impl Resolved {
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.settings.server.shutdown_grace_s)
+    }
+
+    /// The keyring file the token secrets come from, when they come from one (an inline
+    /// `auth.token_secret` wins): the file `rotate-token-secret` rewrites and the core
+    /// re-reads.
+    pub fn keyring_file(&self) -> Option<&Path> {
+        let auth = &self.settings.auth;
+        auth.token_secret_file
+            .as_deref()
+            .filter(|_| auth.token_secret.is_none())
     }
 }
 

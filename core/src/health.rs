@@ -5,8 +5,8 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::app::AppState;
 use crate::http::{Response, json};
+use crate::state::AppState;
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 

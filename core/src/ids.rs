@@ -17,10 +17,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use redis::aio::ConnectionManager;
-use tokio::sync::watch;
 
 use crate::keys::Keys;
 use crate::lock::{Lock, Owned};
+use crate::shutdown::Shutdown;
 
 /// 2026-01-01T00:00:00Z: 41 bits of milliseconds from here last until 2095.
 pub const EPOCH_MS: u64 = 1_767_225_600_000;
@@ -132,13 +132,13 @@ pub async fn keep_lease(
     mut redis: ConnectionManager,
     keys: Keys,
     lease: Duration,
-    mut stop: watch::Receiver<bool>,
+    mut stop: Shutdown,
 ) {
     let mut tick = tokio::time::interval(lease / 3);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = crate::app::stopped(&mut stop) => break,
+            _ = stop.wait() => break,
         }
         match lock.renew(&mut redis, lease).await {
             Ok(Owned::Yes) => {}

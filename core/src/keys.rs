@@ -1,5 +1,10 @@
 //! The Redis key layout, in one place. Every key of an event carries the hash tag
 //! `{ev:<id>}`, so all keys one admission touches live in one Redis Cluster slot.
+//! The edge reads the few keys it needs through `lua/edge/stampede/keys.lua`, which is
+//! generated from this file (a test checks that it is up to date), and the seat states
+//! the scripts write are [`SeatState`]'s.
+
+use crate::domain::{CategoryId, EventId, OrderNo};
 
 /// Builds keys under the configured prefix.
 #[derive(Debug, Clone)]
@@ -18,63 +23,71 @@ impl Keys {
         &self.prefix
     }
 
-    fn event_key(&self, event_id: u64, suffix: &str) -> String {
-        format!("{}{{ev:{event_id}}}:{suffix}", self.prefix)
+    fn event_key(&self, event_id: impl Into<EventId>, suffix: &str) -> String {
+        format!("{}{{ev:{}}}:{suffix}", self.prefix, event_id.into())
     }
 
     /// Hash: what the hot path needs to know about the event (window, status, limits).
-    pub fn event_meta(&self, event_id: u64) -> String {
+    pub fn event_meta(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "meta")
     }
 
     /// Hash: category id → units still available.
-    pub fn stock(&self, event_id: u64) -> String {
+    pub fn stock(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "stock")
     }
 
     /// Hash: category id → 1 once the category is sold out.
-    pub fn sold_out(&self, event_id: u64) -> String {
+    pub fn sold_out(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "soldout")
     }
 
     /// Hash: `row:col` → seat state, one per seated category.
-    pub fn seats(&self, event_id: u64, category_id: u64) -> String {
-        self.event_key(event_id, &format!("seats:{category_id}"))
+    pub fn seats(
+        &self,
+        event_id: impl Into<EventId>,
+        category_id: impl Into<CategoryId>,
+    ) -> String {
+        self.event_key(event_id, &format!("seats:{}", category_id.into()))
     }
 
     /// Hash: row → free seats in that row, so seat picking need not read every seat.
-    pub fn row_free(&self, event_id: u64, category_id: u64) -> String {
-        self.event_key(event_id, &format!("rowfree:{category_id}"))
+    pub fn row_free(
+        &self,
+        event_id: impl Into<EventId>,
+        category_id: impl Into<CategoryId>,
+    ) -> String {
+        self.event_key(event_id, &format!("rowfree:{}", category_id.into()))
     }
 
     /// Hash: user id → units the user holds in this event (reserved, unpaid or paid).
-    pub fn held(&self, event_id: u64) -> String {
+    pub fn held(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "held")
     }
 
     /// Hash: `<user id>:<Idempotency-Key>` → `<request id>|<fingerprint>|<seats>`.
-    pub fn idempotency(&self, event_id: u64) -> String {
+    pub fn idempotency(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "idem")
     }
 
     /// Hash: user id → the user's latest purchase: `QUEUED:<request id>`,
     /// `CREATED:<order no>` or `FAILED:<reason>`.
-    pub fn purchase_status(&self, event_id: u64) -> String {
+    pub fn purchase_status(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "status")
     }
 
     /// Stream: admitted reservations, read by the order workers.
-    pub fn order_stream(&self, event_id: u64) -> String {
+    pub fn order_stream(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "orders")
     }
 
     /// Set: order numbers whose units were given back after a cancellation.
-    pub fn restocked(&self, event_id: u64) -> String {
+    pub fn restocked(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "restocked")
     }
 
     /// String: the preload lock, holding its owner's token.
-    pub fn preload_lock(&self, event_id: u64) -> String {
+    pub fn preload_lock(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "preload-lock")
     }
 
@@ -112,12 +125,67 @@ impl Keys {
 }
 
 fn hex(text: &str) -> String {
-    text.bytes().map(|b| format!("{b:02x}")).collect()
+    hex::encode(text)
 }
 
-/// Seat states as stored in the seat hashes.
-pub mod seat_state {
+/// A seat's state in its category's seat hash, as every script writes it: `F` free,
+/// `L:<order no>` locked by a reservation or an unpaid order, `S:<order no>` sold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeatState {
+    Free,
+    Locked(OrderNo),
+    Sold(OrderNo),
+}
+
+impl SeatState {
     pub const FREE: &str = "F";
+    pub const LOCKED: &str = "L:";
+    pub const SOLD: &str = "S:";
+
+    pub fn encode(self) -> String {
+        match self {
+            SeatState::Free => SeatState::FREE.to_owned(),
+            SeatState::Locked(o) => format!("{}{o}", SeatState::LOCKED),
+            SeatState::Sold(o) => format!("{}{o}", SeatState::SOLD),
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<SeatState> {
+        if text == SeatState::FREE {
+            return Some(SeatState::Free);
+        }
+        let number = |rest: &str| rest.parse().ok().map(OrderNo);
+        if let Some(rest) = text.strip_prefix(SeatState::LOCKED) {
+            return number(rest).map(SeatState::Locked);
+        }
+        number(text.strip_prefix(SeatState::SOLD)?).map(SeatState::Sold)
+    }
+
+    /// The letter the public seat map shows: `F`, `L` or `S`.
+    pub fn letter(self) -> char {
+        match self {
+            SeatState::Free => 'F',
+            SeatState::Locked(_) => 'L',
+            SeatState::Sold(_) => 'S',
+        }
+    }
+}
+
+/// `lua/edge/stampede/keys.lua`: the keys the edge reads, as this file lays them out.
+/// `%s` stands for the event id; the edge puts its configured prefix in front.
+pub fn edge_layout() -> String {
+    const ID: u64 = 0xE0E0;
+    let k = Keys::new("");
+    let event = |key: String| key.replace(&ID.to_string(), "%s");
+    format!(
+        "-- Generated from core/src/keys.rs (keys::edge_layout); do not edit. After a change\n\
+         -- there, `STAMPEDE_WRITE_EDGE_LAYOUT=1 cargo test -p stampede-core keys` rewrites it.\n\
+         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n}}\n",
+        k.sales_index(),
+        k.edge_limits(),
+        event(k.sold_out(ID)),
+        event(k.event_meta(ID)),
+    )
 }
 
 #[cfg(test)]
@@ -136,5 +204,79 @@ mod tests {
         ] {
             assert!(key.starts_with("t:{ev:7}:"), "{key}");
         }
+    }
+
+    #[test]
+    fn seat_states_round_trip() {
+        for s in [
+            SeatState::Free,
+            SeatState::Locked(OrderNo(12)),
+            SeatState::Sold(OrderNo(12)),
+        ] {
+            assert_eq!(SeatState::parse(&s.encode()), Some(s));
+        }
+        assert_eq!(SeatState::Locked(OrderNo(9)).encode(), "L:9");
+        for bad in ["", "X", "L:", "S:x", "F:1"] {
+            assert_eq!(SeatState::parse(bad), None, "{bad}");
+        }
+    }
+
+    /// The scripts write the seat states this file defines, and no others.
+    #[test]
+    fn the_scripts_write_these_seat_states() {
+        let quoted = |s: &str| format!("'{s}'");
+        for (name, script, states) in [
+            (
+                "reserve.lua",
+                include_str!("../../lua/redis/reserve.lua"),
+                &[SeatState::FREE, SeatState::LOCKED][..],
+            ),
+            (
+                "release.lua",
+                include_str!("../../lua/redis/release.lua"),
+                &[SeatState::FREE, SeatState::LOCKED][..],
+            ),
+            (
+                "restock.lua",
+                include_str!("../../lua/redis/restock.lua"),
+                &[SeatState::FREE, SeatState::LOCKED][..],
+            ),
+            (
+                "sold.lua",
+                include_str!("../../lua/redis/sold.lua"),
+                &[SeatState::LOCKED, SeatState::SOLD][..],
+            ),
+        ] {
+            let code: String = script
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            for state in states {
+                assert!(code.contains(&quoted(state)), "{name} writes {state}");
+            }
+            for other in ["'L'", "'S'", "'F:'"] {
+                assert!(!code.contains(other), "{name} has {other}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_edge_reads_the_layout_of_this_file() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lua/edge/stampede/keys.lua");
+        let expected = edge_layout();
+        if std::env::var_os("STAMPEDE_WRITE_EDGE_LAYOUT").is_some() {
+            std::fs::write(&path, &expected).unwrap();
+        }
+        let actual = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(
+            actual, expected,
+            "lua/edge/stampede/keys.lua is out of date: STAMPEDE_WRITE_EDGE_LAYOUT=1 cargo test -p stampede-core keys"
+        );
+        assert!(
+            expected.contains("sold_out = \"{ev:%s}:soldout\""),
+            "{expected}"
+        );
     }
 }

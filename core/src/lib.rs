@@ -1,5 +1,8 @@
-//! Stampede's core: the admin API, preload, and (in later work) admission, the order
-//! pipeline and the order lifecycle. `main.rs` only wires; everything lives here.
+//! Stampede's core. The flows of DESIGN.md, each in its folder: `preload`, `admission`,
+//! `orders` (creation), `stock_sync`, `lifecycle`, `reconcile`; the HTTP faces `public`
+//! and `admin` over `http`; the parts they share below them (`domain`, `keys`,
+//! `order_tables`, `messaging`, `infra`, `shutdown`, …); `app` wires it all and
+//! `main.rs` runs it.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -16,13 +19,19 @@ pub mod infra;
 pub mod keys;
 pub mod lifecycle;
 pub mod lock;
+pub mod messaging;
 pub mod metrics;
+pub mod order_tables;
 pub mod orders;
 pub mod preload;
 pub mod public;
 pub mod reconcile;
+pub mod script_codes;
+pub mod shutdown;
+pub mod state;
 pub mod stock_sync;
 pub mod telemetry;
 
-pub use app::{App, BuildError, Stopper};
+pub use app::{App, BuildError, TestFaults};
 pub use config::Settings;
+pub use shutdown::Stopper;

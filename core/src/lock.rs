@@ -21,12 +21,10 @@ pub enum Owned {
 }
 
 impl Owned {
+    pub const ALL: [Owned; 2] = [Owned::Yes, Owned::No];
+
     fn from_code(script: &str, code: i64) -> anyhow::Result<Owned> {
-        match code {
-            1 => Ok(Owned::Yes),
-            0 => Ok(Owned::No),
-            other => anyhow::bail!("{script} returned unknown code {other}"),
-        }
+        crate::script_codes::from_code(script, &Owned::ALL, code, |c| *c as i64)
     }
 }
 
@@ -116,9 +114,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_script_code_maps_to_one_variant() {
-        assert_eq!(Owned::from_code("s", 1).unwrap(), Owned::Yes);
-        assert_eq!(Owned::from_code("s", 0).unwrap(), Owned::No);
-        assert!(Owned::from_code("s", 2).is_err());
+    fn every_code_of_both_scripts_maps_to_one_variant() {
+        for script in [
+            include_str!("../../lua/redis/release_lock.lua"),
+            include_str!("../../lua/redis/renew_lock.lua"),
+        ] {
+            crate::script_codes::assert_mirrored(
+                script,
+                &Owned::ALL,
+                |c| *c as i64,
+                |code| Owned::from_code("lock", code),
+            );
+        }
     }
 }

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use stampede_core::{App, BuildError, Settings, telemetry};
+use stampede_core::config::Resolved;
+use stampede_core::{App, BuildError, Settings, auth, reconcile, telemetry};
 
 /// Exit codes (sysexits): bad configuration, a dependency or port not available.
 const EX_CONFIG: u8 = 64;
@@ -74,7 +75,15 @@ async fn main() -> ExitCode {
     }
     if let Command::RotateTokenSecret { .. } = cli.command {
         return match rotate_token_secret(&resolved) {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(ids) => {
+                let path = resolved.keyring_file().expect("rotated one");
+                println!(
+                    "token keyring {}: key ids {} (the first signs; both verify)",
+                    path.display(),
+                    ids.join(", ")
+                );
+                ExitCode::SUCCESS
+            }
             Err(e) => {
                 eprintln!("stampede: rotate-token-secret: {e:#}");
                 ExitCode::from(EX_CONFIG)
@@ -86,7 +95,7 @@ async fn main() -> ExitCode {
         events, dry_run, ..
     } = cli.command
     {
-        return match reconcile(&resolved, events, dry_run).await {
+        return match reconcile::report::run_once(&resolved, events, dry_run).await {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {
@@ -120,105 +129,14 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Rewrites the keyring file: a new current secret, the old current kept as previous.
-fn rotate_token_secret(config: &stampede_core::config::Resolved) -> anyhow::Result<()> {
-    use anyhow::{Context, bail};
-    use stampede_core::auth::token::{Keyring, rotated};
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let auth = &config.settings.auth;
-    let Some(path) = auth
-        .token_secret_file
-        .as_ref()
-        .filter(|_| auth.token_secret.is_none())
-    else {
-        bail!(
+/// Rotates the keyring file the configuration names; the key ids now in it.
+fn rotate_token_secret(config: &Resolved) -> anyhow::Result<Vec<String>> {
+    let path = config.keyring_file().ok_or_else(|| {
+        anyhow::anyhow!(
             "the token secret is set inline (auth.token_secret); only a keyring file (auth.token_secret_file) can be rotated in place"
         )
-    };
-    let current =
-        std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    let next = rotated(&current).context("the keyring in force")?;
-    let tmp = path.with_extension("rotating");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("write {}", tmp.display()))?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    f.write_all(next.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replace {}", path.display()))?;
-    let ids = Keyring::parse(&next)?.ids().join(", ");
-    println!(
-        "token keyring {}: key ids {ids} (the first signs; both verify)",
-        path.display()
-    );
-    Ok(())
-}
-
-/// One reconciliation pass, printed as a table; true when every gap is 0 afterwards.
-async fn reconcile(
-    config: &stampede_core::config::Resolved,
-    events: Vec<u64>,
-    dry_run: bool,
-) -> anyhow::Result<bool> {
-    let reconciler = stampede_core::reconcile::Reconciler::connect(config).await?;
-    let events = if events.is_empty() {
-        reconciler.events(config.settings.preload.window_s).await?
-    } else {
-        events
-    };
-    let mut balanced = true;
-    println!(
-        "{:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8} {:>6}",
-        "event",
-        "category",
-        "total",
-        "redis",
-        "queued",
-        "unpaid",
-        "paid",
-        "gap",
-        "remain",
-        "unsynced",
-        "r_gap"
-    );
-    for id in events {
-        let Some(report) = reconciler.reconcile(id, !dry_run).await? else {
-            eprintln!("stampede: no event {id}");
-            balanced = false;
-            continue;
-        };
-        for c in &report.balance.categories {
-            let redis = opt(c.redis_available);
-            println!(
-                "{:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8} {:>6}",
-                id,
-                c.category_id,
-                c.total,
-                redis,
-                opt(c.queued),
-                c.unpaid,
-                c.paid,
-                opt(c.gap),
-                c.db_remain,
-                c.unsynced,
-                c.remain_gap
-            );
-        }
-        for action in &report.actions {
-            println!("event {id}: {action}");
-        }
-        balanced &= report.balance.settled();
-    }
-    Ok(balanced)
-}
-
-fn opt(n: Option<i64>) -> String {
-    n.map_or("-".to_owned(), |n| n.to_string())
+    })?;
+    auth::keyring::rotate_file(path)
 }
 
 async fn wait_for_signal() {

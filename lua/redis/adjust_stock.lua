@@ -4,7 +4,7 @@
 -- KEYS[2] soldout  hash  category id → 1 once stock reached 0
 -- ARGV[1] category id    ARGV[2] delta (negative lowers)
 --
--- Returns the stock after the change.
+-- Returns (mirrored by Adjusted in core/src/reconcile/heal.rs): the stock after the change.
 local rcall = redis.call
 local cid = ARGV[1]
 local left = rcall('HINCRBY', KEYS[1], cid, tonumber(ARGV[2]))

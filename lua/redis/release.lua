@@ -9,8 +9,9 @@
 -- ARGV[7] seats "r:c,r:c" or ""                      ARGV[8] reason
 --
 -- Returns (mirrored by Released in core/src/orders/redis.rs):
---    1  released
---    0  already released or settled (the entry was no longer pending): nothing changed
+--    1 RELEASED      released
+--    0 ALREADY_DONE  already released or settled (the entry was no longer pending):
+--                    nothing changed
 local rcall = redis.call
 local group, entry, rid, user, cid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local qty = tonumber(ARGV[6])

@@ -4,9 +4,9 @@
 -- ARGV[1]  the owner token written when the lock was taken
 -- ARGV[2]  the new time-to-live in milliseconds
 --
--- Returns (mirrored by LockRenewal in core/src/lock.rs):
---    1  renewed
---    0  not renewed: expired, or now held by another owner
+-- Returns (mirrored by Owned in core/src/lock.rs):
+--    1 YES  renewed (we own it)
+--    0 NO   not renewed: expired, or now held by another owner
 local rcall = redis.call
 if rcall('GET', KEYS[1]) == ARGV[1] then
   rcall('PEXPIRE', KEYS[1], ARGV[2])

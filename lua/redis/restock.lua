@@ -7,9 +7,9 @@
 -- ARGV[1] order no   ARGV[2] user id   ARGV[3] category id   ARGV[4] quantity
 -- ARGV[5] seats "r:c,r:c" or ""
 --
--- Returns (mirrored by Restocked in core/src/lifecycle/mod.rs):
---    1  given back now
---    0  given back before: nothing changed
+-- Returns (mirrored by Restocked in core/src/lifecycle/restock.rs):
+--    1 NOW     given back now
+--    0 BEFORE  given back before: nothing changed
 local rcall = redis.call
 local order, user, cid, qty = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 if rcall('SADD', KEYS[1], order) == 0 then return 0 end

@@ -3,11 +3,11 @@
 use http::StatusCode;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::catalog::{self, EventRecord, EventStatus};
 use crate::domain::event::{EventRequest, NewEvent};
 use crate::http::{ApiError, Request, Response, json, read_json};
 use crate::preload::{PreloadError, PreloadReport};
+use crate::state::AppState;
 
 /// `POST /admin/events` → 201 with the event id and category ids.
 pub async fn create(state: &AppState, req: Request, limit: usize) -> Result<Response, ApiError> {

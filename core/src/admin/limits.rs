@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use http::StatusCode;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::domain::limit::LimitSpec;
 use crate::http::{ApiError, Request, Response, json, read_json};
+use crate::state::AppState;
 
 pub async fn put(state: &AppState, req: Request, limit: usize) -> Result<Response, ApiError> {
     let changes: BTreeMap<String, Option<LimitSpec>> = read_json(req, limit).await?;

@@ -4,9 +4,9 @@
 use http::StatusCode;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::catalog;
 use crate::http::{ApiError, Response, json};
+use crate::state::AppState;
 
 pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError> {
     let event = catalog::load(&state.mysql, id)

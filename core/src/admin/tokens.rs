@@ -7,8 +7,8 @@ use mysql_async::prelude::*;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::http::{ApiError, Request, Response, json, read_json};
+use crate::state::AppState;
 
 pub const MAX_TOKENS_PER_CALL: u64 = 200_000;
 pub const MAX_TTL_S: i64 = 7 * 24 * 3600;

@@ -12,8 +12,8 @@ use mysql_async::prelude::*;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::http::{ApiError, Request, Response, json, read_json};
+use crate::state::AppState;
 
 /// Users per call: 100 000 take about a second here, well inside the request deadline;
 /// more are made in several calls (as stampede-bench does).

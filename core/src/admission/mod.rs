@@ -7,15 +7,21 @@ pub mod status;
 pub mod throttle;
 pub mod validate;
 
-use chrono::Utc;
+use std::sync::Arc;
 
-use crate::app::AppState;
-use crate::catalog::EventStatus;
+use chrono::Utc;
+use redis::aio::ConnectionManager;
+
+use crate::catalog::{EventCache, EventStatus};
+use crate::ids::OrderIds;
+use crate::keys::Keys;
+use crate::preload::Preloader;
 use reserve::Reserved;
+use throttle::Throttle;
 use validate::OrderBody;
 
 /// Why a purchase was not admitted. Each is an answer for the buyer, not a failure;
-/// their HTTP mapping is in `http::error`.
+/// their HTTP mapping is in `public::answers`.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("{0}")]
@@ -61,47 +67,65 @@ pub enum Seats {
     Chosen { cols: u32, seats: Vec<(u32, u32)> },
 }
 
-/// Admits one purchase: the governor, the validation chain, then the one script.
-pub async fn admit(
-    state: &AppState,
-    event_id: u64,
-    user_id: u64,
-    idempotency_key: &str,
-    body: OrderBody,
-) -> Result<Reserved, AdmissionError> {
-    state.limits.check(user_id)?;
-    let event = state
-        .events
-        .get(event_id)
-        .await?
-        .ok_or(Refusal::NoSuchEvent(event_id))?;
-    let now = Utc::now();
-    let (purchase, window_closed) = match validate::validate(&body, &event, user_id, now) {
-        Err(Refusal::NotOpen) if event.status != EventStatus::Draft => (
-            validate::validate_for_replay(&body, &event, user_id, now)?,
-            true,
-        ),
-        other => (other?, false),
-    };
-    let request_id = state.order_ids.next(user_id);
-    let outcome = reserve::reserve(
-        &mut state.redis.clone(),
-        &state.keys,
-        &purchase,
-        request_id,
-        idempotency_key,
-        Utc::now().timestamp_millis(),
-        state.config.settings.orders.max_stream_depth,
-    )
-    .await?;
-    match outcome {
-        // Not a repeat of an admitted key: the answer the window gives.
-        Err(_) if window_closed => Err(Refusal::NotOpen.into()),
-        Err(Refusal::Loading) => {
-            state.preloader.wake();
-            Err(Refusal::Loading.into())
+/// What admission reads and writes.
+pub struct Admission {
+    pub redis: ConnectionManager,
+    pub keys: Keys,
+    /// The same cache the order workers read.
+    pub events: Arc<EventCache>,
+    /// The core's own rate limits, behind the edge's.
+    pub limits: Throttle,
+    /// Mints order numbers with this instance's leased worker id.
+    pub order_ids: Arc<OrderIds>,
+    /// Woken when an event's keys are found missing, to rebuild them.
+    pub preloader: Preloader,
+    /// `orders.max_stream_depth`: past it, admission pauses (SALE_BUSY).
+    pub max_stream_depth: u64,
+}
+
+impl Admission {
+    /// Admits one purchase: the governor, the validation chain, then the one script.
+    pub async fn admit(
+        &self,
+        event_id: u64,
+        user_id: u64,
+        idempotency_key: &str,
+        body: OrderBody,
+    ) -> Result<Reserved, AdmissionError> {
+        self.limits.check(user_id)?;
+        let event = self
+            .events
+            .get(event_id)
+            .await?
+            .ok_or(Refusal::NoSuchEvent(event_id))?;
+        let now = Utc::now();
+        let (purchase, window_closed) = match validate::validate(&body, &event, user_id, now) {
+            Err(Refusal::NotOpen) if event.status != EventStatus::Draft => (
+                validate::validate_for_replay(&body, &event, user_id, now)?,
+                true,
+            ),
+            other => (other?, false),
+        };
+        let request_id = self.order_ids.next(user_id);
+        let outcome = reserve::reserve(
+            &mut self.redis.clone(),
+            &self.keys,
+            &purchase,
+            request_id,
+            idempotency_key,
+            Utc::now().timestamp_millis(),
+            self.max_stream_depth,
+        )
+        .await?;
+        match outcome {
+            // Not a repeat of an admitted key: the answer the window gives.
+            Err(_) if window_closed => Err(Refusal::NotOpen.into()),
+            Err(Refusal::Loading) => {
+                self.preloader.wake();
+                Err(Refusal::Loading.into())
+            }
+            other => Ok(other?),
         }
-        other => Ok(other?),
     }
 }
 

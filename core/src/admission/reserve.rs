@@ -42,10 +42,7 @@ impl ReserveCode {
     ];
 
     pub fn from_code(code: i64) -> anyhow::Result<ReserveCode> {
-        ReserveCode::ALL
-            .into_iter()
-            .find(|c| *c as i64 == code)
-            .ok_or_else(|| anyhow::anyhow!("reserve.lua returned unknown code {code}"))
+        crate::script_codes::from_code("reserve.lua", &ReserveCode::ALL, code, |c| *c as i64)
     }
 
     /// The buyer's answer for a refusing code; None for the two admitting ones.
@@ -140,26 +137,15 @@ mod tests {
 
     #[test]
     fn every_code_of_the_script_maps_to_one_variant() {
-        let script = include_str!("../../../lua/redis/reserve.lua");
+        crate::script_codes::assert_mirrored(
+            include_str!("../../../lua/redis/reserve.lua"),
+            &ReserveCode::ALL,
+            |c| *c as i64,
+            ReserveCode::from_code,
+        );
         for code in ReserveCode::ALL {
-            let n = code as i64;
-            let mut name = String::new();
-            for (i, ch) in format!("{code:?}").chars().enumerate() {
-                if ch.is_uppercase() && i > 0 {
-                    name.push('_');
-                }
-                name.push(ch.to_ascii_uppercase());
-            }
-            let documented = format!(" {n} {name} ");
-            assert!(
-                script.contains(&documented),
-                "{documented:?} is not in reserve.lua's header"
-            );
-            assert_eq!(ReserveCode::from_code(n).unwrap(), code);
             let admits = matches!(code, ReserveCode::Queued | ReserveCode::Replayed);
             assert_eq!(code.refusal().is_none(), admits, "{code:?}");
         }
-        assert!(ReserveCode::from_code(0).is_err());
-        assert!(ReserveCode::from_code(-10).is_err());
     }
 }

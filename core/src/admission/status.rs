@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::app::AppState;
+use super::Admission;
 
 #[derive(Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "UPPERCASE")]
@@ -42,19 +42,21 @@ impl PurchaseStatus {
     }
 }
 
-/// The user's latest purchase in the event, if any.
-pub async fn of_user(
-    state: &AppState,
-    event_id: u64,
-    user_id: u64,
-) -> anyhow::Result<Option<PurchaseStatus>> {
-    let mut redis = state.redis.clone();
-    let value: Option<String> = redis::cmd("HGET")
-        .arg(state.keys.purchase_status(event_id))
-        .arg(user_id)
-        .query_async(&mut redis)
-        .await?;
-    value.as_deref().map(PurchaseStatus::parse).transpose()
+impl Admission {
+    /// The user's latest purchase in the event, if any.
+    pub async fn status_of(
+        &self,
+        event_id: u64,
+        user_id: u64,
+    ) -> anyhow::Result<Option<PurchaseStatus>> {
+        let mut redis = self.redis.clone();
+        let value: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.purchase_status(event_id))
+            .arg(user_id)
+            .query_async(&mut redis)
+            .await?;
+        value.as_deref().map(PurchaseStatus::parse).transpose()
+    }
 }
 
 #[cfg(test)]

@@ -96,10 +96,7 @@ impl Keyring {
 
 /// The key id of a secret: 8 hex digits of its SHA-1.
 pub fn key_id(secret: &str) -> String {
-    Sha1::digest(secret.as_bytes())[..4]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&Sha1::digest(secret.as_bytes())[..4])
 }
 
 fn mac(secret: &SecretString) -> HmacSha1 {
@@ -204,9 +201,7 @@ impl TokenSigner {
 
 /// A new secret: 24 random bytes in hex.
 pub fn new_secret() -> String {
-    (0..24)
-        .map(|_| format!("{:02x}", rand::random::<u8>()))
-        .collect()
+    hex::encode(rand::random::<[u8; 24]>())
 }
 
 /// The keyring text after a rotation of `current`: a new secret first, then the
@@ -307,12 +302,9 @@ mod tests {
         // RFC 2202 test case 2: key "Jefe", data "what do ya want for nothing?".
         let mut mac = HmacSha1::new_from_slice(b"Jefe").unwrap();
         mac.update(b"what do ya want for nothing?");
-        let hex: String = mac
-            .finalize()
-            .into_bytes()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        assert_eq!(hex, "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79");
+        assert_eq!(
+            hex::encode(mac.finalize().into_bytes()),
+            "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79"
+        );
     }
 }

@@ -116,33 +116,6 @@ impl From<mysql_async::Error> for ApiError {
     }
 }
 
-impl From<crate::admission::Refusal> for ApiError {
-    fn from(r: crate::admission::Refusal) -> Self {
-        use crate::admission::Refusal;
-        let message = r.to_string();
-        match r {
-            Refusal::Invalid(m) => ApiError::Invalid(m),
-            Refusal::NoSuchEvent(_) => ApiError::NotFound(message),
-            Refusal::NotOpen => ApiError::Forbidden("NOT_OPEN", message),
-            Refusal::SoldOut => ApiError::Conflict("SOLD_OUT", message),
-            Refusal::LimitReached => ApiError::Conflict("LIMIT_REACHED", message),
-            Refusal::SeatTaken => ApiError::Conflict("SEAT_TAKEN", message),
-            Refusal::KeyReused => ApiError::Conflict("DUPLICATE", message),
-            Refusal::RateLimited { retry_after_s } => ApiError::RateLimited { retry_after_s },
-            Refusal::Busy | Refusal::Loading => ApiError::Busy(message),
-        }
-    }
-}
-
-impl From<crate::preload::PreloadError> for ApiError {
-    fn from(e: crate::preload::PreloadError) -> Self {
-        match e {
-            busy @ crate::preload::PreloadError::Busy(_) => ApiError::Unavailable(busy.to_string()),
-            crate::preload::PreloadError::Unexpected(e) => ApiError::Unexpected(e),
-        }
-    }
-}
-
 impl From<redis::RedisError> for ApiError {
     fn from(e: redis::RedisError) -> Self {
         ApiError::Unexpected(anyhow::Error::new(e).context("Redis call failed"))

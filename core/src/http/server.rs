@@ -15,7 +15,9 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
+
+use crate::shutdown::Shutdown;
 
 use super::{ApiError, Request, Response};
 
@@ -41,7 +43,7 @@ pub async fn serve<H: Handler>(
     name: &'static str,
     listener: TcpListener,
     handler: Arc<H>,
-    mut stop: watch::Receiver<bool>,
+    mut stop: Shutdown,
     grace: Duration,
     limits: Limits,
 ) {
@@ -54,7 +56,7 @@ pub async fn serve<H: Handler>(
         // A permit first: at the cap, new connections wait in the kernel's queue.
         let permit = tokio::select! {
             permit = open.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-            _ = crate::app::stopped(&mut stop) => break,
+            _ = stop.wait() => break,
         };
         tokio::select! {
             accepted = listener.accept() => {
@@ -95,7 +97,7 @@ pub async fn serve<H: Handler>(
                     drop(permit);
                 });
             }
-            _ = crate::app::stopped(&mut stop) => break,
+            _ = stop.wait() => break,
         }
     }
     drop(listener);

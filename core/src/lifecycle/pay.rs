@@ -15,8 +15,10 @@ use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use super::{OrderView, load_in, shard};
+use super::{Lifecycle, OrderView, load_in};
+use crate::domain::OrderNo;
 use crate::keys::Keys;
+use crate::order_tables::{self, OrderStatus, shard_of_order};
 
 static SOLD: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/sold.lua")));
@@ -30,13 +32,20 @@ pub const SIGNATURE_HEADER: &str = "x-signature";
 
 /// Hex HMAC-SHA256 of `body` with `secret`: the provider's signature (and pay-sim's).
 pub fn sign(secret: &[u8], body: &[u8]) -> String {
+    hex::encode(mac_of(secret, body).finalize().into_bytes())
+}
+
+fn mac_of(secret: &[u8], body: &[u8]) -> Hmac<Sha256> {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
     mac.update(body);
-    mac.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    mac
+}
+
+/// Whether `signature` (hex, either case) is `body`'s; compared in constant time.
+fn verified(secret: &[u8], body: &[u8], signature: Option<&str>) -> bool {
+    signature
+        .and_then(|s| hex::decode(s.trim()).ok())
+        .is_some_and(|sig| mac_of(secret, body).verify_slice(&sig).is_ok())
 }
 
 /// What the provider posts.
@@ -69,58 +78,65 @@ pub enum Refused {
     #[error("{0}")]
     Invalid(String),
     #[error("no order {0}")]
-    NoSuchOrder(u64),
+    NoSuchOrder(OrderNo),
     #[error("amount {got} does not match the order's {expected}")]
     AmountMismatch { got: u64, expected: u64 },
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
 }
 
-/// Verifies and applies one callback. Two deliveries of one transaction at the same
-/// moment both answer: the one that commits first applies it, the other sees it and
-/// answers DUPLICATE (never a 500 from the race).
-pub async fn apply(
-    pool: &Pool,
-    redis: &mut ConnectionManager,
-    keys: &Keys,
-    shards: u32,
-    secret: &[u8],
-    body: &[u8],
-    signature: Option<&str>,
-) -> Result<(Applied, u64), Refused> {
-    let expected = sign(secret, body);
-    let given = signature.unwrap_or("").trim().to_ascii_lowercase();
-    if !crate::auth::constant_time_eq(expected.as_bytes(), given.as_bytes()) {
-        return Err(Refused::BadSignature);
-    }
-    let cb: Callback = crate::http::from_json(body)
-        .map_err(|e| Refused::Invalid(format!("invalid callback: {e}")))?;
-    let order_no = crate::http::canonical_id(&cb.order_no)
-        .ok_or_else(|| Refused::Invalid("order_no is not a number".into()))?;
-    // Characters, as the column (VARCHAR(128), utf8mb4) counts them.
-    if cb.provider_txn_id.is_empty() || cb.provider_txn_id.chars().count() > 128 {
-        return Err(Refused::Invalid(
-            "provider_txn_id must be 1..=128 characters".into(),
-        ));
-    }
-    let mut attempt = 1;
-    loop {
-        match apply_once(pool, redis, keys, shards, &cb, order_no).await {
-            Err(Refused::Unexpected(e))
-                if attempt < 3 && server_error(&e) == Some(ER_LOCK_DEADLOCK) =>
+impl Lifecycle {
+    /// Verifies and applies one callback. Two deliveries of one transaction at the same
+    /// moment both answer: the one that commits first applies it, the other sees it and
+    /// answers DUPLICATE (never a 500 from the race).
+    pub async fn pay(
+        &self,
+        secret: &[u8],
+        body: &[u8],
+        signature: Option<&str>,
+    ) -> Result<(Applied, OrderNo), Refused> {
+        if !verified(secret, body, signature) {
+            return Err(Refused::BadSignature);
+        }
+        let cb: Callback = crate::http::from_json(body)
+            .map_err(|e| Refused::Invalid(format!("invalid callback: {e}")))?;
+        let order_no = crate::http::canonical_id(&cb.order_no)
+            .map(OrderNo)
+            .ok_or_else(|| Refused::Invalid("order_no is not a number".into()))?;
+        // Characters, as the column (VARCHAR(128), utf8mb4) counts them.
+        if cb.provider_txn_id.is_empty() || cb.provider_txn_id.chars().count() > 128 {
+            return Err(Refused::Invalid(
+                "provider_txn_id must be 1..=128 characters".into(),
+            ));
+        }
+        let mut attempt = 1;
+        loop {
+            match apply_once(
+                &self.mysql,
+                &mut self.redis.clone(),
+                &self.keys,
+                self.shards,
+                &cb,
+                order_no,
+            )
+            .await
             {
-                tracing::info!(
-                    order_no,
-                    attempt,
-                    "payment deadlocked with another; retrying"
-                );
-                attempt += 1;
+                Err(Refused::Unexpected(e))
+                    if attempt < 3 && server_error(&e) == Some(ER_LOCK_DEADLOCK) =>
+                {
+                    tracing::info!(
+                        %order_no,
+                        attempt,
+                        "payment deadlocked with another; retrying"
+                    );
+                    attempt += 1;
+                }
+                // The same transaction inserted by a concurrent delivery that committed first.
+                Err(Refused::Unexpected(e)) if server_error(&e) == Some(ER_DUP_ENTRY) => {
+                    return Ok((Applied::Duplicate, order_no));
+                }
+                other => return other,
             }
-            // The same transaction inserted by a concurrent delivery that committed first.
-            Err(Refused::Unexpected(e)) if server_error(&e) == Some(ER_DUP_ENTRY) => {
-                return Ok((Applied::Duplicate, order_no));
-            }
-            other => return other,
         }
     }
 }
@@ -142,8 +158,8 @@ async fn apply_once(
     keys: &Keys,
     shards: u32,
     cb: &Callback,
-    order_no: u64,
-) -> Result<(Applied, u64), Refused> {
+    order_no: OrderNo,
+) -> Result<(Applied, OrderNo), Refused> {
     let mut conn = pool
         .get_conn()
         .await
@@ -173,10 +189,10 @@ async fn apply_once(
             expected: order.amount_cents,
         });
     }
-    let applied = if order.status == "UNPAID" {
-        let n = shard(order_no, shards);
+    let applied = if order.status == OrderStatus::Unpaid {
+        let n = shard_of_order(order_no, shards);
         tx.exec_drop(
-            format!("UPDATE `order_{n}` SET status = 'PAID', paid_at = UTC_TIMESTAMP(3) WHERE order_no = ? AND status = 'UNPAID'"),
+            format!("UPDATE {} SET status = 'PAID', paid_at = UTC_TIMESTAMP(3) WHERE order_no = ? AND status = 'UNPAID'", order_tables::orders(n)),
             (order_no,),
         )
         .await
@@ -185,9 +201,10 @@ async fn apply_once(
         tx.exec_drop(
             format!(
                 "INSERT INTO seat (category_id, row_no, col_no, event_id, status, order_no) \
-                 SELECT category_id, row_no, col_no, ?, 'SOLD', order_no FROM `order_item_{n}` \
+                 SELECT category_id, row_no, col_no, ?, 'SOLD', order_no FROM {} \
                  WHERE order_no = ? AND row_no IS NOT NULL \
-                 ON DUPLICATE KEY UPDATE status = 'SOLD', order_no = VALUES(order_no)"
+                 ON DUPLICATE KEY UPDATE status = 'SOLD', order_no = VALUES(order_no)",
+                order_tables::items(n)
             ),
             (order.event_id, order_no),
         )
@@ -213,16 +230,16 @@ async fn apply_once(
         if let Err(e) = sold(redis, keys, &order).await {
             // MySQL is the record; the seat map shows the seat locked until reconciled.
             tracing::warn!(
-                order_no,
+                %order_no,
                 error = format!("{e:#}"),
                 "paid, but seats not marked sold in Redis"
             );
         }
-        tracing::info!(order_no, "order paid");
+        tracing::info!(%order_no, "order paid");
     } else {
         tracing::warn!(
-            order_no,
-            status = order.status,
+            %order_no,
+            status = %order.status,
             "payment for an order no longer unpaid: refund pending"
         );
     }
@@ -243,14 +260,14 @@ async fn sold(redis: &mut ConnectionManager, keys: &Keys, o: &OrderView) -> anyh
 
 /// Payments of an event's orders waiting for a refund, over every shard.
 pub async fn refunds_pending(pool: &Pool, shards: u32, event_id: u64) -> anyhow::Result<u64> {
-    let orders: Vec<String> = (0..shards)
-        .map(|n| format!("SELECT order_no FROM `order_{n}` WHERE event_id = {event_id}"))
-        .collect();
+    let orders = order_tables::over_shards(
+        shards,
+        &format!("SELECT order_no FROM {{orders}} WHERE event_id = {event_id}"),
+    );
     let mut conn = pool.get_conn().await?;
     let n: Option<u64> = conn
         .query_first(format!(
-            "SELECT COUNT(*) FROM payment WHERE status = 'REFUND_PENDING' AND order_no IN ({})",
-            orders.join(" UNION ALL ")
+            "SELECT COUNT(*) FROM payment WHERE status = 'REFUND_PENDING' AND order_no IN ({orders})"
         ))
         .await?;
     Ok(n.unwrap_or(0))
@@ -267,5 +284,21 @@ mod tests {
             sign(b"Jefe", b"what do ya want for nothing?"),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    #[test]
+    fn only_the_bodys_own_signature_verifies() {
+        let sig = sign(b"k", b"body");
+        assert!(verified(b"k", b"body", Some(&sig)));
+        assert!(verified(
+            b"k",
+            b"body",
+            Some(&format!(" {} ", sig.to_uppercase()))
+        ));
+        assert!(!verified(b"k", b"body!", Some(&sig)));
+        assert!(!verified(b"other", b"body", Some(&sig)));
+        for bad in [None, Some(""), Some("zz"), Some(&sig[..10])] {
+            assert!(!verified(b"k", b"body", bad), "{bad:?}");
+        }
     }
 }

@@ -10,7 +10,8 @@ use mysql_async::{Pool, TxOpts};
 
 use super::reservation::{Batch, Reservation};
 use crate::catalog::EventRecord;
-use crate::ids::gene;
+use crate::domain::{EventId, OrderNo};
+use crate::order_tables::{self, shard_of_order};
 
 /// Why a batch did not commit.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +28,7 @@ pub enum PersistError {
     /// These reservations were taken before the event's Redis keys were rebuilt, which
     /// counted their units as free: they must never become orders, nor be released.
     #[error("{} reservations predate the rebuild of the event's keys", .0.len())]
-    Stale(Vec<u64>),
+    Stale(Vec<OrderNo>),
 }
 
 fn classify(e: mysql_async::Error) -> PersistError {
@@ -54,9 +55,9 @@ async fn commit(tx: mysql_async::Transaction<'_>) -> Result<(), PersistError> {
 /// reservations admitted under an older generation of the keys.
 async fn stale_reservations<'a>(
     tx: &mut mysql_async::Transaction<'_>,
-    event_id: u64,
+    event_id: EventId,
     reservations: impl IntoIterator<Item = &'a Reservation>,
-) -> Result<Vec<u64>, PersistError> {
+) -> Result<Vec<OrderNo>, PersistError> {
     let epoch: Option<u64> = tx
         .exec_first(
             "SELECT redis_epoch FROM event WHERE id = ? LOCK IN SHARE MODE",
@@ -88,10 +89,10 @@ pub async fn create_orders(
     if !stale.is_empty() {
         return Err(PersistError::Stale(stale));
     }
-    let mut by_shard: BTreeMap<u64, Vec<&Reservation>> = BTreeMap::new();
+    let mut by_shard: BTreeMap<u32, Vec<&Reservation>> = BTreeMap::new();
     for r in &batch.reservations {
         by_shard
-            .entry(gene(r.order_no) % u64::from(shards))
+            .entry(shard_of_order(r.order_no, shards))
             .or_default()
             .push(r);
     }
@@ -105,14 +106,15 @@ pub async fn create_orders(
         // Locks the ones a previous attempt created; skips them below.
         let existing: Vec<u64> = tx
             .query(format!(
-                "SELECT order_no FROM `order_{shard}` WHERE order_no IN ({}) FOR UPDATE",
+                "SELECT order_no FROM {} WHERE order_no IN ({}) FOR UPDATE",
+                order_tables::orders(shard),
                 numbers.join(",")
             ))
             .await
             .map_err(classify)?;
         let fresh: Vec<&Reservation> = reservations
             .into_iter()
-            .filter(|r| !existing.contains(&r.order_no))
+            .filter(|r| !existing.contains(&r.order_no.0))
             .collect();
         if fresh.is_empty() {
             continue;
@@ -123,7 +125,7 @@ pub async fn create_orders(
             let price = event
                 .categories
                 .iter()
-                .find(|c| c.id == r.category_id)
+                .find(|c| c.id == r.category_id.0)
                 .map(|c| c.price_cents)
                 .ok_or_else(|| {
                     PersistError::Rejected(format!(
@@ -165,14 +167,16 @@ pub async fn create_orders(
         }
         // Only numbers and our own ids go into this text.
         tx.query_drop(format!(
-            "INSERT INTO `order_{shard}` (order_no, user_id, event_id, category_id, quantity, amount_cents, \
+            "INSERT INTO {} (order_no, user_id, event_id, category_id, quantity, amount_cents, \
              request_id, pay_deadline) VALUES {}",
+            order_tables::orders(shard),
             orders.join(",")
         ))
         .await
         .map_err(classify)?;
         tx.query_drop(format!(
-            "INSERT INTO `order_item_{shard}` (order_no, category_id, row_no, col_no, price_cents) VALUES {}",
+            "INSERT INTO {} (order_no, category_id, row_no, col_no, price_cents) VALUES {}",
+            order_tables::items(shard),
             items.join(",")
         ))
         .await
@@ -207,7 +211,7 @@ pub enum Expiry {
 pub async fn expire(
     pool: &Pool,
     shards: u32,
-    event_id: u64,
+    event_id: EventId,
     r: &Reservation,
 ) -> Result<Expiry, PersistError> {
     let mut conn = pool.get_conn().await.map_err(classify)?;
@@ -219,10 +223,10 @@ pub async fn expire(
         tx.commit().await.map_err(classify)?;
         return Ok(Expiry::Stale);
     }
-    let shard = gene(r.order_no) % u64::from(shards);
     let exists: Option<u64> = tx
         .query_first(format!(
-            "SELECT order_no FROM `order_{shard}` WHERE order_no = {} FOR UPDATE",
+            "SELECT order_no FROM {} WHERE order_no = {} FOR UPDATE",
+            order_tables::orders(shard_of_order(r.order_no, shards)),
             r.order_no
         ))
         .await

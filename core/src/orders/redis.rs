@@ -10,6 +10,7 @@ use redis::streams::{
 };
 
 use super::reservation::Reservation;
+use crate::domain::EventId;
 use crate::keys::Keys;
 
 /// The consumer group every core instance's workers share.
@@ -32,12 +33,10 @@ pub enum Released {
 }
 
 impl Released {
+    pub const ALL: [Released; 2] = [Released::Released, Released::AlreadyDone];
+
     fn from_code(code: i64) -> anyhow::Result<Released> {
-        match code {
-            1 => Ok(Released::Released),
-            0 => Ok(Released::AlreadyDone),
-            other => anyhow::bail!("release.lua returned unknown code {other}"),
-        }
+        crate::script_codes::from_code("release.lua", &Released::ALL, code, |c| *c as i64)
     }
 }
 
@@ -45,7 +44,7 @@ impl Released {
 pub async fn ensure_group(
     redis: &mut ConnectionManager,
     keys: &Keys,
-    event_id: u64,
+    event_id: EventId,
 ) -> redis::RedisResult<()> {
     let created: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
@@ -65,7 +64,7 @@ pub async fn ensure_group(
 pub async fn read_new(
     redis: &mut ConnectionManager,
     keys: &Keys,
-    event_id: u64,
+    event_id: EventId,
     consumer: &str,
     count: usize,
 ) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
@@ -84,7 +83,7 @@ pub async fn read_new(
 pub async fn claim_stale(
     redis: &mut ConnectionManager,
     keys: &Keys,
-    event_id: u64,
+    event_id: EventId,
     consumer: &str,
     idle: Duration,
     count: usize,
@@ -106,7 +105,7 @@ pub async fn claim_stale(
 pub async fn settle(
     redis: &mut ConnectionManager,
     keys: &Keys,
-    event_id: u64,
+    event_id: EventId,
     reservations: &[Reservation],
 ) -> anyhow::Result<Settled> {
     let mut call = SETTLE.key(keys.order_stream(event_id));
@@ -122,7 +121,7 @@ pub async fn settle(
 pub async fn drop_entries(
     redis: &mut ConnectionManager,
     keys: &Keys,
-    event_id: u64,
+    event_id: EventId,
     entry_ids: &[&str],
 ) -> anyhow::Result<()> {
     if entry_ids.is_empty() {
@@ -143,7 +142,7 @@ pub async fn drop_entries(
 pub async fn release(
     redis: &mut ConnectionManager,
     keys: &Keys,
-    event_id: u64,
+    event_id: EventId,
     r: &Reservation,
     reason: &str,
 ) -> anyhow::Result<Released> {
@@ -173,9 +172,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn release_codes_map_one_to_one() {
-        assert_eq!(Released::from_code(1).unwrap(), Released::Released);
-        assert_eq!(Released::from_code(0).unwrap(), Released::AlreadyDone);
-        assert!(Released::from_code(-1).is_err());
+    fn every_code_of_the_script_maps_to_one_variant() {
+        crate::script_codes::assert_mirrored(
+            include_str!("../../../lua/redis/release.lua"),
+            &Released::ALL,
+            |c| *c as i64,
+            Released::from_code,
+        );
     }
 }

@@ -3,14 +3,16 @@
 use anyhow::Context;
 use redis::streams::StreamId;
 
+use crate::domain::{CategoryId, EventId, OrderNo, UserId};
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
     /// The stream entry, acknowledged once the reservation is settled or released.
     pub entry_id: String,
     /// The request id, which is the order number.
-    pub order_no: u64,
-    pub user_id: u64,
-    pub category_id: u64,
+    pub order_no: OrderNo,
+    pub user_id: UserId,
+    pub category_id: CategoryId,
     pub quantity: u32,
     /// Seats as written by the script, `"r:c,r:c"` or empty.
     pub seats_raw: String,
@@ -33,9 +35,9 @@ impl Reservation {
         };
         Ok(Reservation {
             entry_id: entry.id.clone(),
-            order_no: number("r")?,
-            user_id: number("u")?,
-            category_id: number("c")?,
+            order_no: OrderNo(number("r")?),
+            user_id: UserId(number("u")?),
+            category_id: CategoryId(number("c")?),
             quantity: number("q")? as u32,
             seats_raw: field("s")?,
             admitted_ms: number("t")? as i64,
@@ -63,7 +65,7 @@ impl Reservation {
 /// The reservations one message carries: of one event, created in one MySQL transaction.
 #[derive(Debug, Clone)]
 pub struct Batch {
-    pub event_id: u64,
+    pub event_id: EventId,
     /// Unique per attempt; stock_log rows record it, the check-back looks for it.
     pub batch_id: String,
     pub reservations: Vec<Reservation>,
@@ -94,7 +96,7 @@ mod tests {
         let r = Reservation::from_entry(&entry).unwrap();
         assert_eq!(
             (r.order_no, r.user_id, r.category_id, r.quantity),
-            (77, 5, 9, 2)
+            (OrderNo(77), UserId(5), CategoryId(9), 2)
         );
         assert_eq!(r.seats(), vec![(1, 2), (1, 3)]);
         entry.map.remove("u");

@@ -15,11 +15,12 @@ use std::time::Duration;
 use anyhow::Context;
 use mysql_async::Pool;
 use redis::aio::ConnectionManager;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 
 use crate::catalog::{self, EventRecord, EventStatus};
-use crate::keys::{Keys, seat_state};
+use crate::keys::{Keys, SeatState};
 use crate::lock::Lock;
+use crate::shutdown::Shutdown;
 
 /// Fields per HSET (or members per SADD) when loading a hash.
 const FIELDS_PER_HSET: usize = 10_000;
@@ -170,7 +171,7 @@ impl Preloader {
                             Some(owner) => owner.as_str(),
                             None => {
                                 *free_per_row.entry(*row).or_default() += 1;
-                                seat_state::FREE
+                                SeatState::FREE
                             }
                         };
                         (format!("{row}:{col}"), state)
@@ -263,19 +264,14 @@ impl Preloader {
 
     /// Every `interval`, preloads published events opening within `window` whose keys
     /// are missing (seed 001's time-slot preload), until `stop`.
-    pub async fn run_scheduler(
-        self,
-        interval: Duration,
-        window: Duration,
-        mut stop: watch::Receiver<bool>,
-    ) {
+    pub async fn run_scheduler(self, interval: Duration, window: Duration, mut stop: Shutdown) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = self.wake.notified() => {}
-                _ = crate::app::stopped(&mut stop) => return,
+                _ = stop.wait() => return,
             }
             if let Err(e) = self.preload_due(window).await {
                 tracing::warn!(

@@ -11,6 +11,10 @@ use anyhow::Context;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
 
+use crate::domain::OrderNo;
+use crate::keys::SeatState;
+use crate::order_tables::{self, OrderStatus};
+
 /// The event's sale as MySQL knows it, fenced at `epoch`.
 #[derive(Debug, Default)]
 pub struct Snapshot {
@@ -28,17 +32,12 @@ pub struct Snapshot {
     pub seat_owner: HashMap<(u64, u32, u32), String>,
 }
 
-/// Whether an order of this status holds its units.
-fn is_live(status: &str) -> bool {
-    matches!(status, "UNPAID" | "PAID")
-}
-
 /// The purchase-status word an order of this status shows its buyer.
-fn status_word(status: &str) -> &'static str {
+fn status_word(status: OrderStatus) -> &'static str {
     match status {
-        "UNPAID" => "CREATED",
-        "PAID" => "PAID",
-        _ => "CANCELLED",
+        OrderStatus::Unpaid => "CREATED",
+        OrderStatus::Paid => "PAID",
+        OrderStatus::Cancelled | OrderStatus::RefundPending => "CANCELLED",
     }
 }
 
@@ -73,14 +72,16 @@ pub async fn fence_and_read(pool: &Pool, shards: u32, event_id: u64) -> anyhow::
             .exec(
                 format!(
                     "SELECT order_no, user_id, category_id, CAST(quantity AS SIGNED), status \
-                     FROM `order_{n}` WHERE event_id = ?"
+                     FROM {} WHERE event_id = ?",
+                    order_tables::orders(n)
                 ),
                 (event_id,),
             )
             .await
             .context("Failed to read the event's orders")?;
         for (order_no, user, category, quantity, status) in orders {
-            if is_live(&status) {
+            let status = OrderStatus::parse(&status)?;
+            if status.is_live() {
                 *snap.live_units.entry(category).or_default() += quantity;
                 *snap.held.entry(user).or_default() += quantity;
             } else {
@@ -89,24 +90,30 @@ pub async fn fence_and_read(pool: &Pool, shards: u32, event_id: u64) -> anyhow::
             if latest.get(&user).is_none_or(|&l| order_no > l) {
                 latest.insert(user, order_no);
                 snap.status
-                    .insert(user, format!("{}:{order_no}", status_word(&status)));
+                    .insert(user, format!("{}:{order_no}", status_word(status)));
             }
         }
         let seats: Vec<(u64, u64, u32, u32, String)> = tx
             .exec(
                 format!(
                     "SELECT i.order_no, i.category_id, i.row_no, i.col_no, o.status \
-                     FROM `order_item_{n}` i JOIN `order_{n}` o ON o.order_no = i.order_no \
-                     WHERE o.event_id = ? AND o.status IN ('UNPAID', 'PAID') AND i.row_no IS NOT NULL"
+                     FROM {} i JOIN {} o ON o.order_no = i.order_no \
+                     WHERE o.event_id = ? AND o.status IN {} AND i.row_no IS NOT NULL",
+                    order_tables::items(n),
+                    order_tables::orders(n),
+                    OrderStatus::LIVE_SQL
                 ),
                 (event_id,),
             )
             .await
             .context("Failed to read the seats of live orders")?;
         for (order_no, category, row, col, status) in seats {
-            let state = if status == "PAID" { "S" } else { "L" };
-            snap.seat_owner
-                .insert((category, row, col), format!("{state}:{order_no}"));
+            let state = if OrderStatus::parse(&status)? == OrderStatus::Paid {
+                SeatState::Sold(OrderNo(order_no))
+            } else {
+                SeatState::Locked(OrderNo(order_no))
+            };
+            snap.seat_owner.insert((category, row, col), state.encode());
         }
     }
     tx.commit().await.context("Failed to commit the fence")?;
@@ -118,11 +125,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_unpaid_and_paid_orders_hold_units() {
-        assert!(is_live("UNPAID") && is_live("PAID"));
-        assert!(!is_live("CANCELLED") && !is_live("REFUND_PENDING"));
-        assert_eq!(status_word("UNPAID"), "CREATED");
-        assert_eq!(status_word("PAID"), "PAID");
-        assert_eq!(status_word("REFUND_PENDING"), "CANCELLED");
+    fn each_order_status_shows_its_buyer_a_purchase_status() {
+        assert_eq!(status_word(OrderStatus::Unpaid), "CREATED");
+        assert_eq!(status_word(OrderStatus::Paid), "PAID");
+        assert_eq!(status_word(OrderStatus::Cancelled), "CANCELLED");
+        assert_eq!(status_word(OrderStatus::RefundPending), "CANCELLED");
     }
 }

@@ -6,9 +6,10 @@ use chrono::Utc;
 use http::StatusCode;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::catalog::{EventRecord, EventStatus};
 use crate::http::{ApiError, Request, Response, json};
+use crate::keys::SeatState;
+use crate::state::AppState;
 
 pub async fn list(state: &AppState) -> Result<Response, ApiError> {
     let events = state.events.on_sale().await?;
@@ -83,13 +84,13 @@ pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response,
     let rows: Vec<String> = (1..=grid.rows)
         .map(|r| {
             (1..=grid.cols)
-                .map(
-                    |c| match states.get(&format!("{r}:{c}")).map(|s| s.as_bytes()[0]) {
-                        Some(b'F') => 'F',
-                        Some(b'S') => 'S',
-                        _ => 'L',
-                    },
-                )
+                .map(|c| {
+                    // A seat the script has not written (or could not) shows as taken.
+                    states
+                        .get(&format!("{r}:{c}"))
+                        .and_then(|s| SeatState::parse(s))
+                        .map_or('L', SeatState::letter)
+                })
                 .collect()
         })
         .collect();

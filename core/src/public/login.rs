@@ -10,9 +10,9 @@ use mysql_async::prelude::*;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::auth::login::Held;
 use crate::http::{ApiError, Request, Response, json, read_json};
+use crate::state::AppState;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

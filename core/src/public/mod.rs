@@ -2,15 +2,16 @@
 //! probes carries a user token; the core verifies it itself, so its own port is no way
 //! around the edge.
 
+pub mod answers;
 mod events;
 mod login;
 mod orders;
 
 use chrono::Utc;
 
-use crate::app::AppState;
 use crate::health;
 use crate::http::{ApiError, Request, Response, allowed, bearer, canonical_id, segments};
+use crate::state::AppState;
 
 /// Every endpoint of the public port, each with its one spelling and its one method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

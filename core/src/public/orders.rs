@@ -3,10 +3,12 @@
 use http::StatusCode;
 use serde_json::json;
 
-use crate::admission::{self, AdmissionError, status};
-use crate::app::AppState;
+use super::answers;
+use crate::domain::{OrderNo, UserId};
 use crate::http::{ApiError, Request, Response, json, read_body, read_json};
-use crate::lifecycle::{self, Cancelled};
+use crate::lifecycle::{Canceller, OrderView};
+use crate::order_tables::OrderStatus;
+use crate::state::AppState;
 
 /// Longest Idempotency-Key accepted.
 const MAX_KEY_LEN: usize = 64;
@@ -51,18 +53,15 @@ async fn purchase(
         })?
         .to_owned();
     let body = read_json(req, state.config.settings.server.max_body_bytes).await?;
-    match admission::admit(state, event_id, user_id, &key, body).await {
-        Ok(r) => Ok(json(
-            StatusCode::ACCEPTED,
-            &json!({"status": "QUEUED", "request_id": r.request_id.to_string(), "seats": r.seats}),
-        )),
-        Err(AdmissionError::Refused(refusal)) => Err(refusal.into()),
-        Err(AdmissionError::Unexpected(e)) => Err(ApiError::Unexpected(e)),
-    }
+    let r = state.admission.admit(event_id, user_id, &key, body).await?;
+    Ok(json(
+        StatusCode::ACCEPTED,
+        &json!({"status": "QUEUED", "request_id": r.request_id.to_string(), "seats": r.seats}),
+    ))
 }
 
 pub async fn status(state: &AppState, event_id: u64, user_id: u64) -> Result<Response, ApiError> {
-    match status::of_user(state, event_id, user_id).await? {
+    match state.admission.status_of(event_id, user_id).await? {
         Some(s) => Ok(json(StatusCode::OK, &s)),
         None => Err(ApiError::NotFound(format!(
             "no purchase of yours in event {event_id}"
@@ -79,50 +78,31 @@ pub async fn order(state: &AppState, order_no: u64, user_id: u64) -> Result<Resp
 }
 
 /// The caller's order; 404 for anyone else's, as for one that does not exist.
-async fn own_order(
-    state: &AppState,
-    order_no: u64,
-    user_id: u64,
-) -> Result<lifecycle::OrderView, ApiError> {
-    let shards = state.config.settings.mysql.order_shards;
-    lifecycle::view(&state.mysql, shards, order_no, Some(user_id))
+async fn own_order(state: &AppState, order_no: u64, user_id: u64) -> Result<OrderView, ApiError> {
+    state
+        .lifecycle
+        .view(OrderNo(order_no), UserId(user_id))
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no order {order_no} of yours")))
 }
 
 /// `POST /api/orders/{order_no}/cancel` by its buyer, while UNPAID.
 pub async fn cancel(state: &AppState, order_no: u64, user_id: u64) -> Result<Response, ApiError> {
-    let shards = state.config.settings.mysql.order_shards;
-    let mut redis = state.redis.clone();
-    match lifecycle::cancel(
-        &state.mysql,
-        &mut redis,
-        &state.keys,
-        shards,
-        order_no,
-        Some(user_id),
-        false,
-    )
-    .await?
-    {
-        Cancelled::Now { order, .. } => Ok(json(StatusCode::OK, &order)),
-        Cancelled::NotUnpaid(order) => Err(ApiError::Conflict(
-            "NOT_CANCELLABLE",
-            format!(
-                "order {order_no} is {} and cannot be cancelled",
-                order.status
-            ),
-        )),
-        Cancelled::NotFound | Cancelled::NotDue(_) => {
-            Err(ApiError::NotFound(format!("no order {order_no} of yours")))
-        }
-    }
+    let order_no = OrderNo(order_no);
+    let outcome = state
+        .lifecycle
+        .cancel(order_no, Canceller::Owner(UserId(user_id)))
+        .await?;
+    Ok(json(
+        StatusCode::OK,
+        &answers::cancelled(order_no, outcome)?,
+    ))
 }
 
 /// `POST /api/orders/{order_no}/pay`: what the browser needs to pay the provider.
 pub async fn pay(state: &AppState, order_no: u64, user_id: u64) -> Result<Response, ApiError> {
     let order = own_order(state, order_no, user_id).await?;
-    if order.status != "UNPAID" {
+    if order.status != OrderStatus::Unpaid {
         return Err(ApiError::Conflict(
             "NOT_PAYABLE",
             format!("order {order_no} is {}", order.status),
@@ -142,7 +122,7 @@ pub async fn pay(state: &AppState, order_no: u64, user_id: u64) -> Result<Respon
 
 /// `POST /api/payments/callback`, from the provider: signed, not a user's call.
 pub async fn payment_callback(state: &AppState, req: Request) -> Result<Response, ApiError> {
-    use lifecycle::pay::{self, Refused};
+    use crate::lifecycle::pay;
     let Some(secret) = &state.config.provider_secret else {
         return Err(ApiError::Unavailable(
             "payments are not configured (payments.provider_secret)".into(),
@@ -154,30 +134,15 @@ pub async fn payment_callback(state: &AppState, req: Request) -> Result<Response
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let body = read_body(req, 16 * 1024).await?;
-    let shards = state.config.settings.mysql.order_shards;
-    let mut redis = state.redis.clone();
     use secrecy::ExposeSecret;
-    match pay::apply(
-        &state.mysql,
-        &mut redis,
-        &state.keys,
-        shards,
-        secret.expose_secret().as_bytes(),
-        &body,
-        signature.as_deref(),
+    answers::paid(
+        state
+            .lifecycle
+            .pay(
+                secret.expose_secret().as_bytes(),
+                &body,
+                signature.as_deref(),
+            )
+            .await,
     )
-    .await
-    {
-        Ok((applied, order_no)) => Ok(json(
-            StatusCode::OK,
-            &json!({"result": applied, "order_no": order_no.to_string()}),
-        )),
-        Err(Refused::BadSignature) => Err(ApiError::Unauthorized("bad payment signature".into())),
-        Err(Refused::Invalid(m)) => Err(ApiError::Invalid(m)),
-        Err(e @ Refused::NoSuchOrder(_)) => Err(ApiError::NotFound(e.to_string())),
-        Err(e @ Refused::AmountMismatch { .. }) => {
-            Err(ApiError::Conflict("AMOUNT_MISMATCH", e.to_string()))
-        }
-        Err(Refused::Unexpected(e)) => Err(ApiError::Unexpected(e)),
-    }
 }

@@ -2,22 +2,44 @@
 //! its unsynced stock_log rows are aggregated per ticket category into one UPDATE each,
 //! its seats are marked LOCKED, and the rows are marked synced, in one transaction, so
 //! a redelivered message changes nothing. stock_log is also the outbox: the sweeper
-//! re-publishes batches whose rows stay unsynced (their message was lost, or the broker
-//! was down when they were created).
+//! (`outbox`) re-publishes batches whose rows stay unsynced (their message was lost, or
+//! the broker was down when they were created).
+
+pub mod outbox;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use anyhow::Context;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
 
-use crate::ids::gene;
+use crate::messaging::{BatchMessage, Names, Subscription};
+use crate::order_tables::{self, shard_of};
 
 /// What one application of a batch changed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Synced {
     pub orders: usize,
     pub units: i64,
+}
+
+/// The `stock-sync` consumer: each delivered batch is applied once.
+pub fn consumer(mysql: Pool, shards: u32, names: &Names) -> Subscription {
+    Subscription {
+        topic: names.stock_sync.clone(),
+        group: names.sync_group.clone(),
+        batch_max: 32,
+        what: "stock sync",
+        apply: Arc::new(move |message: BatchMessage| {
+            let pool = mysql.clone();
+            Box::pin(async move {
+                let synced = apply(&pool, shards, &message.batch_id).await?;
+                tracing::debug!(batch = message.batch_id, ?synced, "stock synced");
+                Ok(())
+            })
+        }),
+    }
 }
 
 /// Applies the batch's unsynced stock_log rows to ticket_category and seat.
@@ -40,11 +62,11 @@ pub async fn apply(pool: &Pool, shards: u32, batch_id: &str) -> anyhow::Result<S
         return Ok(Synced::default());
     }
     let mut per_category: BTreeMap<u64, i64> = BTreeMap::new();
-    let mut per_shard: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    let mut per_shard: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for (order_no, category_id, quantity) in &rows {
         *per_category.entry(*category_id).or_default() += quantity;
         per_shard
-            .entry(gene(*order_no) % u64::from(shards))
+            .entry(shard_of(*order_no, shards))
             .or_default()
             .push(order_no.to_string());
     }
@@ -62,11 +84,13 @@ pub async fn apply(pool: &Pool, shards: u32, batch_id: &str) -> anyhow::Result<S
         tx.query_drop(format!(
             "INSERT INTO seat (category_id, row_no, col_no, event_id, status, order_no) \
              SELECT i.category_id, i.row_no, i.col_no, o.event_id, 'LOCKED', i.order_no \
-             FROM `order_item_{shard}` i JOIN `order_{shard}` o ON o.order_no = i.order_no \
+             FROM {} i JOIN {} o ON o.order_no = i.order_no \
              WHERE i.order_no IN ({}) AND i.row_no IS NOT NULL \
              ON DUPLICATE KEY UPDATE \
                status = IF(seat.status = 'SOLD' AND seat.order_no = VALUES(order_no), 'SOLD', 'LOCKED'), \
                order_no = VALUES(order_no)",
+            order_tables::items(shard),
+            order_tables::orders(shard),
             orders.join(",")
         ))
         .await
@@ -102,22 +126,6 @@ pub async fn apply(pool: &Pool, shards: u32, batch_id: &str) -> anyhow::Result<S
         orders: rows.len(),
         units: per_category.values().sum(),
     })
-}
-
-/// Batches with rows unsynced for longer than `older_than_s`, oldest first.
-pub async fn stale_batches(
-    pool: &Pool,
-    older_than_s: u64,
-    limit: u32,
-) -> anyhow::Result<Vec<(String, u64)>> {
-    let mut conn = pool.get_conn().await?;
-    conn.exec(
-        "SELECT batch_id, MIN(event_id) FROM stock_log WHERE synced = 0 \
-         AND created_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND GROUP BY batch_id ORDER BY MIN(id) LIMIT ?",
-        (older_than_s, limit),
-    )
-    .await
-    .context("Failed to find unsynced batches")
 }
 
 /// For the stats: unsynced rows of an event and the age of the oldest, in seconds.

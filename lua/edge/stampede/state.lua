@@ -11,7 +11,8 @@ local ngx = ngx
 local cjson = require "cjson.safe"
 local redis = require "nginx.redis"
 local limit = require "stampede.limit"
-local tonumber, floor = tonumber, math.floor
+local layout = require "stampede.keys" -- generated from core/src/keys.rs
+local tonumber, floor, format = tonumber, math.floor, string.format
 local shared = ngx.shared
 
 local _M = {}
@@ -29,9 +30,9 @@ local function pull()
   local ok, err = red:connect(cfg.host, cfg.port)
   if not ok then return nil, "connect: " .. tostring(err) end
   local p = cfg.prefix
-  local sales, serr = red:hgetall(p .. "sales")
+  local sales, serr = red:hgetall(p .. layout.sales)
   if not sales then return nil, "sales: " .. tostring(serr) end
-  local overrides = red:hgetall(p .. "edge:limits")
+  local overrides = red:hgetall(p .. layout.edge_limits)
   local snap = { events = {}, limits = {} }
   local ids = {}
   red:init_pipeline()
@@ -41,9 +42,8 @@ local function pull()
     if status then
       ids[#ids + 1] = id
       snap.events[id] = { open = status == "open", start_ms = tonumber(start_ms), end_ms = tonumber(end_ms), sold = {} }
-      local tag = p .. "{ev:" .. id .. "}:"
-      red:hgetall(tag .. "soldout")
-      red:hget(tag .. "meta", "categories")
+      red:hgetall(p .. format(layout.sold_out, id))
+      red:hget(p .. format(layout.meta, id), "categories")
     end
   end
   local replies, perr = red:commit_pipeline()

@@ -9,28 +9,26 @@
 //! only ever lowered (rather undersell than oversell); a positive gap is raised once the
 //! sale is not running. Every heal runs under the event's preload lock.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::LazyLock;
+mod heal;
+pub mod report;
+
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context;
-use chrono::Utc;
 use mysql_async::Pool;
 use mysql_async::prelude::*;
 use redis::aio::ConnectionManager;
 use serde::Serialize;
-use tokio::sync::watch;
 
 use crate::catalog::{self, EventRecord, EventStatus};
 use crate::config::{Resolved, Settings};
 use crate::keys::Keys;
-use crate::lifecycle::{self, GiveBack};
 use crate::lock::Lock;
 use crate::metrics::Metrics;
+use crate::order_tables::{self, OrderStatus};
 use crate::preload::Preloader;
-
-static ADJUST: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/adjust_stock.lua")));
+use crate::shutdown::Shutdown;
 
 /// Longest backlog counted per category (XRANGE is work for Redis; stats are polled).
 const MAX_COUNTED_BACKLOG: usize = 10_000;
@@ -179,9 +177,12 @@ impl Reconciler {
             .categories
             .iter()
             .map(|c| {
-                let count =
-                    |status: &str| held.get(&(c.id, status.to_owned())).copied().unwrap_or(0);
-                let (unpaid, paid) = (count("UNPAID"), count("PAID"));
+                let count = |status: OrderStatus| {
+                    held.get(&(c.id, status.as_str().to_owned()))
+                        .copied()
+                        .unwrap_or(0)
+                };
+                let (unpaid, paid) = (count(OrderStatus::Unpaid), count(OrderStatus::Paid));
                 let redis_available = if loaded {
                     stock.get(&c.id).copied()
                 } else {
@@ -279,148 +280,6 @@ impl Reconciler {
         }))
     }
 
-    async fn heal_locked(
-        &self,
-        event: &EventRecord,
-        actions: &mut Vec<String>,
-    ) -> anyhow::Result<()> {
-        let (orders, units) = self.give_back_cancelled(event.id).await?;
-        if orders > 0 {
-            actions.push(format!(
-                "gave back {units} units of {orders} cancelled orders Redis had not got back"
-            ));
-        }
-        let first = self.measure(event).await?;
-        if first.settled() || first.queued_reservations > 0 {
-            return Ok(());
-        }
-        tokio::time::sleep(self.confirm).await;
-        let second = self.measure(event).await?;
-        if second != first {
-            return Ok(()); // The sale moved: not sure of anything; the next pass looks again.
-        }
-        let now = Utc::now();
-        let running = event.status == EventStatus::Published
-            && event.sale_start <= now
-            && now < event.sale_end;
-        let mut redis = self.redis.clone();
-        for c in &second.categories {
-            let gap = c.gap.unwrap_or(0);
-            let lower = gap < 0;
-            let raise = gap > 0 && !running;
-            if lower || raise {
-                let left: i64 = ADJUST
-                    .key(self.keys.stock(event.id))
-                    .key(self.keys.sold_out(event.id))
-                    .arg(c.category_id)
-                    .arg(gap)
-                    .invoke_async(&mut redis)
-                    .await
-                    .context("Failed to adjust the stock")?;
-                actions.push(format!(
-                    "category {}: Redis stock {} by {} to {left}",
-                    c.category_id,
-                    if lower { "lowered" } else { "raised" },
-                    gap.abs()
-                ));
-            } else if gap > 0 {
-                actions.push(format!(
-                    "category {}: Redis offers {} units fewer than it could; left until the sale is not running",
-                    c.category_id, gap
-                ));
-            }
-            if c.remain_gap != 0 && c.unsynced == 0 {
-                // Conditional on the remain measured, so a concurrent sync makes it a no-op.
-                let mut conn = self.mysql.get_conn().await?;
-                conn.exec_drop(
-                    "UPDATE ticket_category SET remain = remain - ? WHERE id = ? AND remain = ?",
-                    (c.remain_gap, c.category_id, c.db_remain),
-                )
-                .await?;
-                if conn.affected_rows() == 1 {
-                    actions.push(format!(
-                        "category {}: MySQL remain corrected by {} to {}",
-                        c.category_id,
-                        -c.remain_gap,
-                        c.db_remain - c.remain_gap
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Cancelled orders whose units are not back in Redis (the restock after the
-    /// cancellation failed): gives them back, once each. Returns (orders, units).
-    async fn give_back_cancelled(&self, event_id: u64) -> anyhow::Result<(usize, i64)> {
-        let mut conn = self.mysql.get_conn().await?;
-        let mut redis = self.redis.clone();
-        let (mut orders, mut units) = (0, 0);
-        for n in 0..self.shards {
-            let cancelled: Vec<(u64, u64, u64, u32)> = conn
-                .exec(
-                    format!(
-                        "SELECT order_no, user_id, category_id, quantity FROM `order_{n}` \
-                         WHERE event_id = ? AND status IN ('CANCELLED', 'REFUND_PENDING')"
-                    ),
-                    (event_id,),
-                )
-                .await?;
-            if cancelled.is_empty() {
-                continue;
-            }
-            let numbers: Vec<u64> = cancelled.iter().map(|o| o.0).collect();
-            let mut known: Vec<bool> = Vec::with_capacity(numbers.len());
-            for chunk in numbers.chunks(10_000) {
-                let found: Vec<bool> = redis::cmd("SMISMEMBER")
-                    .arg(self.keys.restocked(event_id))
-                    .arg(chunk)
-                    .query_async(&mut redis)
-                    .await?;
-                known.extend(found);
-            }
-            let missing: HashSet<u64> = numbers
-                .iter()
-                .zip(&known)
-                .filter(|(_, k)| !**k)
-                .map(|(n, _)| *n)
-                .collect();
-            for (order_no, user_id, category_id, quantity) in cancelled {
-                if !missing.contains(&order_no) {
-                    continue;
-                }
-                let seats: Vec<String> = conn
-                    .exec_map(
-                        format!(
-                            "SELECT row_no, col_no FROM `order_item_{n}` \
-                             WHERE order_no = ? AND row_no IS NOT NULL"
-                        ),
-                        (order_no,),
-                        |(r, c): (u32, u32)| format!("{r}:{c}"),
-                    )
-                    .await?;
-                let done = lifecycle::restock(
-                    &mut redis,
-                    &self.keys,
-                    GiveBack {
-                        order_no,
-                        user_id,
-                        event_id,
-                        category_id,
-                        quantity,
-                        seats: &seats,
-                    },
-                )
-                .await?;
-                if done == lifecycle::Restocked::Now {
-                    orders += 1;
-                    units += i64::from(quantity);
-                }
-            }
-        }
-        Ok((orders, units))
-    }
-
     /// The events a periodic pass looks at: those with a sale in Redis, and the
     /// published ones opening soon or open (whose keys Redis may have lost).
     pub async fn events(&self, window_s: u64) -> anyhow::Result<Vec<u64>> {
@@ -435,13 +294,13 @@ impl Reconciler {
     }
 
     /// Every `interval`, a healing pass over [`Reconciler::events`], until `stop`.
-    pub async fn run(self, interval: Duration, window_s: u64, mut stop: watch::Receiver<bool>) {
+    pub async fn run(self, interval: Duration, window_s: u64, mut stop: Shutdown) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = crate::app::stopped(&mut stop) => return,
+                _ = stop.wait() => return,
             }
             let ids = match self.events(window_s).await {
                 Ok(ids) => ids,
@@ -469,16 +328,14 @@ pub async fn units_by_status(
     shards: u32,
     event_id: u64,
 ) -> anyhow::Result<HashMap<(u64, String), i64>> {
-    let union: Vec<String> = (0..shards)
-        .map(|n| {
-            format!(
-                "SELECT category_id, status, quantity FROM `order_{n}` WHERE event_id = {event_id}"
-            )
-        })
-        .collect();
+    let union = order_tables::over_shards(
+        shards,
+        &format!(
+            "SELECT category_id, status, quantity FROM {{orders}} WHERE event_id = {event_id}"
+        ),
+    );
     let sql = format!(
-        "SELECT category_id, status, CAST(SUM(quantity) AS SIGNED) FROM ({}) o GROUP BY category_id, status",
-        union.join(" UNION ALL ")
+        "SELECT category_id, status, CAST(SUM(quantity) AS SIGNED) FROM ({union}) o GROUP BY category_id, status"
     );
     let mut conn = pool.get_conn().await?;
     let rows: Vec<(u64, String, i64)> = conn.query(sql).await?;

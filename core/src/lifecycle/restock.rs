@@ -1,0 +1,78 @@
+//! Giving a cancelled order's units and seats back in Redis, exactly once
+//! (`lua/redis/restock.lua`); the cancellation and the reconciler both use it.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionManager;
+
+use crate::domain::{CategoryId, EventId, OrderNo, UserId};
+use crate::keys::Keys;
+
+static RESTOCK: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/restock.lua")));
+
+/// `restock.lua`'s answers, one to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restocked {
+    Now = 1,
+    Before = 0,
+}
+
+impl Restocked {
+    pub const ALL: [Restocked; 2] = [Restocked::Now, Restocked::Before];
+
+    fn from_code(code: i64) -> anyhow::Result<Restocked> {
+        crate::script_codes::from_code("restock.lua", &Restocked::ALL, code, |c| *c as i64)
+    }
+}
+
+/// What giving a cancelled order's units back needs to know of it.
+pub struct GiveBack<'a> {
+    pub order_no: OrderNo,
+    pub user_id: UserId,
+    pub event_id: EventId,
+    pub category_id: CategoryId,
+    pub quantity: u32,
+    /// `"row:col"`, empty for unseated tickets.
+    pub seats: &'a [String],
+}
+
+/// Gives a cancelled order's units and seats back in Redis, once.
+pub async fn restock(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    o: GiveBack<'_>,
+) -> anyhow::Result<Restocked> {
+    let e = o.event_id;
+    let code: i64 = RESTOCK
+        .key(keys.restocked(e))
+        .key(keys.stock(e))
+        .key(keys.sold_out(e))
+        .key(keys.held(e))
+        .key(keys.purchase_status(e))
+        .key(keys.seats(e, o.category_id))
+        .key(keys.row_free(e, o.category_id))
+        .arg(o.order_no)
+        .arg(o.user_id)
+        .arg(o.category_id)
+        .arg(o.quantity)
+        .arg(o.seats.join(","))
+        .invoke_async(redis)
+        .await?;
+    Restocked::from_code(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_of_the_script_maps_to_one_variant() {
+        crate::script_codes::assert_mirrored(
+            include_str!("../../../lua/redis/restock.lua"),
+            &Restocked::ALL,
+            |c| *c as i64,
+            Restocked::from_code,
+        );
+    }
+}

@@ -1,0 +1,133 @@
+//! Orders left unpaid past their deadline are cancelled: by the `order-timeout`
+//! consumer (one delayed message per batch), and by the overdue sweep, which catches
+//! the orders whose message was lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mysql_async::prelude::*;
+
+use super::{Cancelled, Canceller, Lifecycle};
+use crate::domain::OrderNo;
+use crate::messaging::{BatchMessage, Names, Subscription};
+use crate::order_tables::{self, OrderStatus};
+use crate::shutdown::Shutdown;
+
+/// How long past its deadline an UNPAID order waits for its message before the sweep
+/// cancels it.
+const OVERDUE_S: u64 = 30;
+
+/// The `order-timeout` consumer.
+pub fn consumer(lifecycle: Lifecycle, names: &Names) -> Subscription {
+    let lifecycle = Arc::new(lifecycle);
+    Subscription {
+        topic: names.order_timeout.clone(),
+        group: names.timeout_group.clone(),
+        batch_max: 8,
+        what: "order timeout",
+        apply: Arc::new(move |message: BatchMessage| {
+            let lifecycle = lifecycle.clone();
+            Box::pin(async move {
+                let n = lifecycle.expire_batch(&message.batch_id).await?;
+                tracing::debug!(
+                    batch = message.batch_id,
+                    cancelled = n,
+                    "order timeout applied"
+                );
+                Ok(())
+            })
+        }),
+    }
+}
+
+impl Lifecycle {
+    /// The `order-timeout` consumer's work: cancel the batch's orders still unpaid at
+    /// their deadline. A message a little early waits for the deadline (delays are
+    /// precise to about half a second).
+    pub async fn expire_batch(&self, batch_id: &str) -> anyhow::Result<usize> {
+        let orders: Vec<u64> = self
+            .mysql
+            .get_conn()
+            .await?
+            .exec(
+                "SELECT order_no FROM stock_log WHERE batch_id = ? AND status = 'COMMITTED'",
+                (batch_id,),
+            )
+            .await?;
+        let mut cancelled = 0;
+        for order_no in orders {
+            for _ in 0..10 {
+                match self.cancel(OrderNo(order_no), Canceller::Deadline).await? {
+                    Cancelled::NotDue(o) => {
+                        let wait = (o.pay_deadline - chrono::Utc::now())
+                            .to_std()
+                            .unwrap_or_default();
+                        tokio::time::sleep(wait.min(Duration::from_secs(2))).await;
+                    }
+                    Cancelled::Now { .. } => {
+                        cancelled += 1;
+                        break;
+                    }
+                    Cancelled::NotUnpaid(_) | Cancelled::NotFound => break,
+                }
+            }
+        }
+        Ok(cancelled)
+    }
+
+    /// UNPAID orders past their deadline by `overdue_s`, over every shard.
+    pub async fn overdue(&self, overdue_s: u64, limit: u32) -> anyhow::Result<Vec<OrderNo>> {
+        let mut conn = self.mysql.get_conn().await?;
+        let mut all = Vec::new();
+        for n in 0..self.shards {
+            let found: Vec<u64> = conn
+                .exec(
+                    format!(
+                        "SELECT order_no FROM {} WHERE status = '{}' \
+                         AND pay_deadline < UTC_TIMESTAMP(3) - INTERVAL ? SECOND LIMIT ?",
+                        order_tables::orders(n),
+                        OrderStatus::Unpaid
+                    ),
+                    (overdue_s, limit),
+                )
+                .await?;
+            all.extend(found.into_iter().map(OrderNo));
+        }
+        Ok(all)
+    }
+
+    /// One pass of the sweep: cancels orders well past their deadline.
+    async fn cancel_overdue(&self) {
+        let orders = match self.overdue(OVERDUE_S, 200).await {
+            Ok(orders) => orders,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "overdue-order sweep failed");
+                return;
+            }
+        };
+        for order_no in orders {
+            tracing::warn!(
+                %order_no,
+                "cancelling an order whose timeout message never came"
+            );
+            if let Err(e) = self.cancel(order_no, Canceller::Deadline).await {
+                tracing::warn!(
+                    %order_no,
+                    error = format!("{e:#}"),
+                    "overdue cancellation failed"
+                );
+            }
+        }
+    }
+}
+
+/// The overdue sweep, every 2 s until `stop`.
+pub async fn run_overdue_sweep(lifecycle: Lifecycle, mut stop: Shutdown) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => lifecycle.cancel_overdue().await,
+            _ = stop.wait() => return,
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! One batch's creation: its transactional message and local transaction, then settle
+//! in Redis; and what happens to reservations that will not become orders (too late,
+//! from before a rebuild of the event's keys, refused by MySQL).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Pipeline;
+use super::persist::{self, PersistError};
+use super::redis;
+use super::reservation::{Batch, Reservation};
+use super::tx::LocalTx;
+use crate::catalog::EventRecord;
+use crate::domain::{EventId, OrderNo};
+use crate::messaging::BatchMessage;
+
+impl Pipeline {
+    /// Drops the reservations numbered in `stale` (taken under an older generation of the
+    /// event's keys, whose rebuild counted their units as free) and returns the others.
+    pub(super) async fn drop_stale(
+        &self,
+        event_id: EventId,
+        reservations: Vec<Reservation>,
+        stale: &[OrderNo],
+    ) -> Vec<Reservation> {
+        let (dropped, keep): (Vec<_>, Vec<_>) = reservations
+            .into_iter()
+            .partition(|r| stale.contains(&r.order_no));
+        if !dropped.is_empty() {
+            let ids: Vec<&str> = dropped.iter().map(|r| r.entry_id.as_str()).collect();
+            if let Err(e) =
+                redis::drop_entries(&mut self.redis.clone(), &self.keys, event_id, &ids).await
+            {
+                tracing::warn!(error = format!("{e:#}"), "cannot drop stale entries");
+            }
+            tracing::warn!(
+                %event_id,
+                dropped = dropped.len(),
+                "dropped reservations taken before the event's keys were rebuilt from MySQL"
+            );
+        }
+        keep
+    }
+
+    /// Releases the reservations past `orders.deadline_s` whose orders do not exist, so
+    /// that none is created silently late; returns the others. Needs MySQL to decide:
+    /// while it is down, overdue reservations wait with the rest.
+    pub(super) async fn expire_overdue(
+        &self,
+        event_id: EventId,
+        reservations: Vec<Reservation>,
+    ) -> Vec<Reservation> {
+        let cutoff =
+            chrono::Utc::now().timestamp_millis() - (self.settings.deadline_s * 1000) as i64;
+        let (overdue, mut keep): (Vec<_>, Vec<_>) = reservations
+            .into_iter()
+            .partition(|r| r.admitted_ms < cutoff);
+        let reason = format!("not persisted within {} s", self.settings.deadline_s);
+        for r in overdue {
+            match persist::expire(&self.mysql, self.shards, event_id, &r).await {
+                Ok(persist::Expiry::Created) => keep.push(r),
+                Ok(persist::Expiry::Stale) => {
+                    let order_no = r.order_no;
+                    self.drop_stale(event_id, vec![r], &[order_no]).await;
+                }
+                Ok(persist::Expiry::Expired) => {
+                    // Expired in MySQL already; a retry releases it (release is idempotent).
+                    if !self.release(event_id, &r, &reason).await {
+                        keep.push(r);
+                    }
+                }
+                Err(_) => keep.push(r),
+            }
+        }
+        keep
+    }
+
+    /// Gives the reservation back in Redis with `reason`; false if Redis did not answer.
+    async fn release(&self, event_id: EventId, r: &Reservation, reason: &str) -> bool {
+        match redis::release(&mut self.redis.clone(), &self.keys, event_id, r, reason).await {
+            Ok(_) => {
+                self.released.inc();
+                tracing::warn!(order_no = %r.order_no, reason, "reservation released");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "release failed; will retry");
+                false
+            }
+        }
+    }
+
+    /// One batch: its transactional message and local transaction, then settle in Redis.
+    pub(super) async fn create(
+        &self,
+        event: &Arc<EventRecord>,
+        reservations: &[Reservation],
+    ) -> Result<(), PersistError> {
+        let event_id = EventId(event.id);
+        let first = reservations[0].order_no;
+        let batch = Arc::new(Batch {
+            event_id,
+            batch_id: format!("{first}-{}", rand::random::<u32>()),
+            reservations: reservations.to_vec(),
+        });
+        let message = BatchMessage {
+            batch_id: batch.batch_id.clone(),
+            event_id: event.id,
+        };
+        let local = {
+            let (pool, shards, event, batch) = (
+                self.mysql.clone(),
+                self.shards,
+                event.clone(),
+                batch.clone(),
+            );
+            move || {
+                let (pool, event, batch) = (pool.clone(), event.clone(), batch.clone());
+                async move { persist::create_orders(&pool, shards, &event, &batch).await }
+            }
+        };
+        let mq = self.mq.get().cloned();
+        let outcome = match &mq {
+            Some(mq) => {
+                let job = LocalTx::new(local());
+                match mq.send_in_transaction(message.clone(), job.clone()).await {
+                    Ok(()) => job.take_outcome().unwrap_or_else(|| {
+                        Err(PersistError::NotCommitted(
+                            "no local transaction ran".into(),
+                        ))
+                    }),
+                    Err(e) => match job.take_outcome() {
+                        // The local transaction ran; the broker's check-back settles the message.
+                        Some(outcome) => outcome,
+                        None => {
+                            tracing::warn!(
+                                error = format!("{e:#}"),
+                                batch = batch.batch_id,
+                                "broker did not take the half message; creating orders through the outbox"
+                            );
+                            local().await
+                        }
+                    },
+                }
+            }
+            None => local().await,
+        };
+        outcome?;
+        self.orders_created.inc_by(reservations.len() as u64);
+        let mut redis = self.redis.clone();
+        if let Err(e) = redis::settle(&mut redis, &self.keys, event_id, reservations).await {
+            // The orders exist; the entries stay pending and a replay settles them.
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "orders created but not settled in Redis; will replay"
+            );
+            return Ok(());
+        }
+        if let Some(mq) = mq {
+            let delay = Duration::from_secs(u64::from(event.pay_timeout_s));
+            if let Err(e) = mq.publish_timeout(&message, delay).await {
+                tracing::warn!(
+                    batch = batch.batch_id,
+                    error = format!("{e:#}"),
+                    "order-timeout message not sent; the lifecycle sweeper covers it"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// After MySQL refused a batch: each order alone; the refused ones are released.
+    /// Returns the reservations still to retry (MySQL unavailable meanwhile).
+    pub(super) async fn create_one_by_one(
+        &self,
+        event_id: EventId,
+        reservations: Vec<Reservation>,
+    ) -> Vec<Reservation> {
+        let mut retry = Vec::new();
+        let event = match self.events.get(event_id.0).await {
+            Ok(Some(event)) => Some(event),
+            _ => None,
+        };
+        for r in reservations {
+            let outcome = match &event {
+                Some(event) => self.create(event, std::slice::from_ref(&r)).await,
+                None => Err(PersistError::Rejected(format!(
+                    "event {event_id} is not in MySQL"
+                ))),
+            };
+            match outcome {
+                Ok(()) => {}
+                Err(PersistError::Stale(stale)) => {
+                    retry.extend(self.drop_stale(event_id, vec![r], &stale).await);
+                }
+                Err(PersistError::Rejected(why)) => {
+                    tracing::error!(
+                        order_no = %r.order_no,
+                        why,
+                        "order refused by MySQL; releasing its reservation"
+                    );
+                    if !self
+                        .release(event_id, &r, "the order could not be created")
+                        .await
+                    {
+                        retry.push(r);
+                    }
+                }
+                Err(_) => retry.push(r),
+            }
+        }
+        retry
+    }
+}

@@ -1,0 +1,200 @@
+//! One order worker's loop: find the events with a sale, read or take over their
+//! stream entries, and hand each batch to `create`, retrying until it is done.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::Pipeline;
+use super::persist::PersistError;
+use super::redis;
+use super::reservation::Reservation;
+use crate::domain::EventId;
+use crate::shutdown::Shutdown;
+
+/// The longest a worker waits between retries of a batch MySQL did not take.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+impl Pipeline {
+    /// Every event that has a sale (open or not: a closed sale may still hold work).
+    async fn events_with_sales(&self) -> anyhow::Result<Vec<EventId>> {
+        let ids: Vec<u64> = ::redis::cmd("HKEYS")
+            .arg(self.keys.sales_index())
+            .query_async(&mut self.redis.clone())
+            .await?;
+        Ok(ids.into_iter().map(EventId).collect())
+    }
+
+    /// One worker: until `stop`, reads batches from every event's stream and creates them.
+    pub async fn run_worker(self: Arc<Self>, index: usize, mut stop: Shutdown) {
+        let consumer = format!("{}-{index}", self.instance);
+        let mut redis = self.redis.clone();
+        let mut grouped: HashSet<EventId> = HashSet::new();
+        let mut events: Vec<EventId> = Vec::new();
+        let mut events_read = Instant::now() - Duration::from_secs(60);
+        let mut claimed = Instant::now();
+        let claim_idle = Duration::from_millis(self.settings.claim_idle_ms);
+        loop {
+            if stop.requested() {
+                return;
+            }
+            if events_read.elapsed() > Duration::from_secs(1) {
+                match self.events_with_sales().await {
+                    Ok(ids) => events = ids,
+                    Err(e) => tracing::warn!(
+                        error = format!("{e:#}"),
+                        "order worker cannot list the sales"
+                    ),
+                }
+                events_read = Instant::now();
+            }
+            let claim_now = claimed.elapsed() > claim_idle / 2;
+            if claim_now {
+                claimed = Instant::now();
+            }
+            let mut busy = false;
+            for &event_id in &events {
+                if !grouped.contains(&event_id) {
+                    match redis::ensure_group(&mut redis, &self.keys, event_id).await {
+                        Ok(()) => {
+                            grouped.insert(event_id);
+                        }
+                        Err(e) => {
+                            tracing::warn!(%event_id, error = %e, "cannot create the consumer group");
+                            continue;
+                        }
+                    }
+                }
+                let mut entries = Vec::new();
+                if claim_now {
+                    match redis::claim_stale(
+                        &mut redis,
+                        &self.keys,
+                        event_id,
+                        &consumer,
+                        claim_idle,
+                        self.settings.batch_size,
+                    )
+                    .await
+                    {
+                        Ok(found) if !found.is_empty() => {
+                            tracing::warn!(
+                                %event_id,
+                                entries = found.len(),
+                                "took over reservations a stopped worker left"
+                            );
+                            entries = found;
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(%event_id, error = %e, "XAUTOCLAIM failed"),
+                    }
+                }
+                if entries.is_empty() {
+                    match redis::read_new(
+                        &mut redis,
+                        &self.keys,
+                        event_id,
+                        &consumer,
+                        self.settings.batch_size,
+                    )
+                    .await
+                    {
+                        Ok(found) => entries = found,
+                        Err(e) if e.code() == Some("NOGROUP") => {
+                            // The stream vanished (Redis lost its data): make it again.
+                            grouped.remove(&event_id);
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%event_id, error = %e, "XREADGROUP failed");
+                            continue;
+                        }
+                    }
+                }
+                if entries.is_empty() {
+                    continue;
+                }
+                busy = true;
+                self.process(event_id, &entries, &mut stop).await;
+            }
+            if !busy {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                    _ = stop.wait() => return,
+                }
+            }
+        }
+    }
+
+    /// Creates one batch, retrying with backoff until it is done or the core stops (the
+    /// entries then stay pending and another worker takes them over).
+    async fn process(
+        &self,
+        event_id: EventId,
+        entries: &[::redis::streams::StreamId],
+        stop: &mut Shutdown,
+    ) {
+        let mut redis = self.redis.clone();
+        let mut reservations = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match Reservation::from_entry(entry) {
+                Ok(r) => reservations.push(r),
+                Err(e) => {
+                    // Never written by our script: nothing to create or give back.
+                    tracing::error!(
+                        %event_id,
+                        entry = entry.id,
+                        error = format!("{e:#}"),
+                        "dropping a malformed reservation"
+                    );
+                    let _ =
+                        redis::drop_entries(&mut redis, &self.keys, event_id, &[&entry.id]).await;
+                }
+            }
+        }
+        let mut backoff = Duration::from_millis(100);
+        while !reservations.is_empty() {
+            reservations = self.expire_overdue(event_id, reservations).await;
+            if reservations.is_empty() {
+                return;
+            }
+            let outcome = match self.events.get(event_id.0).await {
+                Ok(Some(event)) => self.create(&event, &reservations).await,
+                Ok(None) => Err(PersistError::Rejected(format!(
+                    "event {event_id} is not in MySQL"
+                ))),
+                Err(e) => Err(PersistError::NotCommitted(format!("{e:#}"))),
+            };
+            match outcome {
+                Ok(()) => {
+                    self.set_blocked(None);
+                    return;
+                }
+                Err(PersistError::Stale(stale)) => {
+                    reservations = self.drop_stale(event_id, reservations, &stale).await;
+                    continue;
+                }
+                Err(PersistError::Rejected(why)) => {
+                    tracing::warn!(
+                        %event_id,
+                        why,
+                        "MySQL refused a batch; creating its orders one by one"
+                    );
+                    reservations = self.create_one_by_one(event_id, reservations).await;
+                    if reservations.is_empty() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    self.set_blocked(Some(format!("order creation waits for MySQL: {e}")));
+                    tracing::warn!(%event_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "batch not created; retrying");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.wait() => return,
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The HTTP answer of every business outcome, in one place: refusals of admission,
+//! preload's, the lifecycle's cancellations and payment callbacks. `http` knows the
+//! error shape; this knows what each outcome means for the client.
+
+use http::StatusCode;
+use serde_json::json;
+
+use crate::admission::{AdmissionError, Refusal};
+use crate::domain::OrderNo;
+use crate::http::{ApiError, Response, json};
+use crate::lifecycle::pay::{Applied, Refused};
+use crate::lifecycle::{Cancelled, OrderView};
+use crate::preload::PreloadError;
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> Self {
+        let message = r.to_string();
+        match r {
+            Refusal::Invalid(m) => ApiError::Invalid(m),
+            Refusal::NoSuchEvent(_) => ApiError::NotFound(message),
+            Refusal::NotOpen => ApiError::Forbidden("NOT_OPEN", message),
+            Refusal::SoldOut => ApiError::Conflict("SOLD_OUT", message),
+            Refusal::LimitReached => ApiError::Conflict("LIMIT_REACHED", message),
+            Refusal::SeatTaken => ApiError::Conflict("SEAT_TAKEN", message),
+            Refusal::KeyReused => ApiError::Conflict("DUPLICATE", message),
+            Refusal::RateLimited { retry_after_s } => ApiError::RateLimited { retry_after_s },
+            Refusal::Busy | Refusal::Loading => ApiError::Busy(message),
+        }
+    }
+}
+
+impl From<AdmissionError> for ApiError {
+    fn from(e: AdmissionError) -> Self {
+        match e {
+            AdmissionError::Refused(refusal) => refusal.into(),
+            AdmissionError::Unexpected(e) => ApiError::Unexpected(e),
+        }
+    }
+}
+
+impl From<PreloadError> for ApiError {
+    fn from(e: PreloadError) -> Self {
+        match e {
+            busy @ PreloadError::Busy(_) => ApiError::Unavailable(busy.to_string()),
+            PreloadError::Unexpected(e) => ApiError::Unexpected(e),
+        }
+    }
+}
+
+/// A buyer's cancellation: the order, or why not.
+pub fn cancelled(order_no: OrderNo, outcome: Cancelled) -> Result<OrderView, ApiError> {
+    match outcome {
+        Cancelled::Now { order, .. } => Ok(order),
+        Cancelled::NotUnpaid(order) => Err(ApiError::Conflict(
+            "NOT_CANCELLABLE",
+            format!(
+                "order {order_no} is {} and cannot be cancelled",
+                order.status
+            ),
+        )),
+        Cancelled::NotFound | Cancelled::NotDue(_) => {
+            Err(ApiError::NotFound(format!("no order {order_no} of yours")))
+        }
+    }
+}
+
+/// The provider's callback: what was applied, or why it was refused.
+pub fn paid(outcome: Result<(Applied, OrderNo), Refused>) -> Result<Response, ApiError> {
+    match outcome {
+        Ok((applied, order_no)) => Ok(json(
+            StatusCode::OK,
+            &json!({"result": applied, "order_no": order_no.to_string()}),
+        )),
+        Err(Refused::BadSignature) => Err(ApiError::Unauthorized("bad payment signature".into())),
+        Err(Refused::Invalid(m)) => Err(ApiError::Invalid(m)),
+        Err(e @ Refused::NoSuchOrder(_)) => Err(ApiError::NotFound(e.to_string())),
+        Err(e @ Refused::AmountMismatch { .. }) => {
+            Err(ApiError::Conflict("AMOUNT_MISMATCH", e.to_string()))
+        }
+        Err(Refused::Unexpected(e)) => Err(ApiError::Unexpected(e)),
+    }
+}

@@ -1,0 +1,172 @@
+//! Healing an event whose books do not balance: cancelled orders given back, then Redis
+//! stock lowered (or raised, once the sale is not running) and MySQL's remain corrected,
+//! each only when two measurements agree. Runs under the event's preload lock.
+
+use std::collections::HashSet;
+use std::sync::LazyLock;
+
+use anyhow::Context;
+use chrono::Utc;
+use mysql_async::prelude::*;
+
+use super::Reconciler;
+use crate::catalog::{EventRecord, EventStatus};
+use crate::domain::{CategoryId, EventId, OrderNo, UserId};
+use crate::lifecycle::restock::{GiveBack, Restocked, restock};
+use crate::order_tables::{self, OrderStatus};
+
+static ADJUST: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/adjust_stock.lua")));
+
+/// `adjust_stock.lua`'s answer: the category's stock after the change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adjusted(pub i64);
+
+impl Reconciler {
+    pub(super) async fn heal_locked(
+        &self,
+        event: &EventRecord,
+        actions: &mut Vec<String>,
+    ) -> anyhow::Result<()> {
+        let (orders, units) = self.give_back_cancelled(event.id).await?;
+        if orders > 0 {
+            actions.push(format!(
+                "gave back {units} units of {orders} cancelled orders Redis had not got back"
+            ));
+        }
+        let first = self.measure(event).await?;
+        if first.settled() || first.queued_reservations > 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(self.confirm).await;
+        let second = self.measure(event).await?;
+        if second != first {
+            return Ok(()); // The sale moved: not sure of anything; the next pass looks again.
+        }
+        let now = Utc::now();
+        let running = event.status == EventStatus::Published
+            && event.sale_start <= now
+            && now < event.sale_end;
+        let mut redis = self.redis.clone();
+        for c in &second.categories {
+            let gap = c.gap.unwrap_or(0);
+            let lower = gap < 0;
+            let raise = gap > 0 && !running;
+            if lower || raise {
+                let Adjusted(left) = ADJUST
+                    .key(self.keys.stock(event.id))
+                    .key(self.keys.sold_out(event.id))
+                    .arg(c.category_id)
+                    .arg(gap)
+                    .invoke_async(&mut redis)
+                    .await
+                    .map(Adjusted)
+                    .context("Failed to adjust the stock")?;
+                actions.push(format!(
+                    "category {}: Redis stock {} by {} to {left}",
+                    c.category_id,
+                    if lower { "lowered" } else { "raised" },
+                    gap.abs()
+                ));
+            } else if gap > 0 {
+                actions.push(format!(
+                    "category {}: Redis offers {} units fewer than it could; left until the sale is not running",
+                    c.category_id, gap
+                ));
+            }
+            if c.remain_gap != 0 && c.unsynced == 0 {
+                // Conditional on the remain measured, so a concurrent sync makes it a no-op.
+                let mut conn = self.mysql.get_conn().await?;
+                conn.exec_drop(
+                    "UPDATE ticket_category SET remain = remain - ? WHERE id = ? AND remain = ?",
+                    (c.remain_gap, c.category_id, c.db_remain),
+                )
+                .await?;
+                if conn.affected_rows() == 1 {
+                    actions.push(format!(
+                        "category {}: MySQL remain corrected by {} to {}",
+                        c.category_id,
+                        -c.remain_gap,
+                        c.db_remain - c.remain_gap
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancelled orders whose units are not back in Redis (the restock after the
+    /// cancellation failed): gives them back, once each. Returns (orders, units).
+    async fn give_back_cancelled(&self, event_id: u64) -> anyhow::Result<(usize, i64)> {
+        let mut conn = self.mysql.get_conn().await?;
+        let mut redis = self.redis.clone();
+        let (mut orders, mut units) = (0, 0);
+        for n in 0..self.shards {
+            let cancelled: Vec<(u64, u64, u64, u32)> = conn
+                .exec(
+                    format!(
+                        "SELECT order_no, user_id, category_id, quantity FROM {} \
+                         WHERE event_id = ? AND status IN ('{}', '{}')",
+                        order_tables::orders(n),
+                        OrderStatus::Cancelled,
+                        OrderStatus::RefundPending
+                    ),
+                    (event_id,),
+                )
+                .await?;
+            if cancelled.is_empty() {
+                continue;
+            }
+            let numbers: Vec<u64> = cancelled.iter().map(|o| o.0).collect();
+            let mut known: Vec<bool> = Vec::with_capacity(numbers.len());
+            for chunk in numbers.chunks(10_000) {
+                let found: Vec<bool> = redis::cmd("SMISMEMBER")
+                    .arg(self.keys.restocked(event_id))
+                    .arg(chunk)
+                    .query_async(&mut redis)
+                    .await?;
+                known.extend(found);
+            }
+            let missing: HashSet<u64> = numbers
+                .iter()
+                .zip(&known)
+                .filter(|(_, k)| !**k)
+                .map(|(n, _)| *n)
+                .collect();
+            for (order_no, user_id, category_id, quantity) in cancelled {
+                if !missing.contains(&order_no) {
+                    continue;
+                }
+                let seats: Vec<String> = conn
+                    .exec_map(
+                        format!(
+                            "SELECT row_no, col_no FROM {} \
+                             WHERE order_no = ? AND row_no IS NOT NULL",
+                            order_tables::items(n)
+                        ),
+                        (order_no,),
+                        |(r, c): (u32, u32)| format!("{r}:{c}"),
+                    )
+                    .await?;
+                let done = restock(
+                    &mut redis,
+                    &self.keys,
+                    GiveBack {
+                        order_no: OrderNo(order_no),
+                        user_id: UserId(user_id),
+                        event_id: EventId(event_id),
+                        category_id: CategoryId(category_id),
+                        quantity,
+                        seats: &seats,
+                    },
+                )
+                .await?;
+                if done == Restocked::Now {
+                    orders += 1;
+                    units += i64::from(quantity);
+                }
+            }
+        }
+        Ok((orders, units))
+    }
+}

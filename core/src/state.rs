@@ -1,0 +1,42 @@
+//! What the HTTP handlers share: the configuration, the connections, and the flows'
+//! entry points. Built by `app`; read by `public`, `admin` and `health`. The flows
+//! themselves take only what they use.
+
+use std::sync::Arc;
+
+use mysql_async::Pool;
+use redis::aio::ConnectionManager;
+
+use crate::admission::Admission;
+use crate::auth::login::LoginGuard;
+use crate::auth::token::TokenSigner;
+use crate::catalog::EventCache;
+use crate::config::Resolved;
+use crate::keys::Keys;
+use crate::lifecycle::Lifecycle;
+use crate::metrics::Metrics;
+use crate::orders::Pipeline;
+use crate::preload::Preloader;
+use crate::reconcile::Reconciler;
+
+pub struct AppState {
+    pub config: Resolved,
+    pub redis: ConnectionManager,
+    pub mysql: Pool,
+    pub keys: Keys,
+    pub tokens: TokenSigner,
+    /// Failed logins per account, and the bound on password checks at once.
+    pub login: LoginGuard,
+    pub preloader: Preloader,
+    /// Compares Redis with MySQL and heals drift (periodic job and admin endpoint).
+    pub reconciler: Reconciler,
+    pub metrics: Metrics,
+    /// Events as the hot path reads them (moka, short TTL).
+    pub events: Arc<EventCache>,
+    /// The purchase path.
+    pub admission: Admission,
+    /// Orders after creation: view, cancel, pay.
+    pub lifecycle: Lifecycle,
+    /// The order pipeline, when `orders.enabled`.
+    pub pipeline: Option<Arc<Pipeline>>,
+}

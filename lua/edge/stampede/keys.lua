@@ -1,0 +1,8 @@
+-- Generated from core/src/keys.rs (keys::edge_layout); do not edit. After a change
+-- there, `STAMPEDE_WRITE_EDGE_LAYOUT=1 cargo test -p stampede-core keys` rewrites it.
+return {
+  sales = "sales",
+  edge_limits = "edge:limits",
+  sold_out = "{ev:%s}:soldout",
+  meta = "{ev:%s}:meta",
+}
