@@ -9,6 +9,7 @@ use std::time::Duration;
 use mysql_async::prelude::*;
 use rand::Rng;
 use serde_json::Value;
+use stampede_core::keys::Keys;
 use stampede_core::{App, Settings, Stopper};
 
 pub use stampede_core::Settings as CoreSettings;
@@ -330,25 +331,20 @@ impl TestApp {
 
     /// Units Redis still has for a category.
     pub async fn stock(&self, event_id: u64, category_id: u64) -> i64 {
-        stock_in(
-            &self.redis,
-            self.key(&format!("{{ev:{event_id}}}:stock")),
-            category_id,
-        )
-        .await
+        stock_in(&self.redis, self.keys().stock(event_id), category_id).await
     }
 
     /// Reservations in the event's stream, not yet settled.
     pub async fn stream_len(&self, event_id: u64) -> u64 {
-        let key = self.key(&format!("{{ev:{event_id}}}:orders"));
+        let key = self.keys().order_stream(event_id);
         redis::AsyncCommands::xlen(&mut self.redis.clone(), key)
             .await
             .unwrap()
     }
 
-    /// A key of this app's, with its prefix.
-    pub fn key(&self, suffix: &str) -> String {
-        format!("{}{suffix}", self.prefix)
+    /// This app's Redis keys, under its prefix: the core's own layout.
+    pub fn keys(&self) -> Keys {
+        Keys::new(&self.prefix)
     }
 
     /// Stops the core and waits for its drain; the database stays.
@@ -793,19 +789,14 @@ pub async fn stack_app() -> (StackApp, tokio::sync::MutexGuard<'static, ()>) {
 }
 
 impl StackApp {
-    /// The stack core's keys use the default prefix.
-    pub fn key(&self, suffix: &str) -> String {
-        format!("stampede:{suffix}")
+    /// The stack core's Redis keys: the core's own layout, under the default prefix.
+    pub fn keys(&self) -> Keys {
+        Keys::new(&Settings::defaults().redis.key_prefix)
     }
 
     /// Units Redis still has for a category.
     pub async fn stock(&self, event_id: u64, category_id: u64) -> i64 {
-        stock_in(
-            &self.redis,
-            self.key(&format!("{{ev:{event_id}}}:stock")),
-            category_id,
-        )
-        .await
+        stock_in(&self.redis, self.keys().stock(event_id), category_id).await
     }
 
     /// A purchase through the edge.

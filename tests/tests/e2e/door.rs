@@ -63,7 +63,7 @@ async fn no_other_spelling_of_the_purchase_path_reaches_a_handler_or_reserves() 
     let held: u64 = app
         .redis
         .clone()
-        .hlen(app.key(&format!("{{ev:{event}}}:held")))
+        .hlen(app.keys().held(event))
         .await
         .unwrap();
     assert_eq!((stock, held), (5, 0), "nothing reserved");
@@ -413,10 +413,6 @@ async fn login_from(
         .unwrap()
 }
 
-fn hex(text: &str) -> String {
-    text.bytes().map(|b| format!("{b:02x}")).collect()
-}
-
 #[tokio::test]
 async fn failed_logins_make_that_account_wait_longer_and_longer() {
     let app = stampede_e2e::spawn_app_with(|s| {
@@ -479,11 +475,7 @@ async fn failed_logins_make_that_account_wait_longer_and_longer() {
         login(&app, &bystander, "right-password").await.status(),
         200
     );
-    let key = app.key(&format!(
-        "login:fail:{}:{}",
-        hex(&bystander),
-        hex("127.0.0.1")
-    ));
+    let key = app.keys().login_failures(&bystander, "127.0.0.1");
     let left: bool = app.redis.clone().exists(&key).await.unwrap();
     assert!(!left, "a success forgets the failures");
     app.stop().await;

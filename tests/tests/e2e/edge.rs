@@ -258,15 +258,12 @@ async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
     monitor.start_kill().unwrap();
     let out = monitor.wait_with_output().await.unwrap();
     let seen = String::from_utf8_lossy(&out.stdout);
-    let tag = format!("{{ev:{event}}}");
+    let meta = format!("{}\"", app.keys().event_meta(event));
     let scripts: Vec<&str> = seen
         .lines()
         // The admission script is the one script given the event's meta key (the order
         // pipeline's settle and release scripts are not).
-        .filter(|l| {
-            l.contains(&format!("{tag}:meta\""))
-                && (l.contains("\"EVALSHA\"") || l.contains("\"EVAL\""))
-        })
+        .filter(|l| l.contains(&meta) && (l.contains("\"EVALSHA\"") || l.contains("\"EVAL\"")))
         .collect();
     assert!(
         scripts.is_empty(),
@@ -397,23 +394,15 @@ async fn two_thousand_concurrent_buyers_take_exactly_the_hundred_seats() {
     assert_eq!(units, 100);
     assert_eq!(seats_taken.len(), 100);
     let mut r = app.redis.clone();
-    let stock: i64 = r
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), seated)
-        .await
-        .unwrap();
+    let stock: i64 = r.hget(app.keys().stock(event), seated).await.unwrap();
     assert_eq!(stock, 0);
-    let seat_map: HashMap<String, String> = r
-        .hgetall(app.key(&format!("{{ev:{event}}}:seats:{seated}")))
-        .await
-        .unwrap();
+    let seat_map: HashMap<String, String> =
+        r.hgetall(app.keys().seats(event, seated)).await.unwrap();
     assert!(
         seat_map.values().all(|s| s.starts_with("L:")),
         "every seat locked"
     );
-    let held: HashMap<u64, u64> = r
-        .hgetall(app.key(&format!("{{ev:{event}}}:held")))
-        .await
-        .unwrap();
+    let held: HashMap<u64, u64> = r.hgetall(app.keys().held(event)).await.unwrap();
     assert!(
         held.values().all(|n| *n <= 2),
         "nobody over the per-user limit"
@@ -425,7 +414,7 @@ async fn two_thousand_concurrent_buyers_take_exactly_the_hundred_seats() {
         let backlog: u64 = app
             .redis
             .clone()
-            .xlen(app.key(&format!("{{ev:{event}}}:orders")))
+            .xlen(app.keys().order_stream(event))
             .await
             .unwrap();
         let remain = stampede_e2e::scalar(

@@ -132,14 +132,11 @@ async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
     let stock: i64 = app.stock(event, seated).await;
     assert_eq!(stock, 4, "both seats back on sale, once");
     let seat: String = r
-        .hget(app.key(&format!("{{ev:{event}}}:seats:{seated}")), "1:1")
+        .hget(app.keys().seats(event, seated), "1:1")
         .await
         .unwrap();
     assert_eq!(seat, "F");
-    let held: Option<i64> = r
-        .hget(app.key(&format!("{{ev:{event}}}:held")), owner.user_id)
-        .await
-        .unwrap();
+    let held: Option<i64> = r.hget(app.keys().held(event), owner.user_id).await.unwrap();
     assert_eq!(held, None, "the owner's limit is free again");
     let synced_back = eventually(Duration::from_secs(10), || async {
         scalar(
@@ -402,7 +399,7 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
     let seat: String = app
         .redis
         .clone()
-        .hget(app.key(&format!("{{ev:{event}}}:seats:{seated}")), "2:1")
+        .hget(app.keys().seats(event, seated), "2:1")
         .await
         .unwrap();
     assert_eq!(seat, format!("S:{order_no}"));

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde_json::json;
+use stampede_core::keys::Keys;
 use stampede_e2e::{TestApp, eventually, ordered_units, scalar, small_sale, spawn_app_with};
 
 /// Fires one purchase of `quantity` per buyer, 256 at a time; answers by status.
@@ -78,7 +79,7 @@ async fn twenty_thousand_buyers_for_five_thousand_units_end_as_five_thousand_ord
     let statuses: HashMap<u64, String> = app
         .redis
         .clone()
-        .hgetall(app.key(&format!("{{ev:{event}}}:status")))
+        .hgetall(app.keys().purchase_status(event))
         .await
         .unwrap();
     assert_eq!(statuses.len(), 5_000, "only admitted buyers have a status");
@@ -161,20 +162,14 @@ async fn a_transaction_left_unknown_is_resolved_by_the_broker_check_back() {
 async fn conserved(
     redis: &mut redis::aio::MultiplexedConnection,
     mysql: &mysql_async::Pool,
-    prefix: &str,
+    keys: &Keys,
     event: u64,
     category: u64,
     total: i64,
 ) -> (bool, String) {
     let (ordered, orders) = ordered_units(mysql, event).await;
-    let stock: i64 = redis
-        .hget(format!("{prefix}{{ev:{event}}}:stock"), category)
-        .await
-        .unwrap();
-    let backlog: u64 = redis
-        .xlen(format!("{prefix}{{ev:{event}}}:orders"))
-        .await
-        .unwrap();
+    let stock: i64 = redis.hget(keys.stock(event), category).await.unwrap();
+    let backlog: u64 = redis.xlen(keys.order_stream(event)).await.unwrap();
     let unsynced = scalar(
         mysql,
         &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND synced = 0"),
@@ -260,7 +255,8 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let stock_key = format!("{prefix}{{ev:{event}}}:stock");
+    let keys = Keys::new(&prefix);
+    let stock_key = keys.stock(event);
     let midway = eventually(Duration::from_secs(30), || {
         let (mut redis, key) = (redis.clone(), stock_key.clone());
         async move { redis.hget::<_, _, i64>(&key, ga).await.unwrap() <= 18_000 }
@@ -294,15 +290,15 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
         .await
         .unwrap();
     let ok = eventually(Duration::from_secs(90), || {
-        let (mut redis, mysql, prefix) = (redis.clone(), mysql.clone(), prefix.clone());
+        let (mut redis, mysql, keys) = (redis.clone(), mysql.clone(), keys.clone());
         async move {
-            conserved(&mut redis, &mysql, &prefix, event, ga, 20_000)
+            conserved(&mut redis, &mysql, &keys, event, ga, 20_000)
                 .await
                 .0
         }
     })
     .await;
-    let (_, last) = conserved(&mut redis, &mysql, &prefix, event, ga, 20_000).await;
+    let (_, last) = conserved(&mut redis, &mysql, &keys, event, ga, 20_000).await;
     assert!(ok, "not conserved after the restart: {last}");
     // Every 202 answered before the kill is an order now.
     let union = stampede_e2e::over_shards("SELECT order_no FROM `order_{n}`");
@@ -343,10 +339,10 @@ async fn a_broker_stopped_for_twenty_seconds_delays_the_sync_but_loses_nothing()
     let buyers = app.buyers(1_500).await;
     let redis = app.redis.clone();
     let check = |redis: redis::aio::MultiplexedConnection| {
-        let (mysql, prefix) = (app.mysql.clone(), app.prefix.clone());
+        let (mysql, keys) = (app.mysql.clone(), app.keys());
         async move {
             let mut redis = redis;
-            conserved(&mut redis, &mysql, &prefix, event, ga, 5_000).await
+            conserved(&mut redis, &mysql, &keys, event, ga, 5_000).await
         }
     };
 
@@ -428,7 +424,7 @@ async fn a_reservation_past_its_deadline_is_released_not_created_late() {
     late.orders.enabled = true;
     late.orders.deadline_s = 1;
     let app = stampede_e2e::spawn_app_on(late, database, prefix).await;
-    let statuses_key = app.key(&format!("{{ev:{event}}}:status"));
+    let statuses_key = app.keys().purchase_status(event);
     let released = eventually(Duration::from_secs(15), || async {
         let statuses: HashMap<u64, String> =
             app.redis.clone().hgetall(&statuses_key).await.unwrap();
@@ -444,7 +440,7 @@ async fn a_reservation_past_its_deadline_is_released_not_created_late() {
     let held: HashMap<u64, i64> = app
         .redis
         .clone()
-        .hgetall(app.key(&format!("{{ev:{event}}}:held")))
+        .hgetall(app.keys().held(event))
         .await
         .unwrap();
     assert!(held.is_empty(), "nobody holds units any more: {held:?}");
