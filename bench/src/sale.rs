@@ -13,7 +13,8 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::audit::{self, Audit};
-use crate::load::{Conn, Latency, Recorder, Request};
+use crate::load::{Conn, Request};
+use crate::record::{Latency, Recorder};
 use crate::stack::{Stack, event_body};
 
 #[derive(Debug, Clone, Args)]

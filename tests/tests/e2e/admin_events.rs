@@ -89,32 +89,20 @@ async fn publishing_preloads_stock_seats_and_the_sale_window_into_redis() {
     assert_eq!(app.event_status(id).await, "PUBLISHED");
 
     let mut r = app.redis.clone();
-    let stock: HashMap<u64, i64> = r
-        .hgetall(app.key(&format!("{{ev:{id}}}:stock")))
-        .await
-        .unwrap();
+    let stock: HashMap<u64, i64> = r.hgetall(app.keys().stock(id)).await.unwrap();
     assert_eq!(stock, HashMap::from([(ga, 300), (seated, 200)]));
-    let seats: HashMap<String, String> = r
-        .hgetall(app.key(&format!("{{ev:{id}}}:seats:{seated}")))
-        .await
-        .unwrap();
+    let seats: HashMap<String, String> = r.hgetall(app.keys().seats(id, seated)).await.unwrap();
     assert_eq!(seats.len(), 200);
     assert!(seats.values().all(|s| s == "F"));
     assert_eq!(seats.get("10:20").map(String::as_str), Some("F"));
-    let row_free: Vec<u32> = r
-        .hvals(app.key(&format!("{{ev:{id}}}:rowfree:{seated}")))
-        .await
-        .unwrap();
+    let row_free: Vec<u32> = r.hvals(app.keys().row_free(id, seated)).await.unwrap();
     assert_eq!(row_free, vec![20; 10]);
-    let meta: HashMap<String, String> = r
-        .hgetall(app.key(&format!("{{ev:{id}}}:meta")))
-        .await
-        .unwrap();
+    let meta: HashMap<String, String> = r.hgetall(app.keys().event_meta(id)).await.unwrap();
     assert_eq!(meta["status"], "open");
     assert_eq!(meta["sale_start_ms"], "1577836800000");
     assert_eq!(meta["per_user_limit"], "4");
     assert_eq!(meta["categories"], format!("{ga},{seated}"));
-    let index: String = r.hget(app.key("sales"), id).await.unwrap();
+    let index: String = r.hget(app.keys().sales_index(), id).await.unwrap();
     assert_eq!(index, "open:1577836800000:1938081600000");
     app.stop().await;
 }
@@ -125,7 +113,7 @@ async fn publishing_again_during_a_sale_never_resets_stock() {
     let (id, categories) = app.create_event(concert()).await;
     app.publish(id).await;
     let mut r = app.redis.clone();
-    let stock_key = app.key(&format!("{{ev:{id}}}:stock"));
+    let stock_key = app.keys().stock(id);
     // A sale has taken 7 units.
     let _: i64 = r.hincr(&stock_key, categories[0], -7).await.unwrap();
     let again = app.publish(id).await;
@@ -158,13 +146,13 @@ async fn close_and_reopen_move_the_sale_in_mysql_and_redis() {
     assert_eq!(status, 200);
     assert_eq!(app.event_status(id).await, "CLOSED");
     let mut r = app.redis.clone();
-    let meta = app.key(&format!("{{ev:{id}}}:meta"));
+    let meta = app.keys().event_meta(id);
     assert_eq!(
         r.hget::<_, _, String>(&meta, "status").await.unwrap(),
         "closed"
     );
     assert!(
-        r.hget::<_, _, String>(app.key("sales"), id)
+        r.hget::<_, _, String>(app.keys().sales_index(), id)
             .await
             .unwrap()
             .starts_with("closed:")
@@ -192,10 +180,7 @@ async fn the_scheduler_preloads_a_published_event_whose_keys_are_gone() {
     let (id, _) = app.create_event(concert()).await;
     app.publish(id).await;
     let r = app.redis.clone();
-    let (meta, stock) = (
-        app.key(&format!("{{ev:{id}}}:meta")),
-        app.key(&format!("{{ev:{id}}}:stock")),
-    );
+    let (meta, stock) = (app.keys().event_meta(id), app.keys().stock(id));
     let _: () = r.clone().del(&[&meta, &stock]).await.unwrap();
     let back = eventually(Duration::from_secs(5), || {
         let (mut r, meta, stock) = (r.clone(), meta.clone(), stock.clone());

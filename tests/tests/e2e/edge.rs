@@ -1,10 +1,9 @@
-//! Through the real nginx + Lua edge of the test stack, in front of the stack's core.
-//! These tests share that edge (and may change its limits), so each holds its lock.
+//! Through the real nginx + Lua edge of the test stack, in front of the stack's core:
+//! what it serves, what it proxies, and what it refuses itself. These tests share that
+//! edge (and may change its limits), so each holds its lock.
 
-use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use redis::AsyncCommands;
 use serde_json::json;
 use stampede_core::auth::token::TokenSigner;
 use stampede_e2e::{Stack, StackApp, eventually, small_sale, stack_app};
@@ -17,7 +16,6 @@ async fn edge_get(app: &StackApp, path: &str, token: Option<&str>) -> reqwest::R
     req.send().await.expect("the test stack's edge answers")
 }
 
-/// Creates and publishes a sale, then waits until the edge knows it is open.
 /// How many answers of `status` the stack's core gave on its public port.
 pub(crate) async fn core_answers(app: &StackApp, status: u16) -> u64 {
     let (_, metrics) = app.admin.get("/metrics").await;
@@ -30,6 +28,7 @@ pub(crate) async fn core_answers(app: &StackApp, status: u16) -> u64 {
         .unwrap_or(0)
 }
 
+/// Creates and publishes a sale, then waits until the edge knows it is open.
 pub(crate) async fn open_sale(app: &StackApp, sale: serde_json::Value) -> (u64, Vec<u64>) {
     let (event, categories) = app.admin.create_event(sale).await;
     app.admin.publish(event).await;
@@ -181,263 +180,4 @@ async fn a_sale_not_yet_open_gets_403_at_the_edge() {
     );
     let stock = app.stock(event, categories[0]).await;
     assert_eq!(stock, 5);
-}
-
-#[tokio::test]
-async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
-    let (app, _edge) = stack_app().await;
-    let (event, categories) = open_sale(&app, small_sale(1, 1, 1, 2)).await;
-    let (ga, seated) = (categories[0], categories[1]);
-    let buyers = app.admin.buyers(3).await;
-    let crowd = app.admin.buyers(200).await;
-    assert_eq!(
-        app.buy(
-            event,
-            &buyers[0],
-            "a",
-            json!({"category_id": ga, "quantity": 1})
-        )
-        .await
-        .0,
-        202
-    );
-    assert_eq!(
-        app.buy(
-            event,
-            &buyers[1],
-            "b",
-            json!({"category_id": seated, "quantity": 1})
-        )
-        .await
-        .0,
-        202
-    );
-    // Every category is sold out now; the edge learns it from its refresh. A 409 proves
-    // that only if the core did not answer it: its count of public 409s stays put.
-    let core_409s = || core_answers(&app, 409);
-    let learned = eventually(Duration::from_secs(10), || async {
-        let before = core_409s().await;
-        let (status, body) = app
-            .buy(
-                event,
-                &buyers[2],
-                "c",
-                json!({"category_id": ga, "quantity": 1}),
-            )
-            .await;
-        status == 409 && body["error"]["code"] == "SOLD_OUT" && core_409s().await == before
-    })
-    .await;
-    assert!(learned, "the edge never answered SOLD_OUT itself");
-
-    // Watch every command Redis receives while 200 more buyers try.
-    let stack = Stack::from_env();
-    let mut monitor = tokio::process::Command::new("redis-cli")
-        .args(["-p", &stack.redis_port.to_string(), "monitor"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("redis-cli");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // Each a different buyer: one buyer trying 200 times would meet the rate limits first.
-    for (i, buyer) in crowd.iter().enumerate() {
-        let (status, body) = app
-            .buy(
-                event,
-                buyer,
-                &format!("k{i}"),
-                json!({"category_id": ga, "quantity": 1}),
-            )
-            .await;
-        assert_eq!(
-            (status, body["error"]["code"].as_str()),
-            (409, Some("SOLD_OUT"))
-        );
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    monitor.start_kill().unwrap();
-    let out = monitor.wait_with_output().await.unwrap();
-    let seen = String::from_utf8_lossy(&out.stdout);
-    let tag = format!("{{ev:{event}}}");
-    let scripts: Vec<&str> = seen
-        .lines()
-        // The admission script is the one script given the event's meta key (the order
-        // pipeline's settle and release scripts are not).
-        .filter(|l| {
-            l.contains(&format!("{tag}:meta\""))
-                && (l.contains("\"EVALSHA\"") || l.contains("\"EVAL\""))
-        })
-        .collect();
-    assert!(
-        scripts.is_empty(),
-        "sold-out requests reached Redis: {scripts:?}"
-    );
-    assert!(
-        seen.lines().count() > 0,
-        "MONITOR saw the edge's own refreshes, so it was watching"
-    );
-}
-
-#[tokio::test]
-async fn rate_limits_answer_429_and_a_changed_limit_applies_within_a_second() {
-    let (app, _edge) = stack_app().await;
-    let (event, categories) = open_sale(&app, small_sale(1000, 1, 1, 100)).await;
-    let crowd = app.admin.buyers(40).await;
-    let limits = |body: serde_json::Value| {
-        app.admin
-            .call(reqwest::Method::PUT, "/admin/limits", Some(body))
-    };
-    let (status, body) = limits(json!({"orders_ip": {"algo": "token_bucket", "rate": 0}})).await;
-    assert_eq!(status, 400, "an unusable limit is refused: {body}");
-
-    // One purchase per client address per minute. Each probe comes from a new buyer,
-    // so no per-user limit can trip: the first 429 is the override's.
-    let changed = Instant::now();
-    let (status, body) =
-        limits(json!({"orders_ip": {"algo": "fixed_window", "limit": 1, "window_s": 60}})).await;
-    assert_eq!(status, 200, "{body}");
-    let body_of = json!({"category_id": categories[0], "quantity": 1});
-    let mut took = None;
-    for buyer in &crowd[..30] {
-        let resp = app
-            .http
-            .post(format!("{}/api/events/{event}/orders", app.edge_url))
-            .bearer_auth(&buyer.token)
-            .header("Idempotency-Key", "probe")
-            .json(&body_of)
-            .send()
-            .await
-            .unwrap();
-        if resp.status() == 429 {
-            let retry: u64 = resp.headers()["retry-after"]
-                .to_str()
-                .unwrap()
-                .parse()
-                .unwrap();
-            assert!((1..=60).contains(&retry), "Retry-After {retry}");
-            let body: serde_json::Value = resp.json().await.unwrap();
-            assert_eq!(body["error"]["code"], "RATE_LIMITED");
-            took = Some(changed.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let took = took.expect("the new limit never applied within 3 s");
-    // One request passes the new window before the next is refused: allow its 100 ms.
-    assert!(
-        took <= Duration::from_millis(1_100),
-        "the changed limit applied after {took:?}"
-    );
-
-    // Back to nginx.conf's default: the next buyer gets through again.
-    let (status, _) = limits(json!({"orders_ip": null})).await;
-    assert_eq!(status, 200);
-    let restored = eventually(Duration::from_secs(3), || async {
-        let buyer = &crowd[30 + (rand_key() % 10) as usize];
-        let (status, _) = app
-            .buy(
-                event,
-                buyer,
-                &format!("after{}", rand_key()),
-                body_of.clone(),
-            )
-            .await;
-        status == 202
-    })
-    .await;
-    assert!(restored, "the default limit did not come back");
-}
-
-fn rand_key() -> u64 {
-    rand::random::<u64>()
-}
-
-#[tokio::test]
-async fn two_thousand_concurrent_buyers_take_exactly_the_hundred_seats() {
-    let _heavy = stampede_e2e::heavy().await;
-    let (app, _edge) = stack_app().await;
-    let (event, categories) = open_sale(&app, small_sale(1, 10, 10, 2)).await;
-    let seated = categories[1];
-    let buyers = app.admin.buyers(2000).await;
-    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(256));
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, b) in buyers.into_iter().enumerate() {
-        let (http, url, gate) = (app.http.clone(), app.edge_url.clone(), gate.clone());
-        tasks.spawn(async move {
-            let _permit = gate.acquire().await.unwrap();
-            let q = 1 + (i % 2) as u64;
-            let body = json!({"category_id": seated, "quantity": q});
-            let (status, answer) =
-                stampede_e2e::purchase(&http, &url, event, &b.token, "k", body).await;
-            (b.user_id, q, status, answer)
-        });
-    }
-    let mut units = 0;
-    let mut seats_taken = HashSet::new();
-    let mut admitted = 0u64;
-    while let Some(done) = tasks.join_next().await {
-        let (_, q, status, answer) = done.unwrap();
-        match status {
-            202 => {
-                admitted += 1;
-                units += q;
-                let seats = answer["seats"].as_array().unwrap();
-                assert_eq!(seats.len() as u64, q);
-                for s in seats {
-                    assert!(
-                        seats_taken.insert(s.as_str().unwrap().to_owned()),
-                        "seat {s} held twice"
-                    );
-                }
-            }
-            409 => assert_eq!(answer["error"]["code"], "SOLD_OUT", "{answer}"),
-            other => panic!("unexpected {other}: {answer}"),
-        }
-    }
-    assert_eq!(units, 100);
-    assert_eq!(seats_taken.len(), 100);
-    let mut r = app.redis.clone();
-    let stock: i64 = r
-        .hget(app.key(&format!("{{ev:{event}}}:stock")), seated)
-        .await
-        .unwrap();
-    assert_eq!(stock, 0);
-    let seat_map: HashMap<String, String> = r
-        .hgetall(app.key(&format!("{{ev:{event}}}:seats:{seated}")))
-        .await
-        .unwrap();
-    assert!(
-        seat_map.values().all(|s| s.starts_with("L:")),
-        "every seat locked"
-    );
-    let held: HashMap<u64, u64> = r
-        .hgetall(app.key(&format!("{{ev:{event}}}:held")))
-        .await
-        .unwrap();
-    assert!(
-        held.values().all(|n| *n <= 2),
-        "nobody over the per-user limit"
-    );
-    assert_eq!(held.values().sum::<u64>(), 100);
-    // The stack's core runs the order pipeline: every admitted purchase becomes an order.
-    let settled = eventually(Duration::from_secs(30), || async {
-        let (units, orders) = stampede_e2e::ordered_units(&app.mysql, event).await;
-        let backlog: u64 = app
-            .redis
-            .clone()
-            .xlen(app.key(&format!("{{ev:{event}}}:orders")))
-            .await
-            .unwrap();
-        let remain = stampede_e2e::scalar(
-            &app.mysql,
-            &format!("SELECT remain FROM ticket_category WHERE id = {seated}"),
-        )
-        .await;
-        units == 100 && orders == admitted && backlog == 0 && remain == 0
-    })
-    .await;
-    assert!(
-        settled,
-        "the 100 units did not all become orders, synced, within 30 s"
-    );
 }

@@ -7,7 +7,7 @@ use serde_json::json;
 use stampede_e2e::{Buyer, TestApp, eventually, scalar, small_sale, spawn_app_with};
 
 /// Waits until the buyer's purchase is CREATED; its order number.
-async fn created(app: &TestApp, event: u64, buyer: &Buyer) -> u64 {
+pub(crate) async fn created(app: &TestApp, event: u64, buyer: &Buyer) -> u64 {
     let url = format!("{}/api/events/{event}/orders/status", app.public_url);
     let mut order_no = None;
     for _ in 0..100 {
@@ -30,7 +30,7 @@ async fn created(app: &TestApp, event: u64, buyer: &Buyer) -> u64 {
     order_no.expect("the purchase became an order within 10 s")
 }
 
-async fn call(
+pub(crate) async fn call(
     app: &TestApp,
     method: reqwest::Method,
     path: &str,
@@ -132,14 +132,11 @@ async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
     let stock: i64 = app.stock(event, seated).await;
     assert_eq!(stock, 4, "both seats back on sale, once");
     let seat: String = r
-        .hget(app.key(&format!("{{ev:{event}}}:seats:{seated}")), "1:1")
+        .hget(app.keys().seats(event, seated), "1:1")
         .await
         .unwrap();
     assert_eq!(seat, "F");
-    let held: Option<i64> = r
-        .hget(app.key(&format!("{{ev:{event}}}:held")), owner.user_id)
-        .await
-        .unwrap();
+    let held: Option<i64> = r.hget(app.keys().held(event), owner.user_id).await.unwrap();
     assert_eq!(held, None, "the owner's limit is free again");
     let synced_back = eventually(Duration::from_secs(10), || async {
         scalar(
@@ -245,274 +242,5 @@ async fn an_order_unpaid_past_its_window_is_cancelled_and_its_unit_sold_again() 
     )
     .await;
     assert_eq!(status["status"], "CANCELLED", "{status}");
-    app.stop().await;
-}
-
-/// Posts a callback signed with `secret`; status and body.
-async fn callback(
-    app: &TestApp,
-    secret: &str,
-    txn: &str,
-    order_no: u64,
-    amount: u64,
-) -> (u16, serde_json::Value) {
-    let body = serde_json::to_vec(
-        &json!({"provider_txn_id": txn, "order_no": order_no.to_string(), "amount_cents": amount}),
-    )
-    .unwrap();
-    let signature = stampede_core::lifecycle::pay::sign(secret.as_bytes(), &body);
-    let resp = app
-        .http
-        .post(format!("{}/api/payments/callback", app.public_url))
-        .header("X-Signature", signature)
-        .header("Content-Type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    (
-        resp.status().as_u16(),
-        resp.json().await.unwrap_or_default(),
-    )
-}
-
-fn provider_secret(app: &TestApp) -> String {
-    // test_settings' provider secret: "provider-<tag>-key", the tag from the database name.
-    let tag: u64 = app
-        .database
-        .trim_start_matches("stampede_t_")
-        .parse()
-        .unwrap();
-    format!("provider-{tag:016x}-key")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() {
-    let app = spawn_app_with(|s| s.orders.enabled = true).await;
-    let (event, categories) = app.create_event(small_sale(10, 2, 2, 4)).await;
-    app.publish(event).await;
-    let seated = categories[1];
-    let buyer = &app.buyers(1).await[0];
-    assert_eq!(
-        app.buy(
-            event,
-            buyer,
-            "a",
-            json!({"category_id": seated, "seat_ids": ["2:1", "2:2"]})
-        )
-        .await
-        .0,
-        202
-    );
-    let order_no = created(&app, event, buyer).await;
-    let (status, start) = call(
-        &app,
-        reqwest::Method::POST,
-        &format!("/api/orders/{order_no}/pay"),
-        buyer,
-    )
-    .await;
-    assert_eq!(
-        (status, start["amount_cents"].as_u64()),
-        (200, Some(18_000)),
-        "{start}"
-    );
-
-    let secret = provider_secret(&app);
-    let (status, body) =
-        callback(&app, "not-the-provider-secret", "forged", order_no, 18_000).await;
-    assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (401, Some("UNAUTHORIZED")),
-        "forged"
-    );
-    let (status, body) = callback(&app, &secret, "short", order_no, 100).await;
-    assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (409, Some("AMOUNT_MISMATCH"))
-    );
-
-    // stampede-paysim plays the provider, posting the same callback twice.
-    let secret_file = std::env::temp_dir().join(format!("{}.provider", app.database));
-    std::fs::write(&secret_file, &secret).unwrap();
-    let out = tokio::process::Command::new(stampede_e2e::paysim_binary())
-        .args([
-            "pay",
-            "--url",
-            &format!("{}/api/payments/callback", app.public_url),
-        ])
-        .args([
-            "--secret-file",
-            secret_file.to_str().unwrap(),
-            "--order-no",
-            &order_no.to_string(),
-        ])
-        .args([
-            "--amount-cents",
-            "18000",
-            "--txn-id",
-            "txn-1",
-            "--times",
-            "2",
-        ])
-        .output()
-        .await
-        .unwrap();
-    std::fs::remove_file(&secret_file).ok();
-    let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{printed} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<&str> = printed.lines().collect();
-    assert!(
-        lines[0].contains("200") && lines[0].contains("\"PAID\""),
-        "{printed}"
-    );
-    assert!(
-        lines[1].contains("200") && lines[1].contains("\"DUPLICATE\""),
-        "{printed}"
-    );
-
-    let (_, order) = call(
-        &app,
-        reqwest::Method::GET,
-        &format!("/api/orders/{order_no}"),
-        buyer,
-    )
-    .await;
-    assert_eq!(order["status"], "PAID");
-    assert_eq!(
-        scalar(
-            &app.mysql,
-            &format!("SELECT COUNT(*) FROM seat WHERE order_no = {order_no} AND status = 'SOLD'")
-        )
-        .await,
-        2
-    );
-    assert_eq!(
-        scalar(
-            &app.mysql,
-            &format!("SELECT COUNT(*) FROM payment WHERE order_no = {order_no}")
-        )
-        .await,
-        1
-    );
-    let seat: String = app
-        .redis
-        .clone()
-        .hget(app.key(&format!("{{ev:{event}}}:seats:{seated}")), "2:1")
-        .await
-        .unwrap();
-    assert_eq!(seat, format!("S:{order_no}"));
-    let (_, status) = call(
-        &app,
-        reqwest::Method::GET,
-        &format!("/api/events/{event}/orders/status"),
-        buyer,
-    )
-    .await;
-    assert_eq!(status["status"], "PAID");
-    let (status, again) = call(
-        &app,
-        reqwest::Method::POST,
-        &format!("/api/orders/{order_no}/cancel"),
-        buyer,
-    )
-    .await;
-    assert_eq!(
-        (status, again["error"]["code"].as_str()),
-        (409, Some("NOT_CANCELLABLE")),
-        "a paid order stays paid"
-    );
-    app.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_payment_after_the_cancellation_is_recorded_for_refund() {
-    let app = spawn_app_with(|s| s.orders.enabled = true).await;
-    let (event, categories) = app.create_event(small_sale(10, 1, 1, 4)).await;
-    app.publish(event).await;
-    let buyer = &app.buyers(1).await[0];
-    assert_eq!(
-        app.buy(
-            event,
-            buyer,
-            "a",
-            json!({"category_id": categories[0], "quantity": 2})
-        )
-        .await
-        .0,
-        202
-    );
-    let order_no = created(&app, event, buyer).await;
-    assert_eq!(
-        call(
-            &app,
-            reqwest::Method::POST,
-            &format!("/api/orders/{order_no}/cancel"),
-            buyer
-        )
-        .await
-        .0,
-        200
-    );
-
-    let (status, body) = callback(&app, &provider_secret(&app), "late-txn", order_no, 10_000).await;
-    assert_eq!(
-        (status, body["result"].as_str()),
-        (200, Some("REFUND_PENDING")),
-        "{body}"
-    );
-    let (_, order) = call(
-        &app,
-        reqwest::Method::GET,
-        &format!("/api/orders/{order_no}"),
-        buyer,
-    )
-    .await;
-    assert_eq!(order["status"], "CANCELLED", "never silently accepted");
-    let (_, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
-    assert_eq!(stats["refunds_pending"], 1, "{stats}");
-    let stock: i64 = app.stock(event, categories[0]).await;
-    assert_eq!(stock, 10, "the cancelled units stay on sale");
-    app.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_deliveries_of_one_payment_answer_paid_once_and_duplicate_never_500() {
-    let app = spawn_app_with(|s| s.orders.enabled = true).await;
-    let (event, categories) = app.create_event(small_sale(10, 2, 2, 4)).await;
-    app.publish(event).await;
-    let buyer = &app.buyers(1).await[0];
-    let body = json!({"category_id": categories[0], "quantity": 2});
-    assert_eq!(app.buy(event, buyer, "a", body).await.0, 202);
-    let order_no = created(&app, event, buyer).await;
-    let secret = provider_secret(&app);
-    let app = std::sync::Arc::new(app);
-    let mut deliveries = tokio::task::JoinSet::new();
-    for _ in 0..8 {
-        let (app, secret) = (app.clone(), secret.clone());
-        deliveries
-            .spawn(async move { callback(&app, &secret, "txn-race", order_no, 10_000).await });
-    }
-    let mut results = Vec::new();
-    while let Some(answer) = deliveries.join_next().await {
-        let (status, body) = answer.unwrap();
-        assert_eq!(status, 200, "{body}");
-        results.push(body["result"].as_str().unwrap().to_owned());
-    }
-    results.sort();
-    let mut expected = vec!["DUPLICATE".to_owned(); 7];
-    expected.push("PAID".to_owned());
-    assert_eq!(results, expected);
-    let payments = scalar(
-        &app.mysql,
-        &format!("SELECT COUNT(*) FROM payment WHERE order_no = {order_no}"),
-    )
-    .await;
-    assert_eq!(payments, 1);
-    let app = std::sync::Arc::into_inner(app).unwrap();
     app.stop().await;
 }

@@ -2,12 +2,18 @@
 
 mod admin_events;
 mod admin_users;
+mod backstage;
 mod bench;
+mod connections;
 mod docs;
 mod door;
 mod edge;
+mod edge_sale;
 mod health;
 mod lifecycle;
+mod login;
+mod payment;
 mod pipeline;
 mod purchase;
 mod reconcile;
+mod recovery;

@@ -37,15 +37,10 @@ async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
 
     assert_eq!(app.stock(event, ga).await, 7);
     let mut r = app.redis.clone();
-    let held: u32 = r
-        .hget(app.key(&format!("{{ev:{event}}}:held")), buyer.user_id)
-        .await
-        .unwrap();
+    let held: u32 = r.hget(app.keys().held(event), buyer.user_id).await.unwrap();
     assert_eq!(held, 3);
-    let entries: redis::streams::StreamRangeReply = r
-        .xrange_all(app.key(&format!("{{ev:{event}}}:orders")))
-        .await
-        .unwrap();
+    let entries: redis::streams::StreamRangeReply =
+        r.xrange_all(app.keys().order_stream(event)).await.unwrap();
     assert_eq!(entries.ids.len(), 1);
     let entry = &entries.ids[0];
     assert_eq!(entry.get::<String>("r"), Some(request_id.to_string()));
@@ -132,7 +127,7 @@ async fn sold_out_and_the_per_user_limit_are_refused_with_409() {
     let flag: Option<u8> = app
         .redis
         .clone()
-        .hget(app.key(&format!("{{ev:{event}}}:soldout")), ga)
+        .hget(app.keys().sold_out(event), ga)
         .await
         .unwrap();
     assert_eq!(flag, Some(1));
@@ -182,7 +177,7 @@ async fn chosen_seats_are_locked_once_and_best_seats_sit_together() {
     let seats: HashMap<String, String> = app
         .redis
         .clone()
-        .hgetall(app.key(&format!("{{ev:{event}}}:seats:{seated}")))
+        .hgetall(app.keys().seats(event, seated))
         .await
         .unwrap();
     let locked: Vec<&String> = seats
@@ -194,7 +189,7 @@ async fn chosen_seats_are_locked_once_and_best_seats_sit_together() {
     let row_free: HashMap<u32, i64> = app
         .redis
         .clone()
-        .hgetall(app.key(&format!("{{ev:{event}}}:rowfree:{seated}")))
+        .hgetall(app.keys().row_free(event, seated))
         .await
         .unwrap();
     assert_eq!(row_free, HashMap::from([(1, 2), (2, 1), (3, 4)]));

@@ -1,0 +1,92 @@
+//! The sale's report as a table, and its timeline as an SVG.
+
+use crate::{record, sale};
+
+pub fn print_sale(r: &sale::SaleReport) {
+    println!(
+        "sale: event {}, {} buyers for {} units over {} connections",
+        r.event_id, r.buyers, r.units, r.connections
+    );
+    println!(
+        "  requests          {:>10}  in {:.2} s = {:.0}/s (every buyer's first answer after {:.2} s)",
+        r.requests, r.burst_s, r.requests_per_s, r.first_answers_s
+    );
+    println!(
+        "  admitted (202)    {:>10}  = {:.0}/s",
+        r.admitted, r.admitted_per_s
+    );
+    println!(
+        "  orders in MySQL   {:>10}  = {:.0}/s from the first request to settled",
+        r.orders, r.orders_persisted_per_s
+    );
+    println!(
+        "  settled           {:>10.2} s after the last answer ({:.2} s until every reservation was an order, the rest stock sync)",
+        r.settle_s, r.created_s
+    );
+    if r.errors > 0 {
+        println!("  transport errors  {:>10}", r.errors);
+    }
+    println!(
+        "  {:<24} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "answer", "count", "p50 ms", "p95 ms", "p99 ms", "max ms"
+    );
+    for (kind, l) in &r.latency {
+        println!(
+            "  {:<24} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+            kind, l.count, l.p50_ms, l.p95_ms, l.p99_ms, l.max_ms
+        );
+    }
+    println!(
+        "  audit: {}",
+        if r.audit.ok {
+            "every invariant held"
+        } else {
+            "VIOLATED"
+        }
+    );
+    for (check, held) in &r.audit.checks {
+        println!("    {} {check}", if *held { "ok  " } else { "FAIL" });
+    }
+    for v in &r.audit.violations {
+        println!("    {v}");
+    }
+}
+
+pub fn plot_timeline(path: &std::path::Path, timeline: &[(f64, u64, u64)]) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let per_s = |n: u64| n as f64 / record::BUCKET.as_secs_f64();
+    let max_t = timeline.last().map_or(1.0, |t| t.0 + 0.1);
+    let max_y = timeline
+        .iter()
+        .map(|t| per_s(t.1.max(t.2)))
+        .fold(1.0, f64::max);
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("admissions and rejects per second", ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..max_t, 0.0..max_y * 1.1)?;
+    chart
+        .configure_mesh()
+        .x_desc("s since the sale opened")
+        .draw()?;
+    chart
+        .draw_series(LineSeries::new(
+            timeline.iter().map(|t| (t.0, per_s(t.1))),
+            &BLUE,
+        ))?
+        .label("admitted (202)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    chart
+        .draw_series(LineSeries::new(
+            timeline.iter().map(|t| (t.0, per_s(t.2))),
+            &RED,
+        ))?
+        .label("rejected (4xx/5xx)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    chart.configure_series_labels().border_style(BLACK).draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,239 @@
+//! A core of the test's own, in-process: its settings, start and stop, what it reads.
+
+use std::time::Duration;
+
+use mysql_async::prelude::*;
+use rand::Rng;
+use serde_json::Value;
+use stampede_core::keys::Keys;
+use stampede_core::{App, Settings, Stopper};
+
+use crate::admin::AdminClient;
+use crate::buyers::{Buyer, purchase};
+use crate::stack::Stack;
+
+/// A core of the test's own, running in-process.
+pub struct TestApp {
+    pub admin_api: AdminClient,
+    pub admin_url: String,
+    pub public_url: String,
+    pub admin_token: String,
+    pub token_secret: String,
+    pub database: String,
+    pub prefix: String,
+    pub mysql: mysql_async::Pool,
+    pub redis: redis::aio::MultiplexedConnection,
+    pub http: reqwest::Client,
+    /// The settings it runs with (for a process of the same configuration).
+    pub settings: Settings,
+    stopper: Stopper,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// Settings for a core of its own: free ports, a fresh database, a fresh key prefix.
+pub async fn test_settings(stack: &Stack) -> (Settings, String, String) {
+    let tag: u64 = rand::thread_rng().gen_range(0..u64::from(u32::MAX));
+    let database = format!("stampede_t_{tag}");
+    let prefix = format!("t{tag}:");
+    let server = mysql_async::Pool::new(stack.mysql_url("stampede").as_str());
+    server
+        .get_conn()
+        .await
+        .expect("the test stack's MariaDB answers")
+        .query_drop(format!("CREATE DATABASE `{database}`"))
+        .await
+        .expect("create the test database");
+    server.disconnect().await.ok();
+
+    let mut s = Settings::defaults();
+    s.server.public_addr = "127.0.0.1:0".into();
+    s.server.admin_addr = "127.0.0.1:0".into();
+    s.server.shutdown_grace_s = 2;
+    s.redis.url = format!("redis://127.0.0.1:{}/", stack.redis_port);
+    s.redis.key_prefix = prefix.clone();
+    s.mysql.url = format!("mysql://stampede@127.0.0.1:{}/{database}", stack.mysql_port);
+    s.mysql.password = Some(stack.secret("mysql.password").into());
+    s.mysql.pool_max = 8;
+    s.rocketmq.namesrv_addr = format!("127.0.0.1:{}", stack.namesrv_port);
+    s.rocketmq.namespace = format!("t{tag}-");
+    // Most tests look at reservations in the stream; the pipeline tests turn this on.
+    s.orders.enabled = false;
+    s.orders.claim_idle_ms = 2_000;
+    s.auth.admin_token = Some(format!("admin-{tag:016x}-token").into());
+    s.auth.token_secret = Some(format!("secret-{tag:016x}-key").into());
+    s.payments.provider_secret = Some(format!("provider-{tag:016x}-key").into());
+    s.startup.connect_timeout_s = 10;
+    s.preload.interval_s = 1;
+    (s, database, prefix)
+}
+
+/// Builds and starts a core against the test stack.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Like [`spawn_app`], with the settings adjusted first.
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    let stack = Stack::from_env();
+    let (mut settings, database, prefix) = test_settings(&stack).await;
+    adjust(&mut settings);
+    spawn_app_on(settings, database, prefix).await
+}
+
+/// A core on a database and key prefix that exist already (a second core of a test).
+pub async fn spawn_app_on(settings: Settings, database: String, prefix: String) -> TestApp {
+    let stack = Stack::from_env();
+    if std::env::var_os("TEST_LOG").is_some() {
+        // The cores' logs on the test's output, for debugging a failure by hand.
+        static INIT: std::sync::Once = std::sync::Once::new();
+        INIT.call_once(|| stampede_core::telemetry::init(&settings.log));
+    }
+    let resolved = settings.clone().resolve().expect("test settings are valid");
+    let app = App::build(resolved)
+        .await
+        .expect("the core starts against the test stack");
+    let admin_url = format!("http://127.0.0.1:{}", app.admin_port());
+    let public_url = format!("http://127.0.0.1:{}", app.public_port());
+    let stopper = app.stopper();
+    let task = tokio::spawn(app.run_until_stopped());
+    let mysql = mysql_async::Pool::new(stack.mysql_url(&database).as_str());
+    let redis = redis::Client::open(settings.redis.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis of the test stack");
+    use secrecy::ExposeSecret;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let admin_token = settings
+        .auth
+        .admin_token
+        .clone()
+        .unwrap()
+        .expose_secret()
+        .to_owned();
+    TestApp {
+        admin_api: AdminClient {
+            http: http.clone(),
+            url: admin_url.clone(),
+            token: admin_token,
+        },
+        admin_url,
+        public_url,
+        admin_token: settings
+            .auth
+            .admin_token
+            .as_ref()
+            .unwrap()
+            .expose_secret()
+            .to_owned(),
+        token_secret: settings
+            .auth
+            .token_secret
+            .as_ref()
+            .unwrap()
+            .expose_secret()
+            .to_owned(),
+        database,
+        prefix,
+        mysql,
+        redis,
+        http,
+        settings,
+        stopper,
+        task,
+    }
+}
+
+impl std::ops::Deref for TestApp {
+    type Target = AdminClient;
+    fn deref(&self) -> &AdminClient {
+        &self.admin_api
+    }
+}
+
+impl TestApp {
+    /// One number from MariaDB.
+    pub async fn count(&self, sql: &str) -> u64 {
+        let mut conn = self.mysql.get_conn().await.unwrap();
+        conn.query_first::<u64, _>(sql).await.unwrap().unwrap_or(0)
+    }
+
+    /// The event's status column in MySQL.
+    pub async fn event_status(&self, event_id: u64) -> String {
+        let mut conn = self.mysql.get_conn().await.unwrap();
+        conn.exec_first("SELECT status FROM event WHERE id = ?", (event_id,))
+            .await
+            .unwrap()
+            .unwrap_or_default()
+    }
+
+    /// Units Redis still has for a category.
+    pub async fn stock(&self, event_id: u64, category_id: u64) -> i64 {
+        stock_in(&self.redis, self.keys().stock(event_id), category_id).await
+    }
+
+    /// Reservations in the event's stream, not yet settled.
+    pub async fn stream_len(&self, event_id: u64) -> u64 {
+        let key = self.keys().order_stream(event_id);
+        redis::AsyncCommands::xlen(&mut self.redis.clone(), key)
+            .await
+            .unwrap()
+    }
+
+    /// This app's Redis keys, under its prefix: the core's own layout.
+    pub fn keys(&self) -> Keys {
+        Keys::new(&self.prefix)
+    }
+
+    /// A purchase through this core's public port: status and body.
+    pub async fn buy(&self, event_id: u64, buyer: &Buyer, key: &str, body: Value) -> (u16, Value) {
+        purchase(
+            &self.http,
+            &self.public_url,
+            event_id,
+            &buyer.token,
+            key,
+            body,
+        )
+        .await
+    }
+
+    /// Stops the core and waits for its drain; the database stays.
+    pub async fn halt(self) {
+        self.stopper.stop();
+        self.task
+            .await
+            .expect("core task")
+            .expect("core stops cleanly");
+        self.mysql.disconnect().await.ok();
+    }
+
+    /// Stops the core, waits for its drain, and drops the test database.
+    pub async fn stop(self) {
+        self.stopper.stop();
+        self.task
+            .await
+            .expect("core task")
+            .expect("core stops cleanly");
+        let mut conn = self.mysql.get_conn().await.unwrap();
+        conn.query_drop(format!("DROP DATABASE `{}`", self.database))
+            .await
+            .unwrap();
+        drop(conn);
+        self.mysql.disconnect().await.ok();
+    }
+}
+
+/// A category's units in an event's stock hash `key`.
+pub(crate) async fn stock_in(
+    redis: &redis::aio::MultiplexedConnection,
+    key: String,
+    category_id: u64,
+) -> i64 {
+    redis::AsyncCommands::hget(&mut redis.clone(), key, category_id)
+        .await
+        .unwrap()
+}

@@ -1,0 +1,34 @@
+//! Buyers and their purchases.
+
+use serde_json::Value;
+
+/// A buyer: a user id and a signed token, from the admin API.
+pub struct Buyer {
+    pub user_id: u64,
+    pub token: String,
+}
+
+/// `POST {base}/api/events/{id}/orders` with a token and an Idempotency-Key.
+pub async fn purchase(
+    http: &reqwest::Client,
+    base: &str,
+    event_id: u64,
+    token: &str,
+    key: &str,
+    body: Value,
+) -> (u16, Value) {
+    let resp = http
+        .post(format!("{base}/api/events/{event_id}/orders"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&body)
+        .send()
+        .await
+        .expect("the purchase gets an answer");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}

@@ -1,0 +1,146 @@
+//! A broker and a Redis of the test's own, to stop, start or flush; free ports for them.
+
+use std::path::PathBuf;
+
+use crate::stack::root;
+
+/// A RocketMQ name server and broker of the test's own, run by `scripts/stack.sh`, so a
+/// test can stop and start them without disturbing others.
+pub struct OwnBroker {
+    pub dir: PathBuf,
+    pub namesrv_port: u16,
+    pub broker_port: u16,
+}
+
+impl OwnBroker {
+    pub fn start() -> OwnBroker {
+        let b = OwnBroker {
+            dir: std::env::temp_dir().join(format!("stampede-broker-{}", free_port())),
+            namesrv_port: free_port(),
+            broker_port: free_broker_port(),
+        };
+        let up = b.stack(&["up", "namesrv", "broker"]);
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+        b
+    }
+
+    pub fn namesrv_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.namesrv_port)
+    }
+
+    /// `scripts/stack.sh ARGS` on this stack.
+    pub fn stack(&self, args: &[&str]) -> std::process::Output {
+        own_stack(
+            &self.dir,
+            &[
+                ("NAMESRV_PORT", self.namesrv_port),
+                ("BROKER_PORT", self.broker_port),
+            ],
+            args,
+        )
+    }
+
+    pub fn stop_broker(&self) {
+        assert!(self.stack(&["down", "broker"]).status.success());
+    }
+
+    pub fn start_broker(&self) {
+        let up = self.stack(&["up", "broker"]);
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        self.stack(&["down"]);
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// `scripts/stack.sh ARGS` for parts of a test's own under `dir`, on `ports`; the
+/// other parts point at closed ports.
+fn own_stack(dir: &std::path::Path, ports: &[(&str, u16)], args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(root().join("scripts/stack.sh"));
+    cmd.args(args).env("STACK_DIR", dir);
+    for part in [
+        "NAMESRV_PORT",
+        "BROKER_PORT",
+        "REDIS_PORT",
+        "MYSQL_PORT",
+        "EDGE_PORT",
+        "CORE_PORT",
+        "ADMIN_PORT",
+        "OPS_PORT",
+        "PAYSIM_PORT",
+    ] {
+        cmd.env(part, "1");
+    }
+    for (part, port) in ports {
+        cmd.env(part, port.to_string());
+    }
+    cmd.output().expect("scripts/stack.sh runs")
+}
+
+/// A Redis of the test's own, so a test may FLUSHALL it.
+pub struct OwnRedis {
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+impl OwnRedis {
+    pub fn start() -> OwnRedis {
+        let r = OwnRedis {
+            dir: std::env::temp_dir().join(format!("stampede-redis-{}", free_port())),
+            port: free_port(),
+        };
+        let up = own_stack(&r.dir, &[("REDIS_PORT", r.port)], &["up", "redis"]);
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        own_stack(&self.dir, &[("REDIS_PORT", self.port)], &["down"]);
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// A port for a broker: it also takes port-2, port+1 and port+3.
+fn free_broker_port() -> u16 {
+    loop {
+        let p = free_port();
+        if p > 20_000
+            && [p - 2, p + 1, p + 3]
+                .iter()
+                .all(|q| std::net::TcpListener::bind(("127.0.0.1", *q)).is_ok())
+        {
+            return p;
+        }
+    }
+}
+
+/// Ports that were free a moment ago (bound to 0, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

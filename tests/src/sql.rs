@@ -1,0 +1,40 @@
+//! SQL over the tests' databases: the order shards, units ordered, one number.
+
+use mysql_async::prelude::*;
+
+/// The order shards of the tests' cores (mysql.order_shards, 4 by default).
+pub const TEST_SHARDS: u32 = 4;
+
+/// `select` over every order shard, as one UNION ALL; `{n}` in it stands for the shard.
+pub fn over_shards(select: &str) -> String {
+    (0..TEST_SHARDS)
+        .map(|n| select.replace("{n}", &n.to_string()))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ")
+}
+
+/// Units in orders of `event_id` over every order shard, and in how many orders.
+pub async fn ordered_units(mysql: &mysql_async::Pool, event_id: u64) -> (u64, u64) {
+    let union = over_shards(&format!(
+        "SELECT quantity FROM `order_{{n}}` WHERE event_id = {event_id}"
+    ));
+    let mut conn = mysql.get_conn().await.unwrap();
+    let row: Option<(Option<u64>, u64)> = conn
+        .query_first(format!(
+            "SELECT CAST(SUM(quantity) AS UNSIGNED), COUNT(*) FROM ({union}) o"
+        ))
+        .await
+        .unwrap();
+    row.map(|(units, orders)| (units.unwrap_or(0), orders))
+        .unwrap_or((0, 0))
+}
+
+/// One number from a database.
+pub async fn scalar(mysql: &mysql_async::Pool, sql: &str) -> i64 {
+    let mut conn = mysql.get_conn().await.unwrap();
+    conn.query_first::<Option<i64>, _>(sql)
+        .await
+        .unwrap()
+        .flatten()
+        .unwrap_or(0)
+}

@@ -1,0 +1,28 @@
+//! Waiting: polling until a condition holds, and the lock the heavy tests take turns on.
+
+use std::time::Duration;
+
+/// Polls `check` every 100 ms until it holds or `within` passes; whether it held.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Held by the tests that fire thousands of requests, so two of them never share the
+/// machine's two cores: overlapping, they starve the cores they test.
+pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}

@@ -1,0 +1,134 @@
+//! The login guard: failed logins wait longer and longer, password checks are bounded.
+
+use redis::AsyncCommands;
+use serde_json::json;
+
+async fn login(app: &stampede_e2e::TestApp, username: &str, password: &str) -> reqwest::Response {
+    login_from(app, "127.0.0.1", username, password).await
+}
+
+/// A login as the edge would pass it on for a client at `address` (a header only).
+async fn login_from(
+    app: &stampede_e2e::TestApp,
+    address: &str,
+    username: &str,
+    password: &str,
+) -> reqwest::Response {
+    app.http
+        .post(format!("{}/api/login", app.public_url))
+        .header("X-Forwarded-For", address)
+        .json(&json!({"username": username, "password": password}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn failed_logins_make_that_account_wait_longer_and_longer() {
+    let app = stampede_e2e::spawn_app_with(|s| {
+        s.login.free_failures = 3;
+        s.login.base_delay_ms = 60_000;
+        s.login.account_max_failures = 6;
+    })
+    .await;
+    let (status, users) = app
+        .admin_api
+        .post(
+            "/admin/users",
+            json!({"count": 2, "password": "right-password"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{users}");
+    let first = users["first_user_id"].as_u64().unwrap();
+    let (victim, bystander) = (format!("user{first}"), format!("user{}", first + 1));
+    // Spellings the database matches to the same account count as that account.
+    let upper = victim.to_uppercase();
+    let padded = format!("{victim}  ");
+    for (attempt, name) in [&victim, &upper, &padded].into_iter().enumerate() {
+        let resp = login(&app, name, "guess").await;
+        assert_eq!(resp.status(), 401, "attempt {attempt} as {name:?}");
+    }
+    // The next try from that address waits, even with the right password: it is not
+    // even checked.
+    let resp = login(&app, &victim.replacen('u', "U", 1), "right-password").await;
+    assert_eq!(resp.status(), 429);
+    let wait: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((50..=60).contains(&wait), "Retry-After {wait}");
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "RATE_LIMITED");
+    // The owner, at another address, is not locked out by the guesser's failures.
+    let owner = login_from(&app, "127.0.0.2", &victim, "right-password").await;
+    assert_eq!(owner.status(), 200);
+    // A guesser spread over addresses meets the account's ceiling: 6 failures in all.
+    for _ in 0..3 {
+        let resp = login_from(&app, "127.0.0.3", &victim, "guess").await;
+        assert_eq!(resp.status(), 401);
+    }
+    let resp = login_from(&app, "127.0.0.4", &victim, "right-password").await;
+    assert_eq!(
+        resp.status(),
+        429,
+        "the account's ceiling holds at every address"
+    );
+    // Unknown accounts are counted alike, so the answers do not tell who exists.
+    for _ in 0..3 {
+        assert_eq!(login(&app, "no-such-user", "guess").await.status(), 401);
+    }
+    assert_eq!(login(&app, "no-such-user", "guess").await.status(), 429);
+    // Another account is not held up; its success forgets its failures there.
+    assert_eq!(login(&app, &bystander, "guess").await.status(), 401);
+    assert_eq!(
+        login(&app, &bystander, "right-password").await.status(),
+        200
+    );
+    let key = app.keys().login_failures(&bystander, "127.0.0.1");
+    let left: bool = app.redis.clone().exists(&key).await.unwrap();
+    assert!(!left, "a success forgets the failures");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn password_checks_at_once_are_bounded_with_503_and_retry_after() {
+    let app = stampede_e2e::spawn_app_with(|s| s.login.max_concurrent_checks = 1).await;
+    let (_, users) = app
+        .admin_api
+        .post(
+            "/admin/users",
+            json!({"count": 1, "password": "right-password"}),
+        )
+        .await;
+    let user = format!("user{}", users["first_user_id"].as_u64().unwrap());
+    let mut logins = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        let (http, url, user) = (app.http.clone(), app.public_url.clone(), user.clone());
+        logins.spawn(async move {
+            let resp = http
+                .post(format!("{url}/api/login"))
+                .json(&json!({"username": user, "password": "right-password"}))
+                .send()
+                .await
+                .unwrap();
+            let retry = resp.headers().get("retry-after").is_some();
+            (resp.status().as_u16(), retry)
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(a) = logins.join_next().await {
+        answers.push(a.unwrap());
+    }
+    assert!(
+        answers.iter().all(|(s, _)| *s == 200 || *s == 503),
+        "{answers:?}"
+    );
+    assert!(answers.iter().any(|(s, _)| *s == 200), "{answers:?}");
+    assert!(answers.iter().any(|(s, _)| *s == 503), "{answers:?}");
+    assert!(
+        answers.iter().filter(|(s, _)| *s == 503).all(|(_, r)| *r),
+        "Retry-After on every 503"
+    );
+    app.stop().await;
+}
