@@ -6,7 +6,12 @@ use std::collections::HashSet;
 use mysql_async::prelude::*;
 use serde::Serialize;
 
+use stampede_core::order_tables::{OrderStatus, over_shards};
+
 use crate::stack::Stack;
+
+/// The statuses whose orders hold their units, for SQL.
+const LIVE: &str = OrderStatus::LIVE_SQL;
 
 #[derive(Debug, Default, Serialize)]
 pub struct Audit {
@@ -25,14 +30,6 @@ impl Audit {
         self.violations
             .extend(violations.into_iter().map(|v| format!("{name}: {v}")));
     }
-}
-
-/// Union of one SELECT over every order shard; `{n}` is the shard.
-fn over_shards(shards: u32, select: &str) -> String {
-    (0..shards)
-        .map(|n| select.replace("{n}", &n.to_string()))
-        .collect::<Vec<_>>()
-        .join(" UNION ALL ")
 }
 
 /// `admitted`: (user id, request id) of every 202 the burst got, deduplicated.
@@ -55,7 +52,7 @@ pub async fn run(
     let orders = over_shards(
         shards,
         &format!(
-            "SELECT order_no, user_id, category_id, quantity, status FROM `order_{{n}}` WHERE event_id = {event}"
+            "SELECT order_no, user_id, category_id, quantity, status FROM {{orders}} WHERE event_id = {event}"
         ),
     );
     audit.orders = conn
@@ -68,7 +65,7 @@ pub async fn run(
         .query(format!(
             "SELECT c.id, c.total, CAST(COALESCE(SUM(o.quantity), 0) AS SIGNED) \
              FROM ticket_category c LEFT JOIN ({orders}) o \
-               ON o.category_id = c.id AND o.status IN ('UNPAID', 'PAID') \
+               ON o.category_id = c.id AND o.status IN {LIVE} \
              WHERE c.event_id = {event} GROUP BY c.id, c.total HAVING SUM(o.quantity) > c.total"
         ))
         .await?;
@@ -98,7 +95,7 @@ pub async fn run(
     let over_limit: Vec<(u64, i64)> = conn
         .query(format!(
             "SELECT user_id, CAST(SUM(quantity) AS SIGNED) n FROM ({orders}) o \
-             WHERE status IN ('UNPAID', 'PAID') GROUP BY user_id HAVING n > {per_user_limit} LIMIT 20"
+             WHERE status IN {LIVE} GROUP BY user_id HAVING n > {per_user_limit} LIMIT 20"
         ))
         .await?;
     audit.check(
@@ -113,9 +110,9 @@ pub async fn run(
     let items = over_shards(
         shards,
         &format!(
-            "SELECT i.category_id, i.row_no, i.col_no, i.order_no FROM `order_item_{{n}}` i \
-             JOIN `order_{{n}}` o ON o.order_no = i.order_no \
-             WHERE o.event_id = {event} AND o.status IN ('UNPAID', 'PAID') AND i.row_no IS NOT NULL"
+            "SELECT i.category_id, i.row_no, i.col_no, i.order_no FROM {{items}} i \
+             JOIN {{orders}} o ON o.order_no = i.order_no \
+             WHERE o.event_id = {event} AND o.status IN {LIVE} AND i.row_no IS NOT NULL"
         ),
     );
     let doubled: Vec<(u64, u32, u32, String)> = conn

@@ -6,7 +6,7 @@ use mysql_async::prelude::*;
 use rand::Rng;
 use serde_json::Value;
 use stampede_core::keys::Keys;
-use stampede_core::{App, Settings, Stopper};
+use stampede_core::{App, Settings, Stopper, TestFaults};
 
 use crate::admin::AdminClient;
 use crate::buyers::{Buyer, purchase};
@@ -74,14 +74,28 @@ pub async fn spawn_app() -> TestApp {
 
 /// Like [`spawn_app`], with the settings adjusted first.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_faulty_app(adjust, TestFaults::default()).await
+}
+
+/// Like [`spawn_app_with`], with faults only a test can inject.
+pub async fn spawn_faulty_app(adjust: impl FnOnce(&mut Settings), faults: TestFaults) -> TestApp {
     let stack = Stack::from_env();
     let (mut settings, database, prefix) = test_settings(&stack).await;
     adjust(&mut settings);
-    spawn_app_on(settings, database, prefix).await
+    spawn_app_on_with(settings, database, prefix, faults).await
 }
 
 /// A core on a database and key prefix that exist already (a second core of a test).
 pub async fn spawn_app_on(settings: Settings, database: String, prefix: String) -> TestApp {
+    spawn_app_on_with(settings, database, prefix, TestFaults::default()).await
+}
+
+async fn spawn_app_on_with(
+    settings: Settings,
+    database: String,
+    prefix: String,
+    faults: TestFaults,
+) -> TestApp {
     let stack = Stack::from_env();
     if std::env::var_os("TEST_LOG").is_some() {
         // The cores' logs on the test's output, for debugging a failure by hand.
@@ -91,7 +105,8 @@ pub async fn spawn_app_on(settings: Settings, database: String, prefix: String) 
     let resolved = settings.clone().resolve().expect("test settings are valid");
     let app = App::build(resolved)
         .await
-        .expect("the core starts against the test stack");
+        .expect("the core starts against the test stack")
+        .inject(faults);
     let admin_url = format!("http://127.0.0.1:{}", app.admin_port());
     let public_url = format!("http://127.0.0.1:{}", app.public_port());
     let stopper = app.stopper();

@@ -19,7 +19,7 @@ mod stack_app;
 mod wait;
 
 pub use admin::AdminClient;
-pub use app::{TestApp, spawn_app, spawn_app_on, spawn_app_with, test_settings};
+pub use app::{TestApp, spawn_app, spawn_app_on, spawn_app_with, spawn_faulty_app, test_settings};
 pub use buyers::{Buyer, purchase};
 pub use fixtures::{concert, small_sale};
 pub use http::{RawAnswer, raw_request};
@@ -28,6 +28,7 @@ pub use process::{CoreProcess, core_binary, core_env, paysim_binary};
 pub use sql::{TEST_SHARDS, ordered_units, over_shards, scalar};
 pub use stack::{Stack, root};
 pub use stack_app::{StackApp, stack_app};
+pub use stampede_core::TestFaults;
 pub use wait::{eventually, heavy};
 
 pub use stampede_core::Settings as CoreSettings;

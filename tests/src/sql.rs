@@ -5,18 +5,16 @@ use mysql_async::prelude::*;
 /// The order shards of the tests' cores (mysql.order_shards, 4 by default).
 pub const TEST_SHARDS: u32 = 4;
 
-/// `select` over every order shard, as one UNION ALL; `{n}` in it stands for the shard.
+/// `select` over every order shard of the tests' cores, as one UNION ALL; `{orders}` and
+/// `{items}` in it stand for the shard's tables (the core's own builder).
 pub fn over_shards(select: &str) -> String {
-    (0..TEST_SHARDS)
-        .map(|n| select.replace("{n}", &n.to_string()))
-        .collect::<Vec<_>>()
-        .join(" UNION ALL ")
+    stampede_core::order_tables::over_shards(TEST_SHARDS, select)
 }
 
 /// Units in orders of `event_id` over every order shard, and in how many orders.
 pub async fn ordered_units(mysql: &mysql_async::Pool, event_id: u64) -> (u64, u64) {
     let union = over_shards(&format!(
-        "SELECT quantity FROM `order_{{n}}` WHERE event_id = {event_id}"
+        "SELECT quantity FROM {{orders}} WHERE event_id = {event_id}"
     ));
     let mut conn = mysql.get_conn().await.unwrap();
     let row: Option<(Option<u64>, u64)> = conn

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde_json::json;
-use stampede_e2e::{TestApp, eventually, ordered_units, scalar, small_sale, spawn_app_with};
+use stampede_e2e::{
+    TestApp, TestFaults, eventually, ordered_units, scalar, small_sale, spawn_app_with,
+    spawn_faulty_app,
+};
 
 /// Fires one purchase of `quantity` per buyer, 256 at a time; answers by status.
 pub(crate) async fn burst(
@@ -118,11 +121,15 @@ async fn twenty_thousand_buyers_for_five_thousand_units_end_as_five_thousand_ord
 async fn a_transaction_left_unknown_is_resolved_by_the_broker_check_back() {
     // The listener answers UNKNOW after committing, and the sweeper is out of the way:
     // only the broker's check-back can deliver the stock-sync messages.
-    let app = spawn_app_with(|s| {
-        s.orders.enabled = true;
-        s.orders.inject_unknown = true;
-        s.orders.sweep_after_s = 3_600;
-    })
+    let app = spawn_faulty_app(
+        |s| {
+            s.orders.enabled = true;
+            s.orders.sweep_after_s = 3_600;
+        },
+        TestFaults {
+            checkback_only: true,
+        },
+    )
     .await;
     let (event, categories) = app.create_event(small_sale(5_000, 1, 1, 2)).await;
     app.publish(event).await;

@@ -7,16 +7,20 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use serde_json::{Value, json};
+use stampede_core::order_tables::OrderStatus;
 use stampede_e2e::{
     Buyer, OwnRedis, TestApp, core_binary, core_env, heavy, over_shards, scalar, small_sale,
     spawn_app_with,
 };
 
+/// The statuses whose orders hold their units, for SQL.
+const LIVE: &str = OrderStatus::LIVE_SQL;
+
 /// Units in live (UNPAID or PAID) orders of the category.
 async fn live_units(app: &TestApp, category: u64) -> i64 {
     let union = over_shards(&format!(
-        "SELECT quantity FROM `order_{{n}}` WHERE category_id = {category} \
-         AND status IN ('UNPAID', 'PAID')"
+        "SELECT quantity FROM {{orders}} WHERE category_id = {category} \
+         AND status IN {LIVE}"
     ));
     scalar(
         &app.mysql,
@@ -144,9 +148,9 @@ async fn flushall_mid_sale_rebuilds_the_keys_and_no_unit_is_sold_twice() {
     }
     // Every seat in at most one live order, and every live order's seat locked for it.
     let seats = over_shards(&format!(
-        "SELECT i.row_no, i.col_no FROM `order_item_{{n}}` i JOIN `order_{{n}}` o \
+        "SELECT i.row_no, i.col_no FROM {{items}} i JOIN {{orders}} o \
          ON o.order_no = i.order_no WHERE o.event_id = {event} \
-         AND o.status IN ('UNPAID', 'PAID') AND i.row_no IS NOT NULL"
+         AND o.status IN {LIVE} AND i.row_no IS NOT NULL"
     ));
     assert_eq!(
         scalar(
@@ -158,8 +162,8 @@ async fn flushall_mid_sale_rebuilds_the_keys_and_no_unit_is_sold_twice() {
     );
     // Nobody above the limit, across what they held before and after the flush.
     let per_user = over_shards(&format!(
-        "SELECT user_id, quantity FROM `order_{{n}}` WHERE event_id = {event} \
-         AND status IN ('UNPAID', 'PAID')"
+        "SELECT user_id, quantity FROM {{orders}} WHERE event_id = {event} \
+         AND status IN {LIVE}"
     ));
     assert!(
         scalar(

@@ -152,7 +152,7 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
     let (_, last) = conserved(&mut redis, &mysql, &keys, event, ga, 20_000).await;
     assert!(ok, "not conserved after the restart: {last}");
     // Every 202 answered before the kill is an order now.
-    let union = stampede_e2e::over_shards("SELECT order_no FROM `order_{n}`");
+    let union = stampede_e2e::over_shards("SELECT order_no FROM {orders}");
     let mut conn = mysql.get_conn().await.unwrap();
     use mysql_async::prelude::Queryable;
     let orders: std::collections::HashSet<u64> =
