@@ -1,5 +1,6 @@
-//! Transport: request decoding, JSON answers, the server loop. Handlers live with
-//! their flow (`admin/`, later `admission/`); this module never sees Redis or MySQL.
+//! Transport: request decoding, JSON answers, the error shape, the server loop. The
+//! handlers are in `public/` and `admin/`, what each business outcome answers in
+//! `public::answers`; this module never sees Redis or MySQL.
 
 mod error;
 pub mod server;

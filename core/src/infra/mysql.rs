@@ -109,11 +109,6 @@ pub async fn migrate(pool: &Pool, shards: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The order shard of a user: the low bits of the id, the same gene the order number carries.
-pub fn order_shard(user_id: u64, shards: u32) -> u32 {
-    (user_id % u64::from(shards)) as u32
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,11 +136,5 @@ mod tests {
         }
         assert!(!orders.sql().unwrap().contains("order_3"));
         assert!(!orders.sql().unwrap().contains("{shard}"));
-    }
-
-    #[test]
-    fn user_and_order_gene_pick_the_same_shard() {
-        assert_eq!(order_shard(10, 4), 2);
-        assert_eq!(order_shard(7, 1), 0);
     }
 }

@@ -1,7 +1,8 @@
 -- The access phase of the public API, called from nginx.conf: one function per kind of
 -- route, each location of /api/ naming its own. In this order: one spelling and one
 -- method → auth token → rate limits → sale window → sold out. Whatever passes goes to
--- the core with the user id in $stampede_user (the header the core receives).
+-- the core, which verifies the token again; $stampede_user keeps the user id for the
+-- edge's own bookkeeping (the purchase keys it remembers).
 local ngx = ngx
 local auth = require "stampede.auth"
 local limit = require "stampede.limit"
