@@ -7,6 +7,8 @@ pub mod rocketmq;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use backon::{BackoffBuilder, ExponentialBuilder};
+
 /// Retries `attempt` with backoff until it succeeds or `timeout` passes, logging which
 /// dependency is down and why.
 pub async fn retry_until<T, F, Fut>(
@@ -20,7 +22,12 @@ where
     Fut: Future<Output = anyhow::Result<T>>,
 {
     let deadline = Instant::now() + timeout;
-    let mut delay = Duration::from_millis(100);
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .without_max_times()
+        .build();
+    let mut delay = delays.next().unwrap_or(Duration::from_secs(2));
     loop {
         match attempt().await {
             Ok(value) => {
@@ -35,7 +42,7 @@ where
                     "down; retrying"
                 );
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
+                delay = delays.next().unwrap_or(Duration::from_secs(2));
             }
             Err(e) => {
                 return Err(e.context(format!(

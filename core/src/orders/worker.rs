@@ -5,6 +5,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backon::{BackoffBuilder, ExponentialBuilder};
+
 use super::Pipeline;
 use super::persist::PersistError;
 use super::redis;
@@ -152,7 +154,12 @@ impl Pipeline {
                 }
             }
         }
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(MAX_BACKOFF)
+            .without_max_times()
+            .build();
+        let mut delay = backoff.next().unwrap_or(MAX_BACKOFF);
         while !reservations.is_empty() {
             reservations = self.expire_overdue(event_id, reservations).await;
             if reservations.is_empty() {
@@ -187,14 +194,14 @@ impl Pipeline {
                 }
                 Err(e) => {
                     self.set_blocked(Some(format!("order creation waits for MySQL: {e}")));
-                    tracing::warn!(%event_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "batch not created; retrying");
+                    tracing::warn!(%event_id, error = %e, retry_in_ms = delay.as_millis() as u64, "batch not created; retrying");
                 }
             }
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(delay) => {}
                 _ = stop.wait() => return,
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            delay = backoff.next().unwrap_or(MAX_BACKOFF);
         }
     }
 }
