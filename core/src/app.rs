@@ -18,8 +18,7 @@ use crate::auth::login::LoginGuard;
 use crate::auth::token::TokenSigner;
 use crate::catalog::EventCache;
 use crate::config::Resolved;
-use crate::http::server::{self, Handler};
-use crate::http::{Request, Response};
+use crate::http::server;
 use crate::ids::{self, OrderIds};
 use crate::infra;
 use crate::keys::Keys;
@@ -254,16 +253,8 @@ impl App {
         tasks.push((
             "the throttle cleaner",
             tokio::spawn({
-                let (state, mut stop) = (state.clone(), stopper.subscribe());
-                async move {
-                    let mut tick = tokio::time::interval(Duration::from_secs(30));
-                    loop {
-                        tokio::select! {
-                            _ = tick.tick() => state.admission.limits.forget_idle(),
-                            _ = stop.wait() => return,
-                        }
-                    }
-                }
+                let (state, stop) = (state.clone(), stopper.subscribe());
+                async move { state.admission.limits.forget_idle_until(stop).await }
             }),
         ));
         if let Some(pipeline) = &state.pipeline {
@@ -290,7 +281,7 @@ impl App {
             server::serve(
                 "public",
                 public,
-                Arc::new(Public(state.clone())),
+                Arc::new(crate::public::Service(state.clone())),
                 stopper.subscribe(),
                 grace,
                 limits,
@@ -298,7 +289,7 @@ impl App {
             server::serve(
                 "admin",
                 admin,
-                Arc::new(Admin(state.clone())),
+                Arc::new(crate::admin::Service(state.clone())),
                 stopper.subscribe(),
                 grace,
                 limits,
@@ -387,34 +378,4 @@ fn start_flows(
         ));
     }
     tasks
-}
-
-/// The public API (behind the edge).
-struct Public(Arc<AppState>);
-
-impl Handler for Public {
-    async fn handle(self: Arc<Self>, req: Request) -> Response {
-        let resp = crate::public::route(&self.0, req).await;
-        self.0
-            .metrics
-            .http_responses
-            .with_label_values(&["public", resp.status().as_str()])
-            .inc();
-        resp
-    }
-}
-
-/// The admin API.
-struct Admin(Arc<AppState>);
-
-impl Handler for Admin {
-    async fn handle(self: Arc<Self>, req: Request) -> Response {
-        let resp = crate::admin::route(&self.0, req).await;
-        self.0
-            .metrics
-            .http_responses
-            .with_label_values(&["admin", resp.status().as_str()])
-            .inc();
-        resp
-    }
 }

@@ -7,6 +7,8 @@ mod stats;
 mod tokens;
 mod users;
 
+use std::sync::Arc;
+
 use http::{Method, StatusCode};
 use secrecy::ExposeSecret;
 
@@ -75,6 +77,21 @@ impl Endpoint {
             Limits => "GET, PUT",
             EventAction(..) | Users | Tokens => "POST",
         }
+    }
+}
+
+/// The admin API as the server calls it: routes, and counts the answers.
+pub struct Service(pub Arc<AppState>);
+
+impl crate::http::server::Handler for Service {
+    async fn handle(self: Arc<Self>, req: Request) -> Response {
+        let resp = route(&self.0, req).await;
+        self.0
+            .metrics
+            .http_responses
+            .with_label_values(&["admin", resp.status().as_str()])
+            .inc();
+        resp
     }
 }
 

@@ -8,6 +8,7 @@ use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLim
 
 use super::Refusal;
 use crate::config::AdmissionSettings;
+use crate::shutdown::Shutdown;
 
 pub struct Throttle {
     per_user: DefaultKeyedRateLimiter<u64>,
@@ -45,6 +46,17 @@ impl Throttle {
     pub fn forget_idle(&self) {
         self.per_user.retain_recent();
         self.per_user.shrink_to_fit();
+    }
+
+    /// [`Throttle::forget_idle`] every 30 s until `stop`.
+    pub async fn forget_idle_until(&self, mut stop: Shutdown) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.forget_idle(),
+                _ = stop.wait() => return,
+            }
+        }
     }
 }
 

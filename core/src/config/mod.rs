@@ -1,16 +1,19 @@
 //! Typed, layered configuration, validated before any port is bound.
 //!
 //! Layers, later wins: `config/stampede.toml` (built in), an optional file, then
-//! `STAMPEDE_<SECTION>__<KEY>` environment variables.
+//! `STAMPEDE_<SECTION>__<KEY>` environment variables. `resolve` turns them into what
+//! the services need.
 
-use std::net::SocketAddr;
+mod resolve;
+
+pub use resolve::Resolved;
+
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use serde::Deserialize;
 
-const DEFAULTS: &str = include_str!("../../config/stampede.toml");
+const DEFAULTS: &str = include_str!("../../../config/stampede.toml");
 
 /// Everything the core reads at start-up.
 #[derive(Debug, Clone, Deserialize)]
@@ -190,19 +193,6 @@ pub enum LogFormat {
 #[error("invalid configuration: {0}")]
 pub struct ConfigError(pub String);
 
-/// The settings resolved into what the services need: addresses parsed, secrets read.
-#[derive(Clone)]
-pub struct Resolved {
-    pub settings: Settings,
-    pub public_addr: SocketAddr,
-    pub admin_addr: SocketAddr,
-    pub admin_token: SecretString,
-    pub token_secret: SecretString,
-    /// The payment provider's signing secret, when payments are configured.
-    pub provider_secret: Option<SecretString>,
-    pub mysql_opts: mysql_async::Opts,
-}
-
 impl Settings {
     /// Reads the layers. `file` is the operator's file, if any.
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
@@ -236,236 +226,5 @@ impl Settings {
             .build()
             .and_then(|c| c.try_deserialize())
             .expect("built-in defaults are valid")
-    }
-
-    /// Checks every value and reads the secrets; nothing is bound or connected yet.
-    pub fn resolve(self) -> Result<Resolved, ConfigError> {
-        let public_addr = parse_addr("server.public_addr", &self.server.public_addr)?;
-        let admin_addr = parse_addr("server.admin_addr", &self.server.admin_addr)?;
-        if self.server.max_body_bytes < 1024 {
-            return Err(ConfigError(
-                "server.max_body_bytes must be at least 1024".into(),
-            ));
-        }
-        if self.redis.key_prefix.is_empty() || self.redis.key_prefix.contains(['{', '}', ' ']) {
-            return Err(ConfigError(
-                "redis.key_prefix must be non-empty, without braces or spaces".into(),
-            ));
-        }
-        redis::Client::open(self.redis.url.as_str())
-            .map_err(|e| ConfigError(format!("redis.url: {e}")))?;
-        if !(self.mysql.order_shards.is_power_of_two() && self.mysql.order_shards <= 64) {
-            return Err(ConfigError(
-                "mysql.order_shards must be a power of two up to 64 (1, 2, 4 … 64)".into(),
-            ));
-        }
-        let a = &self.admission;
-        if a.token_ttl_s == 0 || a.user_per_s == 0 || a.user_burst == 0 || a.global_per_s == 0 {
-            return Err(ConfigError(
-                "admission.token_ttl_s, user_per_s, user_burst and global_per_s must be positive"
-                    .into(),
-            ));
-        }
-        let o = &self.orders;
-        if o.workers == 0 || o.batch_size == 0 || o.max_stream_depth == 0 || o.claim_idle_ms < 1000
-        {
-            return Err(ConfigError(
-                "orders.workers, batch_size and max_stream_depth must be positive, claim_idle_ms ≥ 1000"
-                    .into(),
-            ));
-        }
-        if !self
-            .rocketmq
-            .namespace
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(ConfigError(
-                "rocketmq.namespace may hold only letters, digits, '_' and '-'".into(),
-            ));
-        }
-        if self.ids.worker_lease_s < 3 {
-            return Err(ConfigError("ids.worker_lease_s must be at least 3".into()));
-        }
-        if self.mysql.pool_max == 0 {
-            return Err(ConfigError("mysql.pool_max must be positive".into()));
-        }
-        if self.rocketmq.namesrv_addr.trim().is_empty() {
-            return Err(ConfigError("rocketmq.namesrv_addr is empty".into()));
-        }
-        if self.preload.window_s == 0
-            || self.preload.interval_s == 0
-            || self.preload.lock_ttl_ms < 100
-        {
-            return Err(ConfigError(
-                "preload.window_s and preload.interval_s must be positive, lock_ttl_ms ≥ 100"
-                    .into(),
-            ));
-        }
-        let mysql_password = secret(
-            "mysql.password",
-            self.mysql.password.as_ref(),
-            self.mysql.password_file.as_deref(),
-            0,
-        )?;
-        let mut mysql_opts = mysql_async::OptsBuilder::from_opts(
-            mysql_async::Opts::from_url(&self.mysql.url)
-                .map_err(|e| ConfigError(format!("mysql.url: {e}")))?,
-        )
-        .pool_opts(
-            mysql_async::PoolOpts::default().with_constraints(
-                mysql_async::PoolConstraints::new(1, self.mysql.pool_max)
-                    .ok_or_else(|| ConfigError("mysql.pool_max is invalid".into()))?,
-            ),
-        )
-        // Every DATETIME Stampede writes or reads is UTC.
-        .init(vec!["SET time_zone = '+00:00'"]);
-        if let Some(pw) = mysql_password {
-            mysql_opts = mysql_opts.pass(Some(pw.expose_secret().to_owned()));
-        }
-        let admin_token = secret(
-            "auth.admin_token",
-            self.auth.admin_token.as_ref(),
-            self.auth.admin_token_file.as_deref(),
-            16,
-        )?
-        .ok_or_else(|| ConfigError("set auth.admin_token or auth.admin_token_file".into()))?;
-        let token_secret = secret(
-            "auth.token_secret",
-            self.auth.token_secret.as_ref(),
-            self.auth.token_secret_file.as_deref(),
-            16,
-        )?
-        .ok_or_else(|| ConfigError("set auth.token_secret or auth.token_secret_file".into()))?;
-        crate::auth::token::Keyring::parse(token_secret.expose_secret())
-            .map_err(|e| ConfigError(format!("auth.token_secret: {e}")))?;
-        let provider_secret = secret(
-            "payments.provider_secret",
-            self.payments.provider_secret.as_ref(),
-            self.payments.provider_secret_file.as_deref(),
-            16,
-        )?;
-        Ok(Resolved {
-            provider_secret,
-            settings: self,
-            public_addr,
-            admin_addr,
-            admin_token,
-            token_secret,
-            mysql_opts: mysql_opts.into(),
-        })
-    }
-}
-
-impl std::fmt::Debug for Resolved {
-    // mysql_async's options would print the password.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Resolved")
-            .field("settings", &self.settings)
-            .field("public_addr", &self.public_addr)
-            .field("admin_addr", &self.admin_addr)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Resolved {
-    pub fn shutdown_grace(&self) -> Duration {
-        Duration::from_secs(self.settings.server.shutdown_grace_s)
-    }
-
-    /// The keyring file the token secrets come from, when they come from one (an inline
-    /// `auth.token_secret` wins): the file `rotate-token-secret` rewrites and the core
-    /// re-reads.
-    pub fn keyring_file(&self) -> Option<&Path> {
-        let auth = &self.settings.auth;
-        auth.token_secret_file
-            .as_deref()
-            .filter(|_| auth.token_secret.is_none())
-    }
-}
-
-fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
-    value
-        .parse()
-        .map_err(|e| ConfigError(format!("{key} = {value:?}: {e}")))
-}
-
-/// A secret given inline or in a file (trimmed); inline wins. `min_len` 0 allows empty.
-fn secret(
-    key: &str,
-    inline: Option<&SecretString>,
-    file: Option<&Path>,
-    min_len: usize,
-) -> Result<Option<SecretString>, ConfigError> {
-    let value = match (inline, file) {
-        (Some(s), _) => s.expose_secret().trim().to_owned(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("{key}_file {}: {e}", path.display())))?
-            .trim()
-            .to_owned(),
-        (None, None) => return Ok(None),
-    };
-    if value.len() < min_len {
-        return Err(ConfigError(format!(
-            "{key} must be at least {min_len} characters"
-        )));
-    }
-    Ok(Some(SecretString::from(value)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with_secrets() -> Settings {
-        let mut s = Settings::defaults();
-        s.auth.admin_token = Some("a".repeat(32).into());
-        s.auth.token_secret = Some("s".repeat(32).into());
-        s
-    }
-
-    #[test]
-    fn defaults_with_secrets_resolve() {
-        let r = with_secrets().resolve().expect("valid");
-        assert_eq!(r.public_addr.port(), 8081);
-        assert_eq!(r.admin_addr.port(), 9091);
-        assert_eq!(r.settings.mysql.order_shards, 4);
-    }
-
-    #[test]
-    fn missing_admin_token_is_a_config_error() {
-        let mut s = with_secrets();
-        s.auth.admin_token = None;
-        let err = s.resolve().unwrap_err();
-        assert!(err.0.contains("auth.admin_token"), "{err}");
-    }
-
-    #[test]
-    fn short_secrets_and_bad_addresses_are_rejected() {
-        let mut s = with_secrets();
-        s.auth.token_secret = Some("short".to_string().into());
-        assert!(s.resolve().unwrap_err().0.contains("token_secret"));
-        let mut s = with_secrets();
-        s.server.admin_addr = "localhost".into();
-        assert!(s.resolve().unwrap_err().0.contains("server.admin_addr"));
-        for shards in [0, 3, 128] {
-            let mut s = with_secrets();
-            s.mysql.order_shards = shards;
-            assert!(
-                s.resolve().unwrap_err().0.contains("order_shards"),
-                "{shards}"
-            );
-        }
-        let mut s = with_secrets();
-        s.redis.key_prefix = "a{b".into();
-        assert!(s.resolve().unwrap_err().0.contains("key_prefix"));
-    }
-
-    #[test]
-    fn secrets_never_print() {
-        let r = with_secrets().resolve().unwrap();
-        let shown = format!("{r:?}");
-        assert!(!shown.contains(&"a".repeat(32)));
-        assert!(!shown.contains(&"s".repeat(32)));
     }
 }

@@ -7,6 +7,8 @@ mod events;
 mod login;
 mod orders;
 
+use std::sync::Arc;
+
 use chrono::Utc;
 
 use crate::health;
@@ -59,6 +61,21 @@ impl Endpoint {
             Healthz | Readyz | Events | Event(_) | Seats(_) | PurchaseStatus(_) | Order(_) => "GET",
             Login | PaymentCallback | Purchase(_) | Cancel(_) | Pay(_) => "POST",
         }
+    }
+}
+
+/// The public API (behind the edge) as the server calls it: routes, and counts the answers.
+pub struct Service(pub Arc<AppState>);
+
+impl crate::http::server::Handler for Service {
+    async fn handle(self: Arc<Self>, req: Request) -> Response {
+        let resp = route(&self.0, req).await;
+        self.0
+            .metrics
+            .http_responses
+            .with_label_values(&["public", resp.status().as_str()])
+            .inc();
+        resp
     }
 }
 
