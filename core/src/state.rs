@@ -12,6 +12,7 @@ use crate::auth::login::LoginGuard;
 use crate::auth::token::TokenSigner;
 use crate::catalog::EventCache;
 use crate::config::Resolved;
+use crate::http::Response;
 use crate::keys::Keys;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
@@ -39,4 +40,15 @@ pub struct AppState {
     pub lifecycle: Lifecycle,
     /// The order pipeline, when `orders.enabled`.
     pub pipeline: Option<Arc<Pipeline>>,
+}
+
+impl AppState {
+    /// Counts an answer of the `face` API (public, admin) by status, and returns it.
+    pub fn counted(&self, face: &str, resp: Response) -> Response {
+        self.metrics
+            .http_responses
+            .with_label_values(&[face, resp.status().as_str()])
+            .inc();
+        resp
+    }
 }

@@ -80,18 +80,12 @@ impl Endpoint {
     }
 }
 
-/// The admin API as the server calls it: routes, and counts the answers.
+/// The admin API as the server calls it.
 pub struct Service(pub Arc<AppState>);
 
 impl crate::http::server::Handler for Service {
     async fn handle(self: Arc<Self>, req: Request) -> Response {
-        let resp = route(&self.0, req).await;
-        self.0
-            .metrics
-            .http_responses
-            .with_label_values(&["admin", resp.status().as_str()])
-            .inc();
-        resp
+        self.0.counted("admin", route(&self.0, req).await)
     }
 }
 

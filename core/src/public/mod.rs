@@ -64,18 +64,12 @@ impl Endpoint {
     }
 }
 
-/// The public API (behind the edge) as the server calls it: routes, and counts the answers.
+/// The public API (behind the edge) as the server calls it.
 pub struct Service(pub Arc<AppState>);
 
 impl crate::http::server::Handler for Service {
     async fn handle(self: Arc<Self>, req: Request) -> Response {
-        let resp = route(&self.0, req).await;
-        self.0
-            .metrics
-            .http_responses
-            .with_label_values(&["public", resp.status().as_str()])
-            .inc();
-        resp
+        self.0.counted("public", route(&self.0, req).await)
     }
 }
 
