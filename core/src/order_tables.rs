@@ -59,6 +59,12 @@ impl fmt::Display for OrderStatus {
     }
 }
 
+impl From<OrderStatus> for mysql_async::Value {
+    fn from(s: OrderStatus) -> Self {
+        mysql_async::Value::from(s.as_str())
+    }
+}
+
 impl serde::Serialize for OrderStatus {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(self.as_str())

@@ -192,8 +192,11 @@ async fn apply_once(
     let applied = if order.status == OrderStatus::Unpaid {
         let n = shard_of_order(order_no, shards);
         tx.exec_drop(
-            format!("UPDATE {} SET status = 'PAID', paid_at = UTC_TIMESTAMP(3) WHERE order_no = ? AND status = 'UNPAID'", order_tables::orders(n)),
-            (order_no,),
+            format!(
+                "UPDATE {} SET status = ?, paid_at = UTC_TIMESTAMP(3) WHERE order_no = ? AND status = ?",
+                order_tables::orders(n)
+            ),
+            (OrderStatus::Paid, order_no, OrderStatus::Unpaid),
         )
         .await
         .context("Failed to mark the order paid")?;

@@ -83,12 +83,11 @@ impl Lifecycle {
             let found: Vec<u64> = conn
                 .exec(
                     format!(
-                        "SELECT order_no FROM {} WHERE status = '{}' \
+                        "SELECT order_no FROM {} WHERE status = ? \
                          AND pay_deadline < UTC_TIMESTAMP(3) - INTERVAL ? SECOND LIMIT ?",
-                        order_tables::orders(n),
-                        OrderStatus::Unpaid
+                        order_tables::orders(n)
                     ),
-                    (overdue_s, limit),
+                    (OrderStatus::Unpaid, overdue_s, limit),
                 )
                 .await?;
             all.extend(found.into_iter().map(OrderNo));
