@@ -131,12 +131,15 @@ impl App {
             Duration::from_millis(s.admission.event_cache_ttl_ms),
         ));
         let metrics = Metrics::new();
+        let preloader = Preloader::new(redis.clone(), mysql.clone(), keys.clone(), s);
+        let reconciler = Reconciler::new(preloader.clone(), s, &metrics);
         let pipeline = s.orders.enabled.then(|| {
             Arc::new(Pipeline {
                 redis: redis.clone(),
                 mysql: mysql.clone(),
                 keys: keys.clone(),
                 events: events.clone(),
+                preloader: preloader.clone(),
                 shards: s.mysql.order_shards,
                 settings: s.orders.clone(),
                 instance: format!("core{}", order_ids.worker()),
@@ -144,10 +147,10 @@ impl App {
                 blocked: Default::default(),
                 orders_created: metrics.orders_created.clone(),
                 released: metrics.reservations_released.clone(),
+                refused: metrics.reservations_refused.clone(),
+                rewinds: metrics.redis_rewinds.clone(),
             })
         });
-        let preloader = Preloader::new(redis.clone(), mysql.clone(), keys.clone(), s);
-        let reconciler = Reconciler::new(preloader.clone(), s, &metrics);
         let admission = Admission {
             redis: redis.clone(),
             keys: keys.clone(),
@@ -321,7 +324,7 @@ fn start_flows(
     faults: TestFaults,
 ) -> Vec<(&'static str, JoinHandle<()>)> {
     let s = &state.config.settings;
-    let (mysql, shards) = (state.mysql.clone(), s.mysql.order_shards);
+    let mysql = state.mysql.clone();
     let settings = MqSettings {
         namesrv: s.rocketmq.namesrv_addr.clone(),
         names: Names::new(&s.rocketmq.namespace),
@@ -339,7 +342,7 @@ fn start_flows(
                 checkbacks.clone(),
             );
             let consumers = vec![
-                stock_sync::consumer(mysql.clone(), shards, &settings.names),
+                stock_sync::consumer(mysql.clone(), &settings.names),
                 lifecycle::timeout::consumer(lifecycle.clone(), &settings.names),
             ];
             let settings = settings.clone();

@@ -16,6 +16,10 @@ pub struct Metrics {
     /// Orders the pipeline created, and reservations it released as FAILED.
     pub orders_created: IntCounter,
     pub reservations_released: IntCounter,
+    /// Reservations MySQL turned away (Redis admitted more than there was), and times
+    /// Redis was found gone back in time.
+    pub reservations_refused: IntCounter,
+    pub redis_rewinds: IntCounter,
     /// Purchases the core answered, by answer (QUEUED or the error code).
     pub purchase_answers: IntCounterVec,
     /// Per event and category: total − (Redis stock + queued + unpaid + paid).
@@ -72,6 +76,16 @@ impl Metrics {
             "Reservations released as FAILED",
         )
         .expect("valid metric");
+        let reservations_refused = IntCounter::new(
+            "stampede_reservations_refused_total",
+            "Reservations Redis admitted that MySQL's guards turned away",
+        )
+        .expect("valid metric");
+        let redis_rewinds = IntCounter::new(
+            "stampede_redis_rewinds_total",
+            "Times an event's Redis state was found behind MySQL and fenced for a rebuild",
+        )
+        .expect("valid metric");
         let purchase_answers = IntCounterVec::new(
             Opts::new(
                 "stampede_purchase_answers_total",
@@ -104,6 +118,8 @@ impl Metrics {
             Box::new(checkbacks.clone()),
             Box::new(orders_created.clone()),
             Box::new(reservations_released.clone()),
+            Box::new(reservations_refused.clone()),
+            Box::new(redis_rewinds.clone()),
             Box::new(purchase_answers.clone()),
             Box::new(conservation_gap.clone()),
             Box::new(remain_gap.clone()),
@@ -119,6 +135,8 @@ impl Metrics {
             checkbacks,
             orders_created,
             reservations_released,
+            reservations_refused,
+            redis_rewinds,
             purchase_answers,
             conservation_gap,
             remain_gap,

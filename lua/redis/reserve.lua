@@ -3,7 +3,8 @@
 -- the units (and seats), records the buyer and the request status, queues the
 -- reservation for the order workers, and flags the category sold out at 0.
 --
--- KEYS[1] meta     hash   status, sale_start_ms, sale_end_ms, per_user_limit, epoch
+-- KEYS[1] meta     hash   status, sale_start_ms, sale_end_ms, per_user_limit, epoch,
+--                         seq (the admissions' number, only ever grows; see stock_log.seq)
 -- KEYS[2] stock    hash   category id → units available
 -- KEYS[3] soldout  hash   category id → 1 once stock reached 0
 -- KEYS[4] held     hash   user id → units the user holds in this event
@@ -142,6 +143,7 @@ if rcall('HINCRBY', KEYS[2], cid, -qty) == 0 then rcall('HSET', KEYS[3], cid, 1)
 rcall('HINCRBY', KEYS[4], user, qty)
 rcall('HSET', KEYS[5], idem_field, rid .. '|' .. fingerprint .. '|' .. seat_list)
 rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)
+local seq = rcall('HINCRBY', KEYS[1], 'seq', 1)
 rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now,
-  'e', meta[5] or '0')
+  'e', meta[5] or '0', 'n', seq)
 return {1, rid, seat_list}

@@ -216,6 +216,23 @@ impl TestApp {
         .await
     }
 
+    /// The buyer's latest purchase in the event, as `GET …/orders/status` answers it
+    /// (`{"status": …}`, or the 404 error body).
+    pub async fn purchase_status(&self, event_id: u64, buyer: &Buyer) -> Value {
+        self.http
+            .get(format!(
+                "{}/api/events/{event_id}/orders/status",
+                self.public_url
+            ))
+            .bearer_auth(&buyer.token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// Stops the core and waits for its drain; the database stays.
     pub async fn halt(self) {
         self.stopper.stop();

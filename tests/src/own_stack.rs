@@ -113,6 +113,38 @@ impl OwnRedis {
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
+
+    /// Where it keeps its append-only file (a folder, Redis 7's multi-part AOF).
+    pub fn aof_dir(&self) -> PathBuf {
+        self.dir.join("redis/appendonlydir")
+    }
+
+    /// kill -9: no shutdown, no last fsync.
+    pub fn kill9(&self) {
+        let pid = std::fs::read_to_string(self.dir.join("pids/redis.pid")).unwrap();
+        let killed = std::process::Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("Redis still answers after kill -9");
+    }
+
+    /// Starts it again on its port and folder, from what its AOF holds.
+    pub fn restart(&self) {
+        let up = own_stack(&self.dir, &[("REDIS_PORT", self.port)], &["up", "redis"]);
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+    }
 }
 
 impl Drop for OwnRedis {

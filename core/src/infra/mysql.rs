@@ -44,6 +44,18 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V10__redis_epoch",
         include_str!("../../../sql/V10__redis_epoch.sql"),
     ),
+    (
+        "V11__mysql_guards",
+        include_str!("../../../sql/V11__mysql_guards.sql"),
+    ),
+    (
+        "V12__mysql_guards_backfill",
+        include_str!("../../../sql/V12__mysql_guards_backfill.sql"),
+    ),
+    (
+        "V13__drop_consumed_message",
+        include_str!("../../../sql/V13__drop_consumed_message.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

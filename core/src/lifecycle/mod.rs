@@ -170,10 +170,10 @@ impl Lifecycle {
         }
         tx.exec_drop(
             format!(
-                "UPDATE {} SET status = 'CANCELLED', cancelled_at = UTC_TIMESTAMP(3) WHERE order_no = ? AND status = 'UNPAID'",
+                "UPDATE {} SET status = ?, cancelled_at = UTC_TIMESTAMP(3) WHERE order_no = ? AND status = ?",
                 order_tables::orders(shard_of_order(order_no, self.shards))
             ),
-            (order_no,),
+            (OrderStatus::Cancelled, order_no, OrderStatus::Unpaid),
         )
         .await?;
         // Stock sync subtracted this order from remain, or is yet to: add it back, or make
@@ -191,6 +191,17 @@ impl Lifecycle {
             )
             .await?;
         }
+        // The guards' counters: the units and the buyer's share are free again.
+        tx.exec_drop(
+            "UPDATE ticket_category SET committed = committed - ? WHERE id = ?",
+            (order.quantity, order.category_id),
+        )
+        .await?;
+        tx.exec_drop(
+            "UPDATE user_hold SET units = units - ? WHERE event_id = ? AND user_id = ?",
+            (order.quantity, order.event_id, order.user_id),
+        )
+        .await?;
         tx.exec_drop(
             "UPDATE stock_log SET status = 'CANCELLED', synced = 1, synced_at = COALESCE(synced_at, UTC_TIMESTAMP(3)) \
              WHERE order_no = ?",

@@ -6,40 +6,64 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Pipeline;
-use super::persist::{self, PersistError};
-use super::redis;
+use super::guards::Declined;
+use super::persist::{self, Created, PersistError};
+use super::redis::{self, Dropped};
 use super::reservation::{Batch, Reservation};
 use super::tx::LocalTx;
 use crate::catalog::EventRecord;
 use crate::domain::{EventId, OrderNo};
 use crate::messaging::BatchMessage;
 
+/// What a buyer whose reservation a rebuild of the event's keys dropped is told.
+const STALE_REASON: &str = "the sale was reloaded and this purchase not kept; try again";
+
 impl Pipeline {
     /// Drops the reservations numbered in `stale` (taken under an older generation of the
-    /// event's keys, whose rebuild counted their units as free) and returns the others.
+    /// event's keys, whose rebuild counted their units as free) once the rebuild is in
+    /// Redis, and returns the others, with the stale ones too while it is not yet.
     pub(super) async fn drop_stale(
         &self,
         event_id: EventId,
         reservations: Vec<Reservation>,
         stale: &[OrderNo],
-    ) -> Vec<Reservation> {
-        let (dropped, keep): (Vec<_>, Vec<_>) = reservations
+    ) -> (Vec<Reservation>, Dropped) {
+        let (dropped, mut keep): (Vec<_>, Vec<_>) = reservations
             .into_iter()
             .partition(|r| stale.contains(&r.order_no));
-        if !dropped.is_empty() {
-            let ids: Vec<&str> = dropped.iter().map(|r| r.entry_id.as_str()).collect();
-            if let Err(e) =
-                redis::drop_entries(&mut self.redis.clone(), &self.keys, event_id, &ids).await
-            {
-                tracing::warn!(error = format!("{e:#}"), "cannot drop stale entries");
-            }
-            tracing::warn!(
-                %event_id,
-                dropped = dropped.len(),
-                "dropped reservations taken before the event's keys were rebuilt from MySQL"
-            );
+        if dropped.is_empty() {
+            return (keep, Dropped::Dropped);
         }
-        keep
+        let outcome = redis::drop_stale(
+            &mut self.redis.clone(),
+            &self.keys,
+            event_id,
+            &dropped,
+            STALE_REASON,
+        )
+        .await;
+        match outcome {
+            Ok(Dropped::Dropped) => {
+                tracing::warn!(
+                    %event_id,
+                    dropped = dropped.len(),
+                    "dropped reservations taken before the event's keys were rebuilt from MySQL"
+                );
+                (keep, Dropped::Dropped)
+            }
+            Ok(Dropped::NotYet) => {
+                keep.extend(dropped);
+                (keep, Dropped::NotYet)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "cannot drop stale entries; will retry"
+                );
+                keep.extend(dropped);
+                (keep, Dropped::NotYet)
+            }
+        }
     }
 
     /// Releases the reservations past `orders.deadline_s` whose orders do not exist, so
@@ -61,7 +85,7 @@ impl Pipeline {
                 Ok(persist::Expiry::Created) => keep.push(r),
                 Ok(persist::Expiry::Stale) => {
                     let order_no = r.order_no;
-                    self.drop_stale(event_id, vec![r], &[order_no]).await;
+                    keep.extend(self.drop_stale(event_id, vec![r], &[order_no]).await.0);
                 }
                 Ok(persist::Expiry::Expired) => {
                     // Expired in MySQL already; a retry releases it (release is idempotent).
@@ -145,10 +169,20 @@ impl Pipeline {
             }
             None => local().await,
         };
-        outcome?;
-        self.orders_created.inc_by(reservations.len() as u64);
+        let created = outcome?;
+        let turned_away = |r: &Reservation| {
+            created.expired.contains(&r.order_no)
+                || created.declined.iter().any(|(no, _)| *no == r.order_no)
+        };
+        let (refused, made): (Vec<Reservation>, Vec<Reservation>) =
+            reservations.iter().cloned().partition(turned_away);
+        self.turn_away(event_id, &created, &refused).await;
+        if made.is_empty() {
+            return Ok(());
+        }
+        self.orders_created.inc_by(made.len() as u64);
         let mut redis = self.redis.clone();
-        if let Err(e) = redis::settle(&mut redis, &self.keys, event_id, reservations).await {
+        if let Err(e) = redis::settle(&mut redis, &self.keys, event_id, &made).await {
             // The orders exist; the entries stay pending and a replay settles them.
             tracing::warn!(
                 error = format!("{e:#}"),
@@ -167,6 +201,55 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+
+    /// The reservations of a committed batch that did not become orders: those MySQL
+    /// turned away are refused in Redis (FAILED, nothing given back, the stock capped at
+    /// what MySQL has left when sold out), those expired before are given back. A
+    /// failure here leaves the entry pending; the replay decides the same way.
+    async fn turn_away(&self, event_id: EventId, created: &Created, refused: &[Reservation]) {
+        for r in refused {
+            let done = match created.declined.iter().find(|(no, _)| *no == r.order_no) {
+                Some((_, why)) => {
+                    self.refused.inc();
+                    let cap = (*why == Declined::SoldOut)
+                        .then(|| created.room.get(&r.category_id.0).copied())
+                        .flatten();
+                    redis::refuse(
+                        &mut self.redis.clone(),
+                        &self.keys,
+                        event_id,
+                        r,
+                        why.reason(),
+                        cap,
+                    )
+                    .await
+                    .map(drop)
+                }
+                None => {
+                    let reason = format!("not persisted within {} s", self.settings.deadline_s);
+                    self.release(event_id, r, &reason).await;
+                    Ok(())
+                }
+            };
+            if let Err(e) = done {
+                tracing::warn!(order_no = %r.order_no, error = format!("{e:#}"), "refusal not recorded in Redis; will replay");
+            }
+        }
+    }
+
+    /// Redis went back in time: fences the event for a rebuild from MySQL (whose new
+    /// epoch makes the reservations queued meanwhile stale).
+    pub(super) async fn fence(&self, event_id: EventId, seq: u64) {
+        tracing::error!(
+            %event_id,
+            seq,
+            "ALARM: Redis handed out an admission number an order has already: it went back in time; fencing the event for a rebuild from MySQL"
+        );
+        self.rewinds.inc();
+        if let Err(e) = self.preloader.fence(event_id.0).await {
+            tracing::warn!(%event_id, error = format!("{e:#}"), "cannot fence the event; will retry");
+        }
     }
 
     /// After MySQL refused a batch: each order alone; the refused ones are released.
@@ -191,7 +274,11 @@ impl Pipeline {
             match outcome {
                 Ok(()) => {}
                 Err(PersistError::Stale(stale)) => {
-                    retry.extend(self.drop_stale(event_id, vec![r], &stale).await);
+                    retry.extend(self.drop_stale(event_id, vec![r], &stale).await.0);
+                }
+                Err(PersistError::Rewound(seq)) => {
+                    self.fence(event_id, seq).await;
+                    retry.push(r);
                 }
                 Err(PersistError::Rejected(why)) => {
                     tracing::error!(

@@ -12,6 +12,7 @@
 //! `stock_sync` and `lifecycle`.
 
 mod create;
+pub mod guards;
 pub mod persist;
 pub mod redis;
 pub mod reservation;
@@ -27,6 +28,7 @@ use crate::catalog::EventCache;
 use crate::config::OrderSettings;
 use crate::keys::Keys;
 use crate::messaging::MqCell;
+use crate::preload::Preloader;
 
 /// Everything the workers share.
 pub struct Pipeline {
@@ -35,6 +37,8 @@ pub struct Pipeline {
     pub keys: Keys,
     /// The same cache the admission path reads.
     pub events: Arc<EventCache>,
+    /// Fences an event whose Redis state went back in time, for a rebuild.
+    pub preloader: Preloader,
     pub shards: u32,
     pub settings: OrderSettings,
     /// Names this instance's consumers in the group.
@@ -45,6 +49,9 @@ pub struct Pipeline {
     pub blocked: Mutex<Option<String>>,
     pub orders_created: prometheus::IntCounter,
     pub released: prometheus::IntCounter,
+    pub refused: prometheus::IntCounter,
+    /// Times Redis was found gone back in time (and the event fenced).
+    pub rewinds: prometheus::IntCounter,
 }
 
 impl Pipeline {

@@ -1,6 +1,8 @@
 //! The local transaction of a batch: its orders, their items and one stock_log row per
-//! order, in one MySQL transaction, idempotent on the order number (orders already
-//! there are locked and skipped), so a replayed batch inserts nothing twice.
+//! order, in one MySQL transaction, after the guards (`guards`) have judged each
+//! reservation. Idempotent on the order number (orders already there are locked and
+//! skipped, reservations turned away before stay turned away), so a replayed batch
+//! inserts nothing twice.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +10,7 @@ use chrono::{TimeDelta, Utc};
 use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
 
+use super::guards::{self, Declined};
 use super::reservation::{Batch, Reservation};
 use crate::catalog::EventRecord;
 use crate::domain::{EventId, OrderNo};
@@ -29,9 +32,13 @@ pub enum PersistError {
     /// counted their units as free: they must never become orders, nor be released.
     #[error("{} reservations predate the rebuild of the event's keys", .0.len())]
     Stale(Vec<OrderNo>),
+    /// Redis handed out admission number `.0` again: its state went back in time. The
+    /// event's keys must be rebuilt from MySQL; nothing of this batch may be created.
+    #[error("Redis reissued admission number {0}: its state went back in time")]
+    Rewound(u64),
 }
 
-fn classify(e: mysql_async::Error) -> PersistError {
+pub(super) fn classify(e: mysql_async::Error) -> PersistError {
     match &e {
         // Deadlock and lock wait timeout are worth another try; other server errors are
         // about the data.
@@ -73,13 +80,26 @@ async fn stale_reservations<'a>(
         .collect())
 }
 
-/// Inserts the batch's orders not yet in MySQL; Ok when all of them are there.
+/// What a committed batch did with its reservations.
+#[derive(Debug, Default)]
+pub struct Created {
+    /// Turned away by the guards (now or in an earlier attempt): never orders.
+    pub declined: Vec<(OrderNo, Declined)>,
+    /// Expired before (stock_log says so) and not created: to be given back.
+    pub expired: Vec<OrderNo>,
+    /// Per category, the units MySQL has left after the batch: Redis may offer no more.
+    pub room: BTreeMap<u64, i64>,
+}
+
+/// Creates the batch's orders not yet in MySQL, those the guards let through (see
+/// `guards`); the others are recorded as REFUSED in stock_log, so no replay creates
+/// them. Err when nothing committed.
 pub async fn create_orders(
     pool: &Pool,
     shards: u32,
     event: &EventRecord,
     batch: &Batch,
-) -> Result<(), PersistError> {
+) -> Result<Created, PersistError> {
     let mut conn = pool.get_conn().await.map_err(classify)?;
     let mut tx = conn
         .start_transaction(TxOpts::default())
@@ -96,29 +116,64 @@ pub async fn create_orders(
             .or_default()
             .push(r);
     }
-    let deadline = (Utc::now() + TimeDelta::seconds(i64::from(event.pay_timeout_s))).naive_utc();
-    let mut logs = Vec::new();
-    for (shard, reservations) in by_shard {
+    // The ones a previous attempt created, locked; the others are fresh.
+    let mut existing: Vec<(u64, u64)> = Vec::new();
+    for (shard, reservations) in &by_shard {
         let numbers: Vec<String> = reservations
             .iter()
             .map(|r| r.order_no.to_string())
             .collect();
-        // Locks the ones a previous attempt created; skips them below.
-        let existing: Vec<u64> = tx
+        let found: Vec<(u64, u64)> = tx
             .query(format!(
-                "SELECT order_no FROM {} WHERE order_no IN ({}) FOR UPDATE",
-                order_tables::orders(shard),
+                "SELECT order_no, user_id FROM {} WHERE order_no IN ({}) FOR UPDATE",
+                order_tables::orders(*shard),
                 numbers.join(",")
             ))
             .await
             .map_err(classify)?;
-        let fresh: Vec<&Reservation> = reservations
-            .into_iter()
-            .filter(|r| !existing.contains(&r.order_no.0))
-            .collect();
-        if fresh.is_empty() {
-            continue;
+        existing.extend(found);
+    }
+    let mut created = Created::default();
+    let mut fresh = Vec::new();
+    for r in &batch.reservations {
+        if guards::minted_twice(&existing, r) {
+            tracing::error!(
+                order_no = %r.order_no,
+                user_id = %r.user_id,
+                "ALARM: order number already belongs to another buyer's order; refusing"
+            );
+            created.declined.push((r.order_no, Declined::NumberTaken));
+        } else if !existing.iter().any(|(no, _)| *no == r.order_no.0) {
+            fresh.push(r);
         }
+    }
+    let numbers: Vec<OrderNo> = fresh.iter().map(|r| r.order_no).collect();
+    let before = guards::decided_before(&mut tx, &numbers).await?;
+    fresh.retain(|r| match before.get(&r.order_no.0).map(String::as_str) {
+        None => true,
+        Some("EXPIRED") => {
+            created.expired.push(r.order_no);
+            false
+        }
+        Some(_) => {
+            created.declined.push((r.order_no, Declined::Before));
+            false
+        }
+    });
+    rewound(&mut tx, batch.event_id, &fresh).await?;
+    let verdict = guards::judge(&mut tx, event, fresh).await?;
+    guards::record(&mut tx, event.id, &verdict.accepted).await?;
+    created.room = verdict.room;
+    let deadline = (Utc::now() + TimeDelta::seconds(i64::from(event.pay_timeout_s))).naive_utc();
+    let mut logs = Vec::new();
+    let mut accepted: BTreeMap<u32, Vec<&Reservation>> = BTreeMap::new();
+    for r in &verdict.accepted {
+        accepted
+            .entry(shard_of_order(r.order_no, shards))
+            .or_default()
+            .push(r);
+    }
+    for (shard, fresh) in accepted {
         let mut orders = Vec::new();
         let mut items = Vec::new();
         for r in &fresh {
@@ -161,8 +216,13 @@ pub async fn create_orders(
                 }
             }
             logs.push(format!(
-                "({},{},{},{},'{}')",
-                r.order_no, batch.event_id, r.category_id, r.quantity, batch.batch_id
+                "({},{},{},{},'{}','COMMITTED',0,{})",
+                r.order_no,
+                batch.event_id,
+                r.category_id,
+                r.quantity,
+                batch.batch_id,
+                r.seq.map_or("NULL".to_owned(), |n| n.to_string())
             ));
         }
         // Only numbers and our own ids go into this text.
@@ -182,15 +242,54 @@ pub async fn create_orders(
         .await
         .map_err(classify)?;
     }
+    for (r, why) in &verdict.declined {
+        tracing::warn!(order_no = %r.order_no, why = why.reason(), "MySQL refused a reservation Redis admitted");
+        logs.push(format!(
+            "({},{},{},0,'{}','REFUSED',1,NULL)",
+            r.order_no, batch.event_id, r.category_id, batch.batch_id
+        ));
+        created.declined.push((r.order_no, *why));
+    }
     if !logs.is_empty() {
         tx.query_drop(format!(
-            "INSERT INTO stock_log (order_no, event_id, category_id, quantity, batch_id) VALUES {}",
+            "INSERT INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status, synced, seq) \
+             VALUES {}",
             logs.join(",")
         ))
         .await
         .map_err(classify)?;
     }
-    commit(tx).await
+    commit(tx).await?;
+    Ok(created)
+}
+
+/// Err(Rewound) when a fresh reservation carries an admission number an order of the
+/// event already has: Redis handed it out again, so it went back in time.
+async fn rewound(
+    tx: &mut mysql_async::Transaction<'_>,
+    event_id: EventId,
+    fresh: &[&Reservation],
+) -> Result<(), PersistError> {
+    let seqs: Vec<String> = fresh
+        .iter()
+        .filter_map(|r| r.seq)
+        .map(|n| n.to_string())
+        .collect();
+    if seqs.is_empty() {
+        return Ok(());
+    }
+    let seen: Option<u64> = tx
+        .query_first(format!(
+            "SELECT MAX(seq) FROM stock_log WHERE event_id = {event_id} AND seq IN ({})",
+            seqs.join(",")
+        ))
+        .await
+        .map_err(classify)?
+        .flatten();
+    match seen {
+        Some(seq) => Err(PersistError::Rewound(seq)),
+        None => Ok(()),
+    }
 }
 
 /// What became of a reservation past its deadline.

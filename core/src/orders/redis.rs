@@ -20,6 +20,63 @@ static SETTLE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/settle.lua")));
 static RELEASE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/release.lua")));
+static REFUSE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/refuse.lua")));
+
+static DROP_STALE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/drop_stale.lua")));
+
+/// `drop_stale.lua`'s answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    Dropped = 1,
+    NotYet = 0,
+}
+
+impl Dropped {
+    pub const ALL: [Dropped; 2] = [Dropped::Dropped, Dropped::NotYet];
+
+    fn from_code(code: i64) -> anyhow::Result<Dropped> {
+        crate::script_codes::from_code("drop_stale.lua", &Dropped::ALL, code, |c| *c as i64)
+    }
+}
+
+/// Drops reservations an event's rebuild made stale, once the rebuild is in Redis,
+/// telling each buyer left with no status `reason`.
+pub async fn drop_stale(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: EventId,
+    stale: &[Reservation],
+    reason: &str,
+) -> anyhow::Result<Dropped> {
+    let newest = stale.iter().map(|r| r.epoch).max().unwrap_or(0);
+    let mut call = DROP_STALE.key(keys.order_stream(event_id));
+    call.key(keys.purchase_status(event_id))
+        .key(keys.event_meta(event_id))
+        .arg(GROUP)
+        .arg(reason)
+        .arg(newest);
+    for r in stale {
+        call.arg(&r.entry_id).arg(r.user_id);
+    }
+    Dropped::from_code(call.invoke_async(redis).await?)
+}
+
+/// `refuse.lua`'s answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Refused = 1,
+    AlreadyDone = 0,
+}
+
+impl Refused {
+    pub const ALL: [Refused; 2] = [Refused::Refused, Refused::AlreadyDone];
+
+    fn from_code(code: i64) -> anyhow::Result<Refused> {
+        crate::script_codes::from_code("refuse.lua", &Refused::ALL, code, |c| *c as i64)
+    }
+}
 
 /// `settle.lua`'s answer: how many entries it acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +224,33 @@ pub async fn release(
     Released::from_code(code)
 }
 
+/// Marks a reservation MySQL turned away FAILED with `reason`, giving nothing back;
+/// lowers the category's stock to `cap` when given.
+pub async fn refuse(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: EventId,
+    r: &Reservation,
+    reason: &str,
+    cap: Option<i64>,
+) -> anyhow::Result<Refused> {
+    let code: i64 = REFUSE
+        .key(keys.order_stream(event_id))
+        .key(keys.purchase_status(event_id))
+        .key(keys.stock(event_id))
+        .key(keys.sold_out(event_id))
+        .arg(GROUP)
+        .arg(&r.entry_id)
+        .arg(r.order_no)
+        .arg(r.user_id)
+        .arg(r.category_id)
+        .arg(reason)
+        .arg(cap.map_or(-1, |c| c.max(0)))
+        .invoke_async(redis)
+        .await?;
+    Refused::from_code(code)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +262,18 @@ mod tests {
             &Released::ALL,
             |c| *c as i64,
             Released::from_code,
+        );
+        crate::script_codes::assert_mirrored(
+            include_str!("../../../lua/redis/refuse.lua"),
+            &Refused::ALL,
+            |c| *c as i64,
+            Refused::from_code,
+        );
+        crate::script_codes::assert_mirrored(
+            include_str!("../../../lua/redis/drop_stale.lua"),
+            &Dropped::ALL,
+            |c| *c as i64,
+            Dropped::from_code,
         );
     }
 }

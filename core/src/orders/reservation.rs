@@ -19,6 +19,9 @@ pub struct Reservation {
     pub admitted_ms: i64,
     /// The generation of the event's Redis keys it was admitted under (`event.redis_epoch`).
     pub epoch: u64,
+    /// Its number among the event's admissions (`meta.seq`); none in entries written
+    /// before admissions were numbered.
+    pub seq: Option<u64>,
 }
 
 impl Reservation {
@@ -47,6 +50,11 @@ impl Reservation {
             } else {
                 0
             },
+            seq: entry
+                .map
+                .contains_key("n")
+                .then(|| number("n"))
+                .transpose()?,
         })
     }
 

@@ -13,21 +13,21 @@ use rocketmq_model::common::message::MessageTrait;
 use rocketmq_model::common::message::message_ext::MessageExt;
 use tokio::runtime::Handle;
 
-use super::persist::{self, PersistError};
+use super::persist::{self, Created, PersistError};
 use crate::messaging::listener::batch_of;
 use crate::messaging::{BoxFuture, wait_on};
 
 /// A batch's local transaction, handed to the listener through the send's argument.
 pub struct LocalTx {
     /// Creates the batch's orders; run once, by the listener.
-    run: Mutex<Option<BoxFuture<Result<(), PersistError>>>>,
+    run: Mutex<Option<BoxFuture<Result<Created, PersistError>>>>,
     /// What it answered; None if the listener never ran (the half message failed).
-    pub outcome: Mutex<Option<Result<(), PersistError>>>,
+    pub outcome: Mutex<Option<Result<Created, PersistError>>>,
 }
 
 impl LocalTx {
     pub fn new(
-        run: impl Future<Output = Result<(), PersistError>> + Send + 'static,
+        run: impl Future<Output = Result<Created, PersistError>> + Send + 'static,
     ) -> Arc<LocalTx> {
         Arc::new(LocalTx {
             run: Mutex::new(Some(Box::pin(run))),
@@ -35,7 +35,7 @@ impl LocalTx {
         })
     }
 
-    pub fn take_outcome(&self) -> Option<Result<(), PersistError>> {
+    pub fn take_outcome(&self) -> Option<Result<Created, PersistError>> {
         self.outcome.lock().expect("not poisoned").take()
     }
 }
@@ -84,11 +84,14 @@ impl TransactionListener for OrdersTxListener {
         };
         let outcome = wait_on(&self.core, run);
         let state = match &outcome {
-            Ok(()) if self.answer_unknown => LocalTransactionState::Unknown,
-            Ok(()) => LocalTransactionState::CommitMessage,
+            Ok(_) if self.answer_unknown => LocalTransactionState::Unknown,
+            Ok(_) => LocalTransactionState::CommitMessage,
             Err(PersistError::Unknown(_)) => LocalTransactionState::Unknown,
             Err(
-                PersistError::Rejected(_) | PersistError::NotCommitted(_) | PersistError::Stale(_),
+                PersistError::Rejected(_)
+                | PersistError::NotCommitted(_)
+                | PersistError::Stale(_)
+                | PersistError::Rewound(_),
             ) => LocalTransactionState::RollbackMessage,
         };
         *job.outcome.lock().expect("not poisoned") = Some(outcome);

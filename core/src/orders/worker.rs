@@ -9,7 +9,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::Pipeline;
 use super::persist::PersistError;
-use super::redis;
+use super::redis::{self, Dropped};
 use super::reservation::Reservation;
 use crate::domain::EventId;
 use crate::shutdown::Shutdown;
@@ -178,8 +178,16 @@ impl Pipeline {
                     return;
                 }
                 Err(PersistError::Stale(stale)) => {
-                    reservations = self.drop_stale(event_id, reservations, &stale).await;
-                    continue;
+                    let dropped;
+                    (reservations, dropped) = self.drop_stale(event_id, reservations, &stale).await;
+                    if dropped == Dropped::Dropped {
+                        continue;
+                    }
+                    // The rebuild is not in Redis yet: wait for it below.
+                }
+                Err(PersistError::Rewound(seq)) => {
+                    // The rebuild makes these stale; the next attempt drops them.
+                    self.fence(event_id, seq).await;
                 }
                 Err(PersistError::Rejected(why)) => {
                     tracing::warn!(

@@ -186,6 +186,7 @@ impl Preloader {
             report.seat_maps_written += 1;
         }
         // The metadata last: admission answers "not loaded" until all of it is there.
+        pipe.hset(self.keys.event_meta(e), "seq", snap.seq).ignore();
         self.write_meta(&mut pipe, event, Some(snap.epoch));
         pipe.query_async::<()>(redis)
             .await
@@ -250,6 +251,34 @@ impl Preloader {
             .query_async::<()>(&mut redis)
             .await
             .context("Failed to write the sale status")
+    }
+
+    /// Redis went back in time for this event: removes its metadata, so admission
+    /// answers SALE_BUSY (not loaded) until the next pass rebuilds every key from MySQL,
+    /// as after a FLUSHALL; and asks for that pass now.
+    pub async fn fence(&self, event_id: u64) -> anyhow::Result<()> {
+        redis::cmd("DEL")
+            .arg(self.keys.event_meta(event_id))
+            .query_async::<()>(&mut self.redis.clone())
+            .await
+            .context("Failed to fence the event")?;
+        self.wake();
+        Ok(())
+    }
+
+    /// Whether the event's Redis state is behind MySQL: its admission counter is below
+    /// the largest number an order has (Redis restarted from an older copy, or a
+    /// replica that lagged took over). (Redis's number, MySQL's.)
+    pub async fn behind(&self, event_id: u64) -> anyhow::Result<Option<(u64, u64)>> {
+        let redis_seq: Option<u64> = redis::cmd("HGET")
+            .arg(self.keys.event_meta(event_id))
+            .arg("seq")
+            .query_async(&mut self.redis.clone())
+            .await?;
+        let mut conn = self.mysql.get_conn().await?;
+        let mysql_seq = snapshot::max_seq(&mut conn, event_id).await?;
+        let redis_seq = redis_seq.unwrap_or(0);
+        Ok((redis_seq < mysql_seq).then_some((redis_seq, mysql_seq)))
     }
 
     /// True when the event's metadata and stock are in Redis.

@@ -20,6 +20,9 @@ use crate::order_tables::{self, OrderStatus};
 pub struct Snapshot {
     /// The new generation of the keys; reservations must carry at least this.
     pub epoch: u64,
+    /// The largest admission number an order of the event has: where `meta.seq`
+    /// resumes, so Redis never hands one out twice.
+    pub seq: u64,
     /// Units in live (UNPAID or PAID) orders, per category.
     pub live_units: HashMap<u64, i64>,
     /// Units each user holds in live orders.
@@ -43,6 +46,18 @@ fn status_word(status: OrderStatus) -> &'static str {
 
 type OrderRow = (u64, u64, u64, i64, String);
 
+/// The largest admission number among the event's orders (0 for none).
+pub async fn max_seq<Q: Queryable>(conn: &mut Q, event_id: u64) -> anyhow::Result<u64> {
+    let seq: Option<Option<u64>> = conn
+        .exec_first(
+            "SELECT MAX(seq) FROM stock_log WHERE event_id = ?",
+            (event_id,),
+        )
+        .await
+        .context("Failed to read the event's largest admission number")?;
+    Ok(seq.flatten().unwrap_or(0))
+}
+
 /// Increments the event's redis_epoch and reads its orders, in one transaction.
 pub async fn fence_and_read(pool: &Pool, shards: u32, event_id: u64) -> anyhow::Result<Snapshot> {
     let mut conn = pool
@@ -62,8 +77,10 @@ pub async fn fence_and_read(pool: &Pool, shards: u32, event_id: u64) -> anyhow::
         .exec_first("SELECT redis_epoch FROM event WHERE id = ?", (event_id,))
         .await?
         .with_context(|| format!("no event {event_id}"))?;
+    let seq = max_seq(&mut tx, event_id).await?;
     let mut snap = Snapshot {
         epoch,
+        seq,
         ..Snapshot::default()
     };
     let mut latest: HashMap<u64, u64> = HashMap::new();

@@ -101,6 +101,8 @@ pub struct Reconciler {
     /// `stampede_conservation_gap{event,category}` and `stampede_remain_gap{…}`.
     pub gap_gauge: prometheus::IntGaugeVec,
     pub remain_gauge: prometheus::IntGaugeVec,
+    /// `stampede_redis_rewinds_total`.
+    pub rewinds: prometheus::IntCounter,
 }
 
 impl Reconciler {
@@ -114,6 +116,7 @@ impl Reconciler {
             confirm: Duration::from_millis(settings.reconcile.confirm_ms),
             gap_gauge: metrics.conservation_gap.clone(),
             remain_gauge: metrics.remain_gap.clone(),
+            rewinds: metrics.redis_rewinds.clone(),
             preloader,
         }
     }
@@ -236,6 +239,23 @@ impl Reconciler {
         };
         let mut actions = Vec::new();
         let mut loaded = self.preloader.is_loaded(event_id).await?;
+        if heal
+            && loaded
+            && let Some((redis_seq, mysql_seq)) = self.preloader.behind(event_id).await?
+        {
+            tracing::error!(
+                event_id,
+                redis_seq,
+                mysql_seq,
+                "ALARM: the event's Redis state is behind MySQL (it went back in time); fencing it for a rebuild"
+            );
+            self.rewinds.inc();
+            self.preloader.fence(event_id).await?;
+            actions.push(format!(
+                "Redis was behind MySQL (admission number {redis_seq} < {mysql_seq}): fenced"
+            ));
+            loaded = false;
+        }
         if heal && !loaded && event.status != EventStatus::Draft {
             match self.preloader.preload(&event).await {
                 Ok(r) => {

@@ -9,6 +9,7 @@ mod docs;
 mod door;
 mod edge;
 mod edge_sale;
+mod guards;
 mod health;
 mod lifecycle;
 mod login;

@@ -1,0 +1,253 @@
+//! The last line of defence (DESIGN.md invariants 1, 3, 4): inside a batch's local
+//! transaction, whatever Redis said, MySQL refuses an order that would sell more units
+//! than the category has, put a seat in two live orders, or take a buyer past the
+//! event's limit. One locking read and one write per table per batch (categories,
+//! holds, seats), never one per order: the category rows are hot.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use mysql_async::Transaction;
+use mysql_async::prelude::*;
+
+use super::persist::{PersistError, classify};
+use super::reservation::Reservation;
+use crate::catalog::EventRecord;
+use crate::domain::OrderNo;
+
+/// Why MySQL turned a reservation away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declined {
+    /// The category's units are all in orders already.
+    SoldOut,
+    /// The buyer would hold more than the event's per-user limit.
+    OverLimit,
+    /// A chosen seat is in another live order.
+    SeatTaken,
+    /// Its order number belongs to another buyer's order (minted twice).
+    NumberTaken,
+    /// Turned away before (a replay of the batch): stays turned away.
+    Before,
+}
+
+impl Declined {
+    /// The reason the buyer's status gives (`FAILED:<reason>`).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Declined::SoldOut => "sold out",
+            Declined::OverLimit => "over the per-user limit",
+            Declined::SeatTaken => "a chosen seat is taken",
+            Declined::NumberTaken => "the order could not be created",
+            Declined::Before => "refused",
+        }
+    }
+}
+
+/// What the guards let through and what they turned away, and per category the units
+/// left once the accepted ones are in (what Redis may offer at most).
+pub struct Verdict<'a> {
+    pub accepted: Vec<&'a Reservation>,
+    pub declined: Vec<(&'a Reservation, Declined)>,
+    pub room: BTreeMap<u64, i64>,
+}
+
+fn seat_tuples(seats: &[(u64, u32, u32)]) -> String {
+    seats
+        .iter()
+        .map(|(c, r, col)| format!("({c},{r},{col})"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Locks the categories, the buyers' holds and the seats the reservations touch, and
+/// decides each reservation in order (the stream's, the order of admission).
+pub async fn judge<'a>(
+    tx: &mut Transaction<'_>,
+    event: &EventRecord,
+    fresh: Vec<&'a Reservation>,
+) -> Result<Verdict<'a>, PersistError> {
+    let mut verdict = Verdict {
+        accepted: Vec::new(),
+        declined: Vec::new(),
+        room: BTreeMap::new(),
+    };
+    if fresh.is_empty() {
+        return Ok(verdict);
+    }
+    let list = |ids: &mut dyn Iterator<Item = u64>| {
+        let mut ids: Vec<u64> = ids.collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+    };
+    let categories: Vec<(u64, i64, i64)> = tx
+        .query(format!(
+            "SELECT id, CAST(total AS SIGNED), CAST(committed AS SIGNED) FROM ticket_category \
+             WHERE id IN ({}) ORDER BY id FOR UPDATE",
+            list(&mut fresh.iter().map(|r| r.category_id.0))
+        ))
+        .await
+        .map_err(classify)?;
+    let mut room: HashMap<u64, i64> = categories
+        .into_iter()
+        .map(|(id, total, committed)| (id, total - committed))
+        .collect();
+    let holds: Vec<(u64, i64)> = tx
+        .query(format!(
+            "SELECT user_id, CAST(units AS SIGNED) FROM user_hold WHERE event_id = {} \
+             AND user_id IN ({}) ORDER BY user_id FOR UPDATE",
+            event.id,
+            list(&mut fresh.iter().map(|r| r.user_id.0))
+        ))
+        .await
+        .map_err(classify)?;
+    let mut held: HashMap<u64, i64> = holds.into_iter().collect();
+    let wanted: Vec<(u64, u32, u32)> = fresh
+        .iter()
+        .flat_map(|r| {
+            r.seats()
+                .into_iter()
+                .map(|(row, col)| (r.category_id.0, row, col))
+        })
+        .collect();
+    let mut seat_owner: HashMap<(u64, u32, u32), Option<u64>> = HashMap::new();
+    if !wanted.is_empty() {
+        let rows: Vec<(u64, u32, u32, String, Option<u64>)> = tx
+            .query(format!(
+                "SELECT category_id, row_no, col_no, status, order_no FROM seat \
+                 WHERE (category_id, row_no, col_no) IN ({}) FOR UPDATE",
+                seat_tuples(&wanted)
+            ))
+            .await
+            .map_err(classify)?;
+        for (c, r, col, status, owner) in rows {
+            seat_owner.insert((c, r, col), (status != "FREE").then_some(owner).flatten());
+        }
+    }
+    let limit = i64::from(event.per_user_limit);
+    let mut claimed: HashSet<(u64, u32, u32)> = HashSet::new();
+    for r in fresh {
+        let q = i64::from(r.quantity);
+        let seats: Vec<(u64, u32, u32)> = r
+            .seats()
+            .into_iter()
+            .map(|(row, col)| (r.category_id.0, row, col))
+            .collect();
+        let seat_free = |s: &(u64, u32, u32)| {
+            !claimed.contains(s)
+                && match seat_owner.get(s) {
+                    // No such seat row: the category is unseated here, or the seat unknown.
+                    None => false,
+                    Some(None) => true,
+                    Some(Some(owner)) => *owner == r.order_no.0,
+                }
+        };
+        let category_room = room.get(&r.category_id.0).copied().unwrap_or(0);
+        let user_held = held.get(&r.user_id.0).copied().unwrap_or(0);
+        let decision = if category_room < q {
+            Err(Declined::SoldOut)
+        } else if user_held + q > limit {
+            Err(Declined::OverLimit)
+        } else if !seats.iter().all(seat_free) {
+            Err(Declined::SeatTaken)
+        } else {
+            Ok(())
+        };
+        match decision {
+            Ok(()) => {
+                room.insert(r.category_id.0, category_room - q);
+                held.insert(r.user_id.0, user_held + q);
+                claimed.extend(seats);
+                verdict.accepted.push(r);
+            }
+            Err(why) => verdict.declined.push((r, why)),
+        }
+    }
+    verdict.room = room.into_iter().collect();
+    Ok(verdict)
+}
+
+/// Writes what [`judge`] let through: one UPDATE per category, one upsert of the holds,
+/// one of the seats (locked for their orders).
+pub async fn record(
+    tx: &mut Transaction<'_>,
+    event_id: u64,
+    accepted: &[&Reservation],
+) -> Result<(), PersistError> {
+    let mut units: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut holds: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut seats = Vec::new();
+    for r in accepted {
+        *units.entry(r.category_id.0).or_default() += u64::from(r.quantity);
+        *holds.entry(r.user_id.0).or_default() += u64::from(r.quantity);
+        for (row, col) in r.seats() {
+            seats.push(format!(
+                "({},{row},{col},{event_id},'LOCKED',{})",
+                r.category_id, r.order_no
+            ));
+        }
+    }
+    for (category, n) in &units {
+        // The CHECK (committed <= total) is the backstop of the judgement above.
+        tx.exec_drop(
+            "UPDATE ticket_category SET committed = committed + ? WHERE id = ?",
+            (n, category),
+        )
+        .await
+        .map_err(classify)?;
+    }
+    if !holds.is_empty() {
+        tx.query_drop(format!(
+            "INSERT INTO user_hold (event_id, user_id, units) VALUES {} \
+             ON DUPLICATE KEY UPDATE units = units + VALUES(units)",
+            holds
+                .iter()
+                .map(|(u, n)| format!("({event_id},{u},{n})"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ))
+        .await
+        .map_err(classify)?;
+    }
+    if !seats.is_empty() {
+        tx.query_drop(format!(
+            "INSERT INTO seat (category_id, row_no, col_no, event_id, status, order_no) VALUES {} \
+             ON DUPLICATE KEY UPDATE status = 'LOCKED', order_no = VALUES(order_no)",
+            seats.join(",")
+        ))
+        .await
+        .map_err(classify)?;
+    }
+    Ok(())
+}
+
+/// The orders among `numbers` that exist already with another buyer than the one their
+/// reservation names: an order number minted twice.
+pub fn minted_twice(existing: &[(u64, u64)], r: &Reservation) -> bool {
+    existing
+        .iter()
+        .any(|(no, user)| *no == r.order_no.0 && *user != r.user_id.0)
+}
+
+/// Numbers of reservations that were turned away before (a replay): their stock_log
+/// row exists with no order. `EXPIRED` ones are the deadline's, the rest the guards'.
+pub async fn decided_before(
+    tx: &mut Transaction<'_>,
+    numbers: &[OrderNo],
+) -> Result<HashMap<u64, String>, PersistError> {
+    if numbers.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<(u64, String)> = tx
+        .query(format!(
+            "SELECT order_no, status FROM stock_log WHERE order_no IN ({}) \
+             AND status IN ('EXPIRED', 'REFUSED')",
+            numbers
+                .iter()
+                .map(OrderNo::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ))
+        .await
+        .map_err(classify)?;
+    Ok(rows.into_iter().collect())
+}
