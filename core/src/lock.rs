@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 
+use crate::script_codes::ScriptCode;
+
 static RELEASE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/release_lock.lua")));
 static RENEW: LazyLock<redis::Script> =
@@ -20,11 +22,12 @@ pub enum Owned {
     No = 0,
 }
 
-impl Owned {
-    pub const ALL: [Owned; 2] = [Owned::Yes, Owned::No];
+impl ScriptCode for Owned {
+    const SCRIPT: &'static str = "release_lock.lua or renew_lock.lua";
+    const ALL: &'static [Owned] = &[Owned::Yes, Owned::No];
 
-    fn from_code(script: &str, code: i64) -> anyhow::Result<Owned> {
-        crate::script_codes::from_code(script, &Owned::ALL, code, |c| *c as i64)
+    fn code(self) -> i64 {
+        self as i64
     }
 }
 
@@ -89,7 +92,7 @@ impl Lock {
             .arg(ttl.as_millis() as u64)
             .invoke_async(redis)
             .await?;
-        Owned::from_code("renew_lock.lua", code)
+        Owned::from_code(code)
     }
 
     pub async fn release(self, redis: &mut ConnectionManager) -> anyhow::Result<Owned> {
@@ -98,7 +101,7 @@ impl Lock {
             .arg(&self.token)
             .invoke_async(redis)
             .await?;
-        let outcome = Owned::from_code("release_lock.lua", code)?;
+        let outcome = Owned::from_code(code)?;
         if outcome == Owned::No {
             tracing::warn!(
                 key = self.key,
@@ -119,12 +122,7 @@ mod tests {
             include_str!("../../lua/redis/release_lock.lua"),
             include_str!("../../lua/redis/renew_lock.lua"),
         ] {
-            crate::script_codes::assert_mirrored(
-                script,
-                &Owned::ALL,
-                |c| *c as i64,
-                |code| Owned::from_code("lock", code),
-            );
+            crate::script_codes::assert_mirrored::<Owned>(script);
         }
     }
 }

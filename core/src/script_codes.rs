@@ -1,20 +1,25 @@
-//! Each Redis script that answers with a code has one Rust enum mirroring its codes,
-//! listed in the script's header as `<code> <NAME>  what it means`, NAME being the
-//! variant's name in SCREAMING_SNAKE_CASE. `from_code` maps an answer to its variant;
-//! the tests hold every enum to its script: the header's codes, the variants and the
-//! codes the script's body returns are the same set.
+//! Each Redis script that answers with a code has one Rust enum mirroring its codes
+//! ([`ScriptCode`]), listed in the script's header as `<code> <NAME>  what it means`,
+//! NAME being the variant's name in SCREAMING_SNAKE_CASE. `from_code` maps an answer to
+//! its variant; the tests hold every enum to its script: the header's codes, the
+//! variants and the codes the script's body returns are the same set.
 
-/// The variant of `all` whose code is `code`.
-pub fn from_code<T: Copy>(
-    script: &str,
-    all: &[T],
-    code: i64,
-    value: impl Fn(&T) -> i64,
-) -> anyhow::Result<T> {
-    all.iter()
-        .find(|c| value(c) == code)
-        .copied()
-        .ok_or_else(|| anyhow::anyhow!("{script} returned unknown code {code}"))
+/// An enum mirroring a script's answers: its variants, each with its code.
+pub trait ScriptCode: Copy + std::fmt::Debug + PartialEq + 'static {
+    /// The script (for errors).
+    const SCRIPT: &'static str;
+    const ALL: &'static [Self];
+
+    fn code(self) -> i64;
+
+    /// The variant whose code is `code`.
+    fn from_code(code: i64) -> anyhow::Result<Self> {
+        Self::ALL
+            .iter()
+            .find(|c| c.code() == code)
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("{} returned unknown code {code}", Self::SCRIPT))
+    }
 }
 
 /// `QueuedAgain` → `QUEUED_AGAIN`.
@@ -65,18 +70,13 @@ fn returned(script: &str) -> std::collections::BTreeSet<i64> {
         .collect()
 }
 
-/// Asserts that `all` mirrors the script one to one (see the module's comment).
+/// Asserts that `T` mirrors the script one to one (see the module's comment).
 #[cfg(test)]
-pub fn assert_mirrored<T: Copy + std::fmt::Debug + PartialEq>(
-    script: &str,
-    all: &[T],
-    value: impl Fn(&T) -> i64,
-    from: impl Fn(i64) -> anyhow::Result<T>,
-) {
+pub fn assert_mirrored<T: ScriptCode>(script: &str) {
     let header = documented(script);
-    let mut expected: Vec<(i64, String)> = all
+    let mut expected: Vec<(i64, String)> = T::ALL
         .iter()
-        .map(|c| (value(c), screaming(&format!("{c:?}"))))
+        .map(|c| (c.code(), screaming(&format!("{c:?}"))))
         .collect();
     let mut header_sorted = header.clone();
     header_sorted.sort();
@@ -84,11 +84,15 @@ pub fn assert_mirrored<T: Copy + std::fmt::Debug + PartialEq>(
     assert_eq!(header_sorted, expected, "the header's codes and the enum's");
     let codes: std::collections::BTreeSet<i64> = header.iter().map(|(c, _)| *c).collect();
     assert_eq!(returned(script), codes, "the codes the body returns");
-    for c in all {
-        assert_eq!(from(value(c)).unwrap(), *c);
+    for c in T::ALL {
+        assert_eq!(T::from_code(c.code()).unwrap(), *c);
     }
-    let outside = codes.iter().max().unwrap() + 1;
-    assert!(from(outside).is_err(), "{outside} is no code");
+    for outside in [
+        codes.iter().min().unwrap() - 1,
+        codes.iter().max().unwrap() + 1,
+    ] {
+        assert!(T::from_code(outside).is_err(), "{outside} is no code");
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use redis::aio::ConnectionManager;
 
 use super::{Purchase, Refusal, Seats};
 use crate::keys::Keys;
+use crate::script_codes::ScriptCode;
 
 static RESERVE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/reserve.lua")));
@@ -26,8 +27,9 @@ pub enum ReserveCode {
     SaleBusy = -9,
 }
 
-impl ReserveCode {
-    pub const ALL: [ReserveCode; 11] = [
+impl crate::script_codes::ScriptCode for ReserveCode {
+    const SCRIPT: &'static str = "reserve.lua";
+    const ALL: &'static [ReserveCode] = &[
         ReserveCode::Queued,
         ReserveCode::Replayed,
         ReserveCode::NotLoaded,
@@ -41,10 +43,12 @@ impl ReserveCode {
         ReserveCode::SaleBusy,
     ];
 
-    pub fn from_code(code: i64) -> anyhow::Result<ReserveCode> {
-        crate::script_codes::from_code("reserve.lua", &ReserveCode::ALL, code, |c| *c as i64)
+    fn code(self) -> i64 {
+        self as i64
     }
+}
 
+impl ReserveCode {
     /// The buyer's answer for a refusing code; None for the two admitting ones.
     pub fn refusal(self) -> Option<Refusal> {
         Some(match self {
@@ -137,13 +141,10 @@ mod tests {
 
     #[test]
     fn every_code_of_the_script_maps_to_one_variant() {
-        crate::script_codes::assert_mirrored(
-            include_str!("../../../lua/redis/reserve.lua"),
-            &ReserveCode::ALL,
-            |c| *c as i64,
-            ReserveCode::from_code,
-        );
-        for code in ReserveCode::ALL {
+        crate::script_codes::assert_mirrored::<ReserveCode>(include_str!(
+            "../../../lua/redis/reserve.lua"
+        ));
+        for &code in <ReserveCode as ScriptCode>::ALL {
             let admits = matches!(code, ReserveCode::Queued | ReserveCode::Replayed);
             assert_eq!(code.refusal().is_none(), admits, "{code:?}");
         }

@@ -7,6 +7,7 @@ use redis::aio::ConnectionManager;
 
 use crate::domain::{CategoryId, EventId, OrderNo, UserId};
 use crate::keys::Keys;
+use crate::script_codes::ScriptCode;
 
 static RESTOCK: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/restock.lua")));
@@ -18,11 +19,12 @@ pub enum Restocked {
     Before = 0,
 }
 
-impl Restocked {
-    pub const ALL: [Restocked; 2] = [Restocked::Now, Restocked::Before];
+impl crate::script_codes::ScriptCode for Restocked {
+    const SCRIPT: &'static str = "restock.lua";
+    const ALL: &'static [Restocked] = &[Restocked::Now, Restocked::Before];
 
-    fn from_code(code: i64) -> anyhow::Result<Restocked> {
-        crate::script_codes::from_code("restock.lua", &Restocked::ALL, code, |c| *c as i64)
+    fn code(self) -> i64 {
+        self as i64
     }
 }
 
@@ -68,11 +70,8 @@ mod tests {
 
     #[test]
     fn every_code_of_the_script_maps_to_one_variant() {
-        crate::script_codes::assert_mirrored(
-            include_str!("../../../lua/redis/restock.lua"),
-            &Restocked::ALL,
-            |c| *c as i64,
-            Restocked::from_code,
-        );
+        crate::script_codes::assert_mirrored::<Restocked>(include_str!(
+            "../../../lua/redis/restock.lua"
+        ));
     }
 }

@@ -12,6 +12,7 @@ use redis::streams::{
 use super::reservation::Reservation;
 use crate::domain::EventId;
 use crate::keys::Keys;
+use crate::script_codes::ScriptCode;
 
 /// The consumer group every core instance's workers share.
 pub const GROUP: &str = "order-workers";
@@ -33,11 +34,12 @@ pub enum Dropped {
     NotYet = 0,
 }
 
-impl Dropped {
-    pub const ALL: [Dropped; 2] = [Dropped::Dropped, Dropped::NotYet];
+impl crate::script_codes::ScriptCode for Dropped {
+    const SCRIPT: &'static str = "drop_stale.lua";
+    const ALL: &'static [Dropped] = &[Dropped::Dropped, Dropped::NotYet];
 
-    fn from_code(code: i64) -> anyhow::Result<Dropped> {
-        crate::script_codes::from_code("drop_stale.lua", &Dropped::ALL, code, |c| *c as i64)
+    fn code(self) -> i64 {
+        self as i64
     }
 }
 
@@ -70,11 +72,12 @@ pub enum Refused {
     AlreadyDone = 0,
 }
 
-impl Refused {
-    pub const ALL: [Refused; 2] = [Refused::Refused, Refused::AlreadyDone];
+impl crate::script_codes::ScriptCode for Refused {
+    const SCRIPT: &'static str = "refuse.lua";
+    const ALL: &'static [Refused] = &[Refused::Refused, Refused::AlreadyDone];
 
-    fn from_code(code: i64) -> anyhow::Result<Refused> {
-        crate::script_codes::from_code("refuse.lua", &Refused::ALL, code, |c| *c as i64)
+    fn code(self) -> i64 {
+        self as i64
     }
 }
 
@@ -89,11 +92,12 @@ pub enum Released {
     AlreadyDone = 0,
 }
 
-impl Released {
-    pub const ALL: [Released; 2] = [Released::Released, Released::AlreadyDone];
+impl crate::script_codes::ScriptCode for Released {
+    const SCRIPT: &'static str = "release.lua";
+    const ALL: &'static [Released] = &[Released::Released, Released::AlreadyDone];
 
-    fn from_code(code: i64) -> anyhow::Result<Released> {
-        crate::script_codes::from_code("release.lua", &Released::ALL, code, |c| *c as i64)
+    fn code(self) -> i64 {
+        self as i64
     }
 }
 
@@ -257,23 +261,14 @@ mod tests {
 
     #[test]
     fn every_code_of_the_script_maps_to_one_variant() {
-        crate::script_codes::assert_mirrored(
-            include_str!("../../../lua/redis/release.lua"),
-            &Released::ALL,
-            |c| *c as i64,
-            Released::from_code,
-        );
-        crate::script_codes::assert_mirrored(
-            include_str!("../../../lua/redis/refuse.lua"),
-            &Refused::ALL,
-            |c| *c as i64,
-            Refused::from_code,
-        );
-        crate::script_codes::assert_mirrored(
-            include_str!("../../../lua/redis/drop_stale.lua"),
-            &Dropped::ALL,
-            |c| *c as i64,
-            Dropped::from_code,
-        );
+        crate::script_codes::assert_mirrored::<Released>(include_str!(
+            "../../../lua/redis/release.lua"
+        ));
+        crate::script_codes::assert_mirrored::<Refused>(include_str!(
+            "../../../lua/redis/refuse.lua"
+        ));
+        crate::script_codes::assert_mirrored::<Dropped>(include_str!(
+            "../../../lua/redis/drop_stale.lua"
+        ));
     }
 }
