@@ -40,13 +40,7 @@ pub async fn run(
     admitted: &[(u64, u64)],
 ) -> anyhow::Result<Audit> {
     let mut conn = stack.mysql.get_conn().await?;
-    let shards: u32 = conn
-        .query_first(
-            "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name REGEXP '^order_[0-9]+$'",
-        )
-        .await?
-        .unwrap_or(0);
+    let shards = stampede_core::order_tables::count_shards(&mut conn).await?;
     anyhow::ensure!(shards > 0, "no order tables in the stack's database");
     let mut audit = Audit::default();
     let orders = over_shards(

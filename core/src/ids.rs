@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use redis::aio::ConnectionManager;
 
+use crate::domain::{OrderNo, UserId};
 use crate::keys::Keys;
 use crate::lock::{Lock, Owned};
 use crate::shutdown::Shutdown;
@@ -61,7 +62,7 @@ impl OrderIds {
     }
 
     /// A new order number for `user_id`; unique per worker, increasing in time.
-    pub fn next(&self, user_id: u64) -> u64 {
+    pub fn next(&self, user_id: UserId) -> OrderNo {
         let (ms, seq) = {
             let mut clock = self
                 .clock
@@ -82,10 +83,12 @@ impl OrderIds {
             clock.0 = now;
             *clock
         };
-        ((ms - EPOCH_MS) << (WORKER_BITS + SEQUENCE_BITS + GENE_BITS))
-            | (self.worker() << (SEQUENCE_BITS + GENE_BITS))
-            | (seq << GENE_BITS)
-            | gene(user_id)
+        OrderNo(
+            ((ms - EPOCH_MS) << (WORKER_BITS + SEQUENCE_BITS + GENE_BITS))
+                | (self.worker() << (SEQUENCE_BITS + GENE_BITS))
+                | (seq << GENE_BITS)
+                | gene(user_id.0),
+        )
     }
 }
 
@@ -175,7 +178,7 @@ mod tests {
     fn order_numbers_carry_the_user_gene_and_worker() {
         let ids = OrderIds::new(777);
         for user in [1u64, 63, 64, 65, 1_000_003] {
-            let no = ids.next(user);
+            let no = ids.next(UserId(user)).0;
             assert_eq!(gene(no), gene(user));
             assert_eq!((no >> (SEQUENCE_BITS + GENE_BITS)) & (MAX_WORKERS - 1), 777);
             assert_eq!(no % 4, user % 4, "same shard of 4");
@@ -185,7 +188,7 @@ mod tests {
     #[test]
     fn order_numbers_are_unique_and_increasing_past_the_per_millisecond_sequence() {
         let ids = OrderIds::new(1);
-        let numbers: Vec<u64> = (0..10_000).map(|_| ids.next(42)).collect();
+        let numbers: Vec<u64> = (0..10_000).map(|_| ids.next(UserId(42)).0).collect();
         assert!(numbers.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(numbers.iter().collect::<HashSet<_>>().len(), numbers.len());
         assert!(numbers[0] < 1 << 63, "fits a signed 64-bit column");

@@ -71,7 +71,8 @@ impl Keys {
     }
 
     /// Hash: user id → the user's latest purchase: `QUEUED:<request id>`,
-    /// `CREATED:<order no>` or `FAILED:<reason>`.
+    /// `CREATED:<order no>`, `PAID:<order no>`, `CANCELLED:<order no>` or
+    /// `FAILED:<reason>` (parsed by `admission::status::PurchaseStatus`).
     pub fn purchase_status(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "status")
     }

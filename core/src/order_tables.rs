@@ -1,7 +1,7 @@
-//! The order tables (DESIGN.md "Data model"): `order_<n>` and `order_item_<n>` for
-//! n in 0..`mysql.order_shards`, a buyer's orders in the shard of their gene
-//! (`crate::ids`). Everything that names a shard, an order status or reads over every
-//! shard goes through here: the core, the bench's audit and the end-to-end tests.
+//! The order tables (DESIGN.md "Keys, ids, tables"): `order_<n>` and `order_item_<n>`
+//! for n in 0..`mysql.order_shards`, a buyer's orders in the shard of their gene
+//! (`crate::ids`). The shard of an id, the tables' names, the order statuses and the
+//! UNION over every shard are here, for the core, the bench's audit and the tests.
 
 use std::fmt;
 
@@ -9,7 +9,7 @@ use crate::domain::OrderNo;
 use crate::ids::gene;
 
 /// An order's status in MySQL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OrderStatus {
     /// Created, waiting for payment until its deadline.
     Unpaid,
@@ -89,6 +89,17 @@ pub fn orders(shard: u32) -> String {
 /// `order_item_<n>`, quoted for SQL.
 pub fn items(shard: u32) -> String {
     format!("`order_item_{shard}`")
+}
+
+/// How many order shards the connected database has (its `order_<n>` tables).
+pub async fn count_shards<Q: mysql_async::prelude::Queryable>(conn: &mut Q) -> anyhow::Result<u32> {
+    let n: Option<u32> = conn
+        .query_first(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name REGEXP '^order_[0-9]+$'",
+        )
+        .await?;
+    Ok(n.unwrap_or(0))
 }
 
 /// One SELECT over every shard, as a UNION ALL: in `select`, `{orders}` and `{items}`

@@ -301,37 +301,10 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// `a=1&b=x%20y` → pairs, '+' as space, percent-decoded.
+/// `a=1&b=x%20y` → pairs, '+' as space, percent-decoded (form_urlencoded).
 fn parse_form(s: &str) -> Vec<(String, String)> {
-    fn decode(s: &str) -> String {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' if i + 2 < bytes.len() => {
-                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                    match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                        Some(b) => {
-                            out.push(b);
-                            i += 2;
-                        }
-                        None => out.push(b'%'),
-                    }
-                }
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    }
-    s.split('&')
-        .filter(|kv| !kv.is_empty())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (decode(k), decode(v))
-        })
+    form_urlencoded::parse(s.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
 }
 
@@ -365,5 +338,10 @@ mod tests {
         }
         assert!(PayForm::from_pairs(&parse_form("order_no=1x&amount_cents=1")).is_err());
         assert_eq!(parse_form("a=%zz%4"), vec![("a".into(), "%zz%4".into())]);
+        assert_eq!(
+            parse_form("a=%41"),
+            vec![("a".into(), "A".into())],
+            "a last escape too"
+        );
     }
 }

@@ -25,7 +25,7 @@ pub use fixtures::{concert, small_sale};
 pub use http::{RawAnswer, raw_request};
 pub use own_stack::{OwnBroker, OwnRedis, free_port};
 pub use process::{CoreProcess, core_binary, core_env, paysim_binary};
-pub use sql::{TEST_SHARDS, ordered_units, over_shards, scalar};
+pub use sql::{ordered_units, over_shards, scalar, test_shards};
 pub use stack::{Stack, root};
 pub use stack_app::{StackApp, stack_app};
 pub use stampede_core::TestFaults;

@@ -2,13 +2,15 @@
 
 use mysql_async::prelude::*;
 
-/// The order shards of the tests' cores (mysql.order_shards, 4 by default).
-pub const TEST_SHARDS: u32 = 4;
+/// The order shards of the tests' cores: the configuration's default.
+pub fn test_shards() -> u32 {
+    stampede_core::Settings::defaults().mysql.order_shards
+}
 
 /// `select` over every order shard of the tests' cores, as one UNION ALL; `{orders}` and
 /// `{items}` in it stand for the shard's tables (the core's own builder).
 pub fn over_shards(select: &str) -> String {
-    stampede_core::order_tables::over_shards(TEST_SHARDS, select)
+    stampede_core::order_tables::over_shards(test_shards(), select)
 }
 
 /// Units in orders of `event_id` over every order shard, and in how many orders.

@@ -122,13 +122,10 @@ async fn move_to(
 ) -> Result<EventRecord, ApiError> {
     let current = load(state, id).await?;
     if !catalog::transition(&state.mysql, id, from, to).await? {
-        return Err(ApiError::Conflict(
-            "INVALID_STATE",
-            format!(
-                "event {id} is {} and cannot become {}",
-                current.status.as_str(),
-                to.as_str()
-            ),
+        return Err(crate::public::answers::invalid_transition(
+            id,
+            current.status,
+            to,
         ));
     }
     Ok(EventRecord {

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use http::{Method, StatusCode};
 use secrecy::ExposeSecret;
 
+use crate::domain::ids::canonical_id;
 use crate::health;
-use crate::http::{ApiError, Request, Response, allowed, bearer, canonical_id, segments, text};
+use crate::http::{ApiError, Request, Response, allowed, bearer, segments, text};
 use crate::state::AppState;
 
 /// Every endpoint of the admin port, each with its one spelling.

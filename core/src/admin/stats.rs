@@ -5,6 +5,7 @@ use http::StatusCode;
 use serde_json::json;
 
 use crate::catalog;
+use crate::domain::EventId;
 use crate::http::{ApiError, Response, json};
 use crate::state::AppState;
 
@@ -13,11 +14,11 @@ pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no event {id}")))?;
     let balance = state.reconciler.measure(&event).await?;
-    let (unsynced, sync_lag_s) = crate::stock_sync::lag(&state.mysql, id).await?;
+    let (unsynced, sync_lag_s) = crate::stock_sync::lag(&state.mysql, EventId(id)).await?;
     let refunds_pending = crate::lifecycle::pay::refunds_pending(
         &state.mysql,
         state.config.settings.mysql.order_shards,
-        id,
+        EventId(id),
     )
     .await?;
     let pipeline = match &state.pipeline {

@@ -13,6 +13,7 @@ use chrono::Utc;
 use redis::aio::ConnectionManager;
 
 use crate::catalog::{EventCache, EventStatus};
+use crate::domain::{EventId, UserId};
 use crate::ids::OrderIds;
 use crate::keys::Keys;
 use crate::preload::Preloader;
@@ -87,11 +88,12 @@ impl Admission {
     /// Admits one purchase: the governor, the validation chain, then the one script.
     pub async fn admit(
         &self,
-        event_id: u64,
-        user_id: u64,
+        event_id: EventId,
+        user_id: UserId,
         idempotency_key: &str,
         body: OrderBody,
     ) -> Result<Reserved, AdmissionError> {
+        let (event_id, user_id) = (event_id.0, user_id.0);
         self.limits.check(user_id)?;
         let event = self
             .events
@@ -106,7 +108,7 @@ impl Admission {
             ),
             other => (other?, false),
         };
-        let request_id = self.order_ids.next(user_id);
+        let request_id = self.order_ids.next(UserId(user_id));
         let outcome = reserve::reserve(
             &mut self.redis.clone(),
             &self.keys,

@@ -5,6 +5,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionManager;
 
 use super::{Purchase, Refusal, Seats};
+use crate::domain::OrderNo;
 use crate::keys::Keys;
 use crate::script_codes::ScriptCode;
 
@@ -71,7 +72,7 @@ impl ReserveCode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reserved {
     /// The request id, which is also the order number the order will have.
-    pub request_id: u64,
+    pub request_id: OrderNo,
     /// True when this answers a repeated Idempotency-Key; nothing new was reserved.
     pub replayed: bool,
     /// Seats taken, `"row:col"`.
@@ -83,7 +84,7 @@ pub async fn reserve(
     redis: &mut ConnectionManager,
     keys: &Keys,
     p: &Purchase,
-    request_id: u64,
+    request_id: OrderNo,
     idempotency_key: &str,
     now_ms: i64,
     max_stream_depth: u64,
@@ -125,7 +126,7 @@ pub async fn reserve(
         return Ok(Err(refusal));
     }
     Ok(Ok(Reserved {
-        request_id: rid.parse()?,
+        request_id: OrderNo(rid.parse()?),
         replayed: code == ReserveCode::Replayed,
         seats: if seats.is_empty() {
             Vec::new()

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::Admission;
+use crate::domain::{EventId, UserId};
 
 #[derive(Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "UPPERCASE")]
@@ -16,7 +17,8 @@ pub enum PurchaseStatus {
 }
 
 impl PurchaseStatus {
-    /// Parses `QUEUED:<id>`, `CREATED:<order no>`, `FAILED:<reason>`, `CANCELLED:<order no>`.
+    /// Parses `QUEUED:<id>`, `CREATED:<order no>`, `PAID:<order no>`,
+    /// `CANCELLED:<order no>` and `FAILED:<reason>`.
     pub fn parse(value: &str) -> anyhow::Result<PurchaseStatus> {
         let (kind, rest) = value
             .split_once(':')
@@ -46,8 +48,8 @@ impl Admission {
     /// The user's latest purchase in the event, if any.
     pub async fn status_of(
         &self,
-        event_id: u64,
-        user_id: u64,
+        event_id: EventId,
+        user_id: UserId,
     ) -> anyhow::Result<Option<PurchaseStatus>> {
         let mut redis = self.redis.clone();
         let value: Option<String> = redis::cmd("HGET")

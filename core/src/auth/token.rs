@@ -163,7 +163,7 @@ impl TokenSigner {
         else {
             return Err(TokenError::Malformed);
         };
-        let user_id = crate::http::canonical_id(user).ok_or(TokenError::Malformed)?;
+        let user_id = crate::domain::ids::canonical_id(user).ok_or(TokenError::Malformed)?;
         let expires: i64 = expires.parse().map_err(|_| TokenError::Malformed)?;
         let sig = STANDARD_NO_PAD
             .decode(sig)

@@ -35,6 +35,19 @@ macro_rules! id_type {
     };
 }
 
+/// An id in canonical decimal: digits only, no sign, no leading zero, within u64.
+/// `+1`, `01`, `%31`, `1.0` and `18446744073709551616` are not ids.
+pub fn canonical_id(segment: &str) -> Option<u64> {
+    let b = segment.as_bytes();
+    let canonical =
+        !b.is_empty() && b.iter().all(u8::is_ascii_digit) && (b.len() == 1 || b[0] != b'0');
+    if canonical {
+        segment.parse().ok()
+    } else {
+        None
+    }
+}
+
 id_type!(
     /// An event (a concert, a voucher drop).
     EventId
@@ -56,6 +69,31 @@ id_type!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_canonical_decimal() {
+        assert_eq!(canonical_id("0"), Some(0));
+        assert_eq!(canonical_id("7"), Some(7));
+        assert_eq!(canonical_id("18446744073709551615"), Some(u64::MAX));
+        for other in [
+            "",
+            "+1",
+            "-1",
+            "01",
+            "00",
+            " 1",
+            "1 ",
+            "%31",
+            "1.0",
+            "1e3",
+            "0x1",
+            "١",
+            "18446744073709551616",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(canonical_id(other), None, "{other:?}");
+        }
+    }
 
     #[test]
     fn ids_print_and_bind_as_their_number() {

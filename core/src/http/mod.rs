@@ -133,19 +133,6 @@ pub fn allowed(allow: &'static str, method: &http::Method) -> Result<(), ApiErro
     }
 }
 
-/// An id in canonical decimal: digits only, no sign, no leading zero, within u64.
-/// `+1`, `01`, `%31`, `1.0` and `18446744073709551616` are not ids.
-pub fn canonical_id(segment: &str) -> Option<u64> {
-    let b = segment.as_bytes();
-    let canonical =
-        !b.is_empty() && b.iter().all(u8::is_ascii_digit) && (b.len() == 1 || b[0] != b'0');
-    if canonical {
-        segment.parse().ok()
-    } else {
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,31 +183,6 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(bad)
             );
-        }
-    }
-
-    #[test]
-    fn ids_are_canonical_decimal() {
-        assert_eq!(canonical_id("0"), Some(0));
-        assert_eq!(canonical_id("7"), Some(7));
-        assert_eq!(canonical_id("18446744073709551615"), Some(u64::MAX));
-        for other in [
-            "",
-            "+1",
-            "-1",
-            "01",
-            "00",
-            " 1",
-            "1 ",
-            "%31",
-            "1.0",
-            "1e3",
-            "0x1",
-            "١",
-            "18446744073709551616",
-            "99999999999999999999999",
-        ] {
-            assert_eq!(canonical_id(other), None, "{other:?}");
         }
     }
 }

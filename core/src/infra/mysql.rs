@@ -93,17 +93,10 @@ pub async fn connect(opts: Opts, timeout: Duration) -> anyhow::Result<Pool> {
 /// Applies the migrations not yet applied; refuses a shard count that differs from
 /// the one the schema was installed with.
 pub async fn migrate(pool: &Pool, shards: u32) -> anyhow::Result<()> {
-    let existing: Option<u64> = pool
-        .get_conn()
-        .await?
-        .query_first(
-            "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name REGEXP '^order_[0-9]+$'",
-        )
+    let existing = crate::order_tables::count_shards(&mut pool.get_conn().await?)
         .await
         .context("Failed to count the order shard tables")?;
-    let existing = existing.unwrap_or(0);
-    if existing != 0 && existing != u64::from(shards) {
+    if existing != 0 && existing != shards {
         anyhow::bail!(
             "the database has {existing} order shard tables but mysql.order_shards = {shards}; \
              the shard count is fixed when the schema is installed"

@@ -6,8 +6,10 @@
 //! Pay and cancel both lock the order's row first, so exactly one of them wins.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use anyhow::Context;
+use backon::Retryable;
 use hmac::{Hmac, Mac};
 use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
@@ -16,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use super::{Lifecycle, OrderView, load_in};
-use crate::domain::OrderNo;
+use crate::domain::{EventId, OrderNo};
+use crate::infra::backoff;
 use crate::keys::Keys;
 use crate::order_tables::{self, OrderStatus, shard_of_order};
 
@@ -100,7 +103,7 @@ impl Lifecycle {
         }
         let cb: Callback = crate::http::from_json(body)
             .map_err(|e| Refused::Invalid(format!("invalid callback: {e}")))?;
-        let order_no = crate::http::canonical_id(&cb.order_no)
+        let order_no = crate::domain::ids::canonical_id(&cb.order_no)
             .map(OrderNo)
             .ok_or_else(|| Refused::Invalid("order_no is not a number".into()))?;
         // Characters, as the column (VARCHAR(128), utf8mb4) counts them.
@@ -109,34 +112,30 @@ impl Lifecycle {
                 "provider_txn_id must be 1..=128 characters".into(),
             ));
         }
-        let mut attempt = 1;
-        loop {
-            match apply_once(
+        let deadlocked = |e: &Refused| matches!(e, Refused::Unexpected(e) if server_error(e) == Some(ER_LOCK_DEADLOCK));
+        let outcome = (|| async {
+            let mut redis = self.redis.clone();
+            apply_once(
                 &self.mysql,
-                &mut self.redis.clone(),
+                &mut redis,
                 &self.keys,
                 self.shards,
                 &cb,
                 order_no,
             )
             .await
-            {
-                Err(Refused::Unexpected(e))
-                    if attempt < 3 && server_error(&e) == Some(ER_LOCK_DEADLOCK) =>
-                {
-                    tracing::info!(
-                        %order_no,
-                        attempt,
-                        "payment deadlocked with another; retrying"
-                    );
-                    attempt += 1;
-                }
-                // The same transaction inserted by a concurrent delivery that committed first.
-                Err(Refused::Unexpected(e)) if server_error(&e) == Some(ER_DUP_ENTRY) => {
-                    return Ok((Applied::Duplicate, order_no));
-                }
-                other => return other,
+        })
+        .retry(backoff(Duration::from_millis(10), Duration::from_millis(100)).with_max_times(2))
+        .sleep(tokio::time::sleep)
+        .when(deadlocked)
+        .notify(|_, _| tracing::info!(%order_no, "payment deadlocked with another; retrying"))
+        .await;
+        match outcome {
+            // The same transaction inserted by a concurrent delivery that committed first.
+            Err(Refused::Unexpected(e)) if server_error(&e) == Some(ER_DUP_ENTRY) => {
+                Ok((Applied::Duplicate, order_no))
             }
+            other => other,
         }
     }
 }
@@ -262,7 +261,7 @@ async fn sold(redis: &mut ConnectionManager, keys: &Keys, o: &OrderView) -> anyh
 }
 
 /// Payments of an event's orders waiting for a refund, over every shard.
-pub async fn refunds_pending(pool: &Pool, shards: u32, event_id: u64) -> anyhow::Result<u64> {
+pub async fn refunds_pending(pool: &Pool, shards: u32, event_id: EventId) -> anyhow::Result<u64> {
     let orders = order_tables::over_shards(
         shards,
         &format!("SELECT order_no FROM {{orders}} WHERE event_id = {event_id}"),

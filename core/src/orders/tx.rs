@@ -47,7 +47,7 @@ pub struct OrdersTxListener {
     /// A half message older than this whose batch is not in stock_log is rolled back.
     grace: Duration,
     /// Test-only fault: answer UNKNOWN for committed batches, so the check-back decides.
-    answer_unknown: bool,
+    checkback_only: bool,
     checkbacks: prometheus::IntCounterVec,
 }
 
@@ -56,14 +56,14 @@ impl OrdersTxListener {
     pub fn new(
         mysql: Pool,
         grace: Duration,
-        answer_unknown: bool,
+        checkback_only: bool,
         checkbacks: prometheus::IntCounterVec,
     ) -> OrdersTxListener {
         OrdersTxListener {
             core: Handle::current(),
             mysql,
             grace,
-            answer_unknown,
+            checkback_only,
             checkbacks,
         }
     }
@@ -84,7 +84,7 @@ impl TransactionListener for OrdersTxListener {
         };
         let outcome = wait_on(&self.core, run);
         let state = match &outcome {
-            Ok(_) if self.answer_unknown => LocalTransactionState::Unknown,
+            Ok(_) if self.checkback_only => LocalTransactionState::Unknown,
             Ok(_) => LocalTransactionState::CommitMessage,
             Err(PersistError::Unknown(_)) => LocalTransactionState::Unknown,
             Err(

@@ -5,13 +5,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::BackoffBuilder;
 
 use super::Pipeline;
 use super::persist::PersistError;
 use super::redis::{self, Dropped};
 use super::reservation::Reservation;
 use crate::domain::EventId;
+use crate::infra::backoff;
 use crate::shutdown::Shutdown;
 
 /// The longest a worker waits between retries of a batch MySQL did not take.
@@ -154,11 +155,7 @@ impl Pipeline {
                 }
             }
         }
-        let mut backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(MAX_BACKOFF)
-            .without_max_times()
-            .build();
+        let mut backoff = backoff(Duration::from_millis(100), MAX_BACKOFF).build();
         let mut delay = backoff.next().unwrap_or(MAX_BACKOFF);
         while !reservations.is_empty() {
             reservations = self.expire_overdue(event_id, reservations).await;

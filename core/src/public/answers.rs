@@ -1,11 +1,13 @@
 //! The HTTP answer of every business outcome, in one place: refusals of admission,
-//! preload's, the lifecycle's cancellations and payment callbacks. `http` knows the
-//! error shape; this knows what each outcome means for the client.
+//! preload's, the lifecycle's cancellations, payments and callbacks, and the admin
+//! API's status changes. `http` knows the error shape; this knows what each outcome
+//! means for the client.
 
 use http::StatusCode;
 use serde_json::json;
 
 use crate::admission::{AdmissionError, Refusal};
+use crate::catalog::EventStatus;
 use crate::domain::OrderNo;
 use crate::http::{ApiError, Response, json};
 use crate::lifecycle::pay::{Applied, Refused};
@@ -45,6 +47,26 @@ impl From<PreloadError> for ApiError {
             PreloadError::Unexpected(e) => ApiError::Unexpected(e),
         }
     }
+}
+
+/// Paying an order that is not UNPAID.
+pub fn not_payable(order: &OrderView) -> ApiError {
+    ApiError::Conflict(
+        "NOT_PAYABLE",
+        format!("order {} is {}", order.order_no, order.status),
+    )
+}
+
+/// An event status change its current status does not allow (admin API).
+pub fn invalid_transition(id: u64, current: EventStatus, to: EventStatus) -> ApiError {
+    ApiError::Conflict(
+        "INVALID_STATE",
+        format!(
+            "event {id} is {} and cannot become {}",
+            current.as_str(),
+            to.as_str()
+        ),
+    )
 }
 
 /// A buyer's cancellation: the order, or why not.

@@ -11,11 +11,16 @@ use std::sync::Arc;
 
 use chrono::Utc;
 
+use crate::domain::ids::canonical_id;
 use crate::health;
-use crate::http::{ApiError, Request, Response, allowed, bearer, canonical_id, segments};
+use crate::http::{ApiError, Request, Response, allowed, bearer, segments};
 use crate::state::AppState;
 
 /// Every endpoint of the public port, each with its one spelling and its one method.
+/// Matched by hand on the path's segments rather than with a router crate: the rule is
+/// one spelling per path (canonical decimal ids, no empty, `.` or escaped segment, 405
+/// with the exact `Allow`), which matchit or axum would not enforce for us — an `{id}`
+/// would still need `canonical_id` — and the match is short and checked exhaustively.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
     Healthz,

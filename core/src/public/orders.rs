@@ -4,7 +4,7 @@ use http::StatusCode;
 use serde_json::json;
 
 use super::answers;
-use crate::domain::{OrderNo, UserId};
+use crate::domain::{EventId, OrderNo, UserId};
 use crate::http::{ApiError, Request, Response, json, read_body, read_json};
 use crate::lifecycle::{Canceller, OrderView};
 use crate::order_tables::OrderStatus;
@@ -53,7 +53,10 @@ async fn purchase(
         })?
         .to_owned();
     let body = read_json(req, state.config.settings.server.max_body_bytes).await?;
-    let r = state.admission.admit(event_id, user_id, &key, body).await?;
+    let r = state
+        .admission
+        .admit(EventId(event_id), UserId(user_id), &key, body)
+        .await?;
     Ok(json(
         StatusCode::ACCEPTED,
         &json!({"status": "QUEUED", "request_id": r.request_id.to_string(), "seats": r.seats}),
@@ -61,7 +64,11 @@ async fn purchase(
 }
 
 pub async fn status(state: &AppState, event_id: u64, user_id: u64) -> Result<Response, ApiError> {
-    match state.admission.status_of(event_id, user_id).await? {
+    match state
+        .admission
+        .status_of(EventId(event_id), UserId(user_id))
+        .await?
+    {
         Some(s) => Ok(json(StatusCode::OK, &s)),
         None => Err(ApiError::NotFound(format!(
             "no purchase of yours in event {event_id}"
@@ -103,10 +110,7 @@ pub async fn cancel(state: &AppState, order_no: u64, user_id: u64) -> Result<Res
 pub async fn pay(state: &AppState, order_no: u64, user_id: u64) -> Result<Response, ApiError> {
     let order = own_order(state, order_no, user_id).await?;
     if order.status != OrderStatus::Unpaid {
-        return Err(ApiError::Conflict(
-            "NOT_PAYABLE",
-            format!("order {order_no} is {}", order.status),
-        ));
+        return Err(answers::not_payable(&order));
     }
     Ok(json(
         StatusCode::OK,

@@ -106,12 +106,10 @@ impl Reconciler {
                 .exec(
                     format!(
                         "SELECT order_no, user_id, category_id, quantity FROM {} \
-                         WHERE event_id = ? AND status IN ('{}', '{}')",
+                         WHERE event_id = ? AND status IN (?, ?)",
                         order_tables::orders(n),
-                        OrderStatus::Cancelled,
-                        OrderStatus::RefundPending
                     ),
-                    (event_id,),
+                    (event_id, OrderStatus::Cancelled, OrderStatus::RefundPending),
                 )
                 .await?;
             if cancelled.is_empty() {

@@ -180,11 +180,7 @@ impl Reconciler {
             .categories
             .iter()
             .map(|c| {
-                let count = |status: OrderStatus| {
-                    held.get(&(c.id, status.as_str().to_owned()))
-                        .copied()
-                        .unwrap_or(0)
-                };
+                let count = |status| held.get(&(c.id, status)).copied().unwrap_or(0);
                 let (unpaid, paid) = (count(OrderStatus::Unpaid), count(OrderStatus::Paid));
                 let redis_available = if loaded {
                     stock.get(&c.id).copied()
@@ -347,7 +343,7 @@ pub async fn units_by_status(
     pool: &Pool,
     shards: u32,
     event_id: u64,
-) -> anyhow::Result<HashMap<(u64, String), i64>> {
+) -> anyhow::Result<HashMap<(u64, OrderStatus), i64>> {
     let union = order_tables::over_shards(
         shards,
         &format!(
@@ -359,5 +355,7 @@ pub async fn units_by_status(
     );
     let mut conn = pool.get_conn().await?;
     let rows: Vec<(u64, String, i64)> = conn.query(sql).await?;
-    Ok(rows.into_iter().map(|(c, s, n)| ((c, s), n)).collect())
+    rows.into_iter()
+        .map(|(c, s, n)| Ok(((c, OrderStatus::parse(&s)?), n)))
+        .collect()
 }

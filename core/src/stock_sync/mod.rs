@@ -15,6 +15,7 @@ use anyhow::Context;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
 
+use crate::domain::EventId;
 use crate::messaging::{BatchMessage, Names, Subscription};
 
 /// What one application of a batch changed.
@@ -90,7 +91,7 @@ pub async fn apply(pool: &Pool, batch_id: &str) -> anyhow::Result<Synced> {
 }
 
 /// For the stats: unsynced rows of an event and the age of the oldest, in seconds.
-pub async fn lag(pool: &Pool, event_id: u64) -> anyhow::Result<(u64, f64)> {
+pub async fn lag(pool: &Pool, event_id: EventId) -> anyhow::Result<(u64, f64)> {
     let mut conn = pool.get_conn().await?;
     let row: Option<(u64, Option<f64>)> = conn
         .exec_first(

@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde_json::json;
+use stampede_core::keys::SeatState;
 use stampede_e2e::{concert, eventually, spawn_app};
 
 #[tokio::test]
@@ -93,8 +94,11 @@ async fn publishing_preloads_stock_seats_and_the_sale_window_into_redis() {
     assert_eq!(stock, HashMap::from([(ga, 300), (seated, 200)]));
     let seats: HashMap<String, String> = r.hgetall(app.keys().seats(id, seated)).await.unwrap();
     assert_eq!(seats.len(), 200);
-    assert!(seats.values().all(|s| s == "F"));
-    assert_eq!(seats.get("10:20").map(String::as_str), Some("F"));
+    assert!(seats.values().all(|s| s == SeatState::FREE));
+    assert_eq!(
+        seats.get("10:20").map(String::as_str),
+        Some(SeatState::FREE)
+    );
     let row_free: Vec<u32> = r.hvals(app.keys().row_free(id, seated)).await.unwrap();
     assert_eq!(row_free, vec![20; 10]);
     let meta: HashMap<String, String> = r.hgetall(app.keys().event_meta(id)).await.unwrap();

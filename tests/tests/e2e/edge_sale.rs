@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use serde_json::json;
+use stampede_core::keys::SeatState;
 use stampede_e2e::{Stack, eventually, small_sale, stack_app};
 
 use crate::edge::{core_answers, open_sale};
@@ -225,7 +226,9 @@ async fn two_thousand_concurrent_buyers_take_exactly_the_hundred_seats() {
     let seat_map: HashMap<String, String> =
         r.hgetall(app.keys().seats(event, seated)).await.unwrap();
     assert!(
-        seat_map.values().all(|s| s.starts_with("L:")),
+        seat_map
+            .values()
+            .all(|s| matches!(SeatState::parse(s), Some(SeatState::Locked(_)))),
         "every seat locked"
     );
     let held: HashMap<u64, u64> = r.hgetall(app.keys().held(event)).await.unwrap();

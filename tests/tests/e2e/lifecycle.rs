@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde_json::json;
+use stampede_core::keys::SeatState;
 use stampede_e2e::{Buyer, TestApp, eventually, scalar, small_sale, spawn_app_with};
 
 /// Waits until the buyer's purchase is CREATED; its order number.
@@ -135,7 +136,7 @@ async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
         .hget(app.keys().seats(event, seated), "1:1")
         .await
         .unwrap();
-    assert_eq!(seat, "F");
+    assert_eq!(SeatState::parse(&seat), Some(SeatState::Free));
     let held: Option<i64> = r.hget(app.keys().held(event), owner.user_id).await.unwrap();
     assert_eq!(held, None, "the owner's limit is free again");
     let synced_back = eventually(Duration::from_secs(10), || async {

@@ -2,6 +2,7 @@
 
 use redis::AsyncCommands;
 use serde_json::json;
+use stampede_core::keys::SeatState;
 use stampede_e2e::{TestApp, scalar, small_sale, spawn_app_with};
 
 use crate::lifecycle::{call, created};
@@ -163,7 +164,10 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
         .hget(app.keys().seats(event, seated), "2:1")
         .await
         .unwrap();
-    assert_eq!(seat, format!("S:{order_no}"));
+    assert_eq!(
+        SeatState::parse(&seat),
+        Some(SeatState::Sold(stampede_core::domain::OrderNo(order_no)))
+    );
     let (_, status) = call(
         &app,
         reqwest::Method::GET,

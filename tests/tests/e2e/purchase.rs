@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use redis::AsyncCommands;
 use serde_json::json;
 use stampede_core::auth::token::TokenSigner;
+use stampede_core::keys::SeatState;
 use stampede_e2e::{TestApp, small_sale, spawn_app};
 
 async fn sale(app: &TestApp, units: u32, rows: u32, cols: u32, limit: u32) -> (u64, u64, u64) {
@@ -30,8 +31,8 @@ async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
     assert_eq!(body["status"], "QUEUED");
     let request_id: u64 = body["request_id"].as_str().unwrap().parse().unwrap();
     assert_eq!(
-        request_id % 64,
-        buyer.user_id % 64,
+        stampede_core::ids::gene(request_id),
+        stampede_core::ids::gene(buyer.user_id),
         "the order number carries the user's gene"
     );
 
@@ -182,7 +183,7 @@ async fn chosen_seats_are_locked_once_and_best_seats_sit_together() {
         .unwrap();
     let locked: Vec<&String> = seats
         .iter()
-        .filter(|(_, s)| s.starts_with("L:"))
+        .filter(|(_, s)| matches!(SeatState::parse(s), Some(SeatState::Locked(_))))
         .map(|(k, _)| k)
         .collect();
     assert_eq!(locked.len(), 5);
