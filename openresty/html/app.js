@@ -16,6 +16,7 @@ const MESSAGES = {
   SEAT_TAKEN: "Someone was faster: a seat you picked is taken. Pick another.",
   DUPLICATE: "This purchase was already submitted.",
   SALE_BUSY: "The sale is very busy. Try again in a moment.",
+  OUTCOME_UNKNOWN: "Your purchase was sent but not confirmed yet; checking what became of it…",
   INVALID: "That request was not valid.",
   NOT_FOUND: "Not found.",
   NOT_PAYABLE: "This order can no longer be paid.",
@@ -309,9 +310,12 @@ async function eventView(id) {
     else body.quantity = c.seats ? 1 : Number(($("#qty") || {}).value || 1);
     const r = await api("POST", `/api/events/${id}/orders`, body, crypto.randomUUID());
     busy = false;
-    if (r.status === 202) {
+    const unknown = r.body && r.body.error && r.body.error.code === "OUTCOME_UNKNOWN";
+    if (r.status === 202 || unknown) {
+      // Unknown: the status says whether it was admitted; nothing is untrue meanwhile.
       $("#pstatus").className = "status QUEUED";
-      $("#pstatus").textContent = "QUEUED";
+      $("#pstatus").textContent = unknown ? "CHECKING" : "QUEUED";
+      if (unknown) $("#buy-error").textContent = errorText(r);
       picked.clear();
       follow();
       renderPicker();

@@ -136,6 +136,17 @@ impl OwnRedis {
         panic!("Redis still answers after kill -9");
     }
 
+    /// SIGSTOP (`true`) or SIGCONT (`false`): hung, then awake, connections kept.
+    pub fn hang(&self, hung: bool) {
+        let pid = std::fs::read_to_string(self.dir.join("pids/redis.pid")).unwrap();
+        let signal = if hung { "-STOP" } else { "-CONT" };
+        let sent = std::process::Command::new("kill")
+            .args([signal, pid.trim()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
     /// Starts it again on its port and folder, from what its AOF holds.
     pub fn restart(&self) {
         let up = own_stack(&self.dir, &[("REDIS_PORT", self.port)], &["up", "redis"]);

@@ -32,6 +32,7 @@ pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError
             "categories": balance.categories,
             "queued_reservations": balance.queued_reservations, "unsynced_stock_log": unsynced,
             "sync_lag_s": sync_lag_s, "pipeline": pipeline, "refunds_pending": refunds_pending,
+            "redis_unavailable": balance.redis_unavailable,
         }),
     ))
 }

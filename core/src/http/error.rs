@@ -4,6 +4,7 @@
 use http::StatusCode;
 
 use super::{Response, json};
+use crate::infra::Down;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -37,8 +38,32 @@ pub enum ApiError {
     /// The order workers are behind: admission pauses rather than promise too much.
     #[error("{0}")]
     Busy(String),
+    /// A purchase was sent to Redis and no answer came: it may have been admitted. The
+    /// buyer polls `status_url`; the same Idempotency-Key answers what happened.
+    #[error("{message}")]
+    OutcomeUnknown { message: String, status_url: String },
     #[error(transparent)]
-    Unexpected(#[from] anyhow::Error),
+    Unexpected(anyhow::Error),
+}
+
+impl From<anyhow::Error> for ApiError {
+    /// A part down or too slow is 503 naming it, never a 500.
+    fn from(e: anyhow::Error) -> Self {
+        match Down::of(&e) {
+            Some(part) => {
+                tracing::warn!(
+                    part = part.name(),
+                    error = format!("{e:#}"),
+                    "answering 503: a part is unavailable"
+                );
+                ApiError::Unavailable(format!(
+                    "{} is unavailable or too slow; try again in a moment",
+                    part.name()
+                ))
+            }
+            None => ApiError::Unexpected(e),
+        }
+    }
 }
 
 impl ApiError {
@@ -53,7 +78,9 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Busy(_) | ApiError::OutcomeUnknown { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -71,6 +98,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => "RATE_LIMITED",
             ApiError::Unavailable(_) => "UNAVAILABLE",
             ApiError::Busy(_) => "SALE_BUSY",
+            ApiError::OutcomeUnknown { .. } => "OUTCOME_UNKNOWN",
             ApiError::Unexpected(_) => "INTERNAL",
         }
     }
@@ -84,17 +112,18 @@ impl ApiError {
             }
             other => other.to_string(),
         };
-        let mut resp = json(
-            self.status(),
-            &serde_json::json!({"error": {"code": self.code(), "message": message}}),
-        );
+        let mut error = serde_json::json!({"code": self.code(), "message": message});
+        if let ApiError::OutcomeUnknown { status_url, .. } = &self {
+            error["status_url"] = status_url.as_str().into();
+        }
+        let mut resp = json(self.status(), &serde_json::json!({ "error": error }));
         match self {
             ApiError::RateLimited { retry_after_s } => {
                 resp.headers_mut()
                     .insert(http::header::RETRY_AFTER, retry_after_s.into());
             }
             // A dependency down or busy: worth another try in a moment.
-            ApiError::Unavailable(_) | ApiError::Busy(_) => {
+            ApiError::Unavailable(_) | ApiError::Busy(_) | ApiError::OutcomeUnknown { .. } => {
                 resp.headers_mut().insert(
                     http::header::RETRY_AFTER,
                     http::HeaderValue::from_static("1"),
@@ -112,13 +141,13 @@ impl ApiError {
 
 impl From<mysql_async::Error> for ApiError {
     fn from(e: mysql_async::Error) -> Self {
-        ApiError::Unexpected(anyhow::Error::new(e).context("MySQL call failed"))
+        anyhow::Error::new(e).context("MySQL call failed").into()
     }
 }
 
 impl From<redis::RedisError> for ApiError {
     fn from(e: redis::RedisError) -> Self {
-        ApiError::Unexpected(anyhow::Error::new(e).context("Redis call failed"))
+        anyhow::Error::new(e).context("Redis call failed").into()
     }
 }
 

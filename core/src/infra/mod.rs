@@ -53,3 +53,73 @@ where
     tracing::info!(dependency = what, target, "connected");
     Ok(value)
 }
+
+/// A part the core stands on that is down or too slow, as a failure shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Down {
+    /// Redis; `maybe_sent`: the command may have reached it (a timeout, a connection
+    /// dropped while waiting), so what it did is unknown.
+    Redis {
+        maybe_sent: bool,
+    },
+    MySql,
+}
+
+impl Down {
+    /// The part a failure (anywhere in its chain) says is unavailable, if it says so.
+    pub fn of(e: &anyhow::Error) -> Option<Down> {
+        e.chain().find_map(|cause| {
+            if let Some(r) = cause.downcast_ref::<::redis::RedisError>() {
+                let down = r.is_timeout()
+                    || r.is_connection_dropped()
+                    || r.is_connection_refusal()
+                    || r.is_io_error();
+                return down.then_some(Down::Redis {
+                    maybe_sent: !r.is_connection_refusal(),
+                });
+            }
+            match cause.downcast_ref::<mysql_async::Error>() {
+                Some(mysql_async::Error::Io(_) | mysql_async::Error::Driver(_)) => {
+                    Some(Down::MySql)
+                }
+                _ => None,
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Down::Redis { .. } => "Redis",
+            Down::MySql => "MySQL",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_or_dead_part_is_named_and_a_refused_connection_sent_nothing() {
+        let io = |kind| {
+            anyhow::Error::new(::redis::RedisError::from(std::io::Error::new(kind, "x")))
+                .context("Redis call failed")
+        };
+        assert_eq!(
+            Down::of(&io(std::io::ErrorKind::TimedOut)),
+            Some(Down::Redis { maybe_sent: true })
+        );
+        assert_eq!(
+            Down::of(&io(std::io::ErrorKind::ConnectionRefused)),
+            Some(Down::Redis { maybe_sent: false })
+        );
+        let script =
+            ::redis::RedisError::from((::redis::ErrorKind::ResponseError, "ERR", "x".into()));
+        assert_eq!(
+            Down::of(&anyhow::Error::new(script)),
+            None,
+            "an answer, not an outage"
+        );
+        assert_eq!(Down::of(&anyhow::anyhow!("other")), None);
+    }
+}

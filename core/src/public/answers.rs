@@ -10,6 +10,7 @@ use crate::admission::{AdmissionError, Refusal};
 use crate::catalog::EventStatus;
 use crate::domain::OrderNo;
 use crate::http::{ApiError, Response, json};
+use crate::infra::Down;
 use crate::lifecycle::pay::{Applied, Refused};
 use crate::lifecycle::{Cancelled, OrderView};
 use crate::preload::PreloadError;
@@ -35,7 +36,7 @@ impl From<AdmissionError> for ApiError {
     fn from(e: AdmissionError) -> Self {
         match e {
             AdmissionError::Refused(refusal) => refusal.into(),
-            AdmissionError::Unexpected(e) => ApiError::Unexpected(e),
+            AdmissionError::Unexpected(e) => e.into(),
         }
     }
 }
@@ -44,8 +45,30 @@ impl From<PreloadError> for ApiError {
     fn from(e: PreloadError) -> Self {
         match e {
             busy @ PreloadError::Busy(_) => ApiError::Unavailable(busy.to_string()),
-            PreloadError::Unexpected(e) => ApiError::Unexpected(e),
+            PreloadError::Unexpected(e) => e.into(),
         }
+    }
+}
+
+/// A purchase that was not admitted. When Redis may have run the script and did not
+/// answer (a timeout, a connection dropped on the way back), the buyer is told exactly
+/// that: OUTCOME_UNKNOWN with where to look, never an error that may be untrue.
+pub fn purchase_failed(event_id: u64, e: AdmissionError) -> ApiError {
+    match e {
+        AdmissionError::Unexpected(e) if Down::of(&e) == Some(Down::Redis { maybe_sent: true }) => {
+            tracing::warn!(
+                event_id,
+                error = format!("{e:#}"),
+                "purchase outcome unknown: Redis did not answer"
+            );
+            ApiError::OutcomeUnknown {
+                message: "the purchase was sent but not confirmed in time; its status, or the \
+                          same request with the same Idempotency-Key, tells what became of it"
+                    .into(),
+                status_url: format!("/api/events/{event_id}/orders/status"),
+            }
+        }
+        other => other.into(),
     }
 }
 
@@ -99,6 +122,6 @@ pub fn paid(outcome: Result<(Applied, OrderNo), Refused>) -> Result<Response, Ap
         Err(e @ Refused::AmountMismatch { .. }) => {
             Err(ApiError::Conflict("AMOUNT_MISMATCH", e.to_string()))
         }
-        Err(Refused::Unexpected(e)) => Err(ApiError::Unexpected(e)),
+        Err(Refused::Unexpected(e)) => Err(e.into()),
     }
 }

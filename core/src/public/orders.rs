@@ -56,7 +56,8 @@ async fn purchase(
     let r = state
         .admission
         .admit(EventId(event_id), UserId(user_id), &key, body)
-        .await?;
+        .await
+        .map_err(|e| answers::purchase_failed(event_id, e))?;
     Ok(json(
         StatusCode::ACCEPTED,
         &json!({"status": "QUEUED", "request_id": r.request_id.to_string(), "seats": r.seats}),

@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::catalog::{self, EventRecord, EventStatus};
 use crate::config::{Resolved, Settings};
+use crate::infra::Down;
 use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::metrics::Metrics;
@@ -69,6 +70,10 @@ pub struct Balance {
     /// Reservations in the event's stream.
     pub queued_reservations: u64,
     pub categories: Vec<CategoryBalance>,
+    /// Why Redis's half of the books is missing, when Redis is down or too slow: the
+    /// books are then MySQL's alone (Redis's figures and the gaps are null).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_unavailable: Option<String>,
 }
 
 impl Balance {
@@ -139,13 +144,14 @@ impl Reconciler {
         // Redis first, in one atomic read; then MySQL. An order committed between the two
         // reads and not yet settled counts twice (a negative gap for a moment), which is
         // why nothing is healed while reservations are queued.
-        let (stock, epoch, loaded, backlog, entries): (
+        type RedisHalf = (
             HashMap<u64, i64>,
             Option<u64>,
             u32,
             u64,
             redis::streams::StreamRangeReply,
-        ) = redis::pipe()
+        );
+        let read: anyhow::Result<RedisHalf> = redis::pipe()
             .atomic()
             .hgetall(self.keys.stock(e))
             .hget(self.keys.event_meta(e), "epoch")
@@ -154,8 +160,17 @@ impl Reconciler {
             .xrange_count(self.keys.order_stream(e), "-", "+", MAX_COUNTED_BACKLOG)
             .query_async(&mut redis)
             .await
-            .context("Failed to read the event's keys")?;
-        let counted = backlog <= MAX_COUNTED_BACKLOG as u64;
+            .context("Failed to read the event's keys");
+        let (read, redis_unavailable) = match read {
+            Ok(read) => (read, None),
+            Err(e) if Down::of(&e).is_some() => (
+                RedisHalf::default(),
+                Some(format!("Redis is unavailable: {e:#}")),
+            ),
+            Err(e) => return Err(e),
+        };
+        let (stock, epoch, loaded, backlog, entries) = read;
+        let counted = redis_unavailable.is_none() && backlog <= MAX_COUNTED_BACKLOG as u64;
         let epoch = epoch.unwrap_or(0);
         // Entries of an older generation of the keys were counted free by the rebuild.
         let mut queued: HashMap<u64, i64> = HashMap::new();
@@ -210,6 +225,7 @@ impl Reconciler {
             loaded,
             queued_reservations: backlog,
             categories,
+            redis_unavailable,
         };
         self.export(&balance);
         Ok(balance)

@@ -335,3 +335,70 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
 }
+
+/// Redis hung (SIGSTOP) while a buyer presses buy: the answer is true — not a 500 — and
+/// once Redis wakes the buyer learns what became of the purchase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_redis_never_answered_is_outcome_unknown_and_then_known() {
+    let _heavy = stampede_e2e::heavy().await;
+    let redis_server = OwnRedis::start();
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        s.redis.url = redis_server.url();
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 2, 2)).await;
+    app.publish(event).await;
+    let ga = categories[0];
+    let buyers = app.buyers(2).await;
+    let (first, buyer) = (&buyers[0], &buyers[1]);
+    let body = json!({"category_id": ga, "quantity": 1});
+    // Redis knows the script by its hash from here on (a hung EVALSHA of a script it has
+    // never seen would just fail, with nothing admitted: also the truth).
+    assert_eq!(app.buy(event, first, "k", body.clone()).await.0, 202);
+
+    redis_server.hang(true);
+    let (status, answer) = app.buy(event, buyer, "k", body.clone()).await;
+    let seats = app
+        .http
+        .get(format!(
+            "{}/api/events/{event}/seats?category={}",
+            app.public_url, categories[1]
+        ))
+        .bearer_auth(&buyer.token)
+        .send()
+        .await
+        .unwrap();
+    let (seats_status, seats_body) = (seats.status().as_u16(), seats.text().await.unwrap());
+    let (stats_status, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
+    redis_server.hang(false);
+
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "OUTCOME_UNKNOWN", "{answer}");
+    assert_eq!(
+        answer["error"]["status_url"],
+        format!("/api/events/{event}/orders/status")
+    );
+    assert_eq!(seats_status, 503, "{seats_body}");
+    assert!(seats_body.contains("Redis is unavailable"), "{seats_body}");
+    assert_eq!(stats_status, 200, "{stats}");
+    assert!(stats["redis_unavailable"].is_string(), "{stats}");
+    assert!(
+        stats["categories"][0]["redis_available"].is_null(),
+        "{stats}"
+    );
+    // Redis ran the script once it woke: the purchase was admitted after all.
+    let known = eventually(Duration::from_secs(20), || async {
+        app.purchase_status(event, buyer).await["status"] == "CREATED"
+    })
+    .await;
+    assert!(known, "{}", app.purchase_status(event, buyer).await);
+    let (again, first) = app.buy(event, buyer, "k", body).await;
+    assert_eq!(again, 202, "the same key answers the first answer: {first}");
+    let both = eventually(Duration::from_secs(20), || async {
+        ordered_units(&app.mysql, event).await == (2, 2)
+    })
+    .await;
+    assert!(both, "{:?}", ordered_units(&app.mysql, event).await);
+    app.stop().await;
+}
