@@ -26,6 +26,8 @@ pub struct Metrics {
     pub conservation_gap: IntGaugeVec,
     /// Per event and category: MySQL remain − (total − unpaid − paid + unsynced).
     pub remain_gap: IntGaugeVec,
+    /// Per event and category: units in live orders beyond the total (alarm when > 0).
+    pub oversold_units: IntGaugeVec,
 }
 
 impl Metrics {
@@ -110,6 +112,14 @@ impl Metrics {
             &["event", "category"],
         )
         .expect("valid metric");
+        let oversold_units = IntGaugeVec::new(
+            Opts::new(
+                "stampede_oversold_units",
+                "Units in live orders beyond the category's total (needs a person when > 0)",
+            ),
+            &["event", "category"],
+        )
+        .expect("valid metric");
         for m in [
             Box::new(http_responses.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(dependency_up.clone()),
@@ -123,6 +133,7 @@ impl Metrics {
             Box::new(purchase_answers.clone()),
             Box::new(conservation_gap.clone()),
             Box::new(remain_gap.clone()),
+            Box::new(oversold_units.clone()),
         ] {
             registry.register(m).expect("metric registered once");
         }
@@ -140,6 +151,7 @@ impl Metrics {
             purchase_answers,
             conservation_gap,
             remain_gap,
+            oversold_units,
         }
     }
 

@@ -50,7 +50,9 @@ impl Reconciler {
         let mut redis = self.redis.clone();
         for c in &second.categories {
             let gap = c.gap.unwrap_or(0);
-            let lower = gap < 0;
+            // Stock already at 0 cannot go lower: an oversold category, alarmed once by
+            // the pass, not "healed" again at every one.
+            let lower = gap < 0 && c.redis_available.is_some_and(|a| a > 0);
             let raise = gap > 0 && !running;
             if lower || raise {
                 let Adjusted(left) = ADJUST

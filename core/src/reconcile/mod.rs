@@ -59,6 +59,9 @@ pub struct CategoryBalance {
     pub unsynced: i64,
     /// remain − (total − unpaid − paid + unsynced): 0 whenever MySQL is consistent.
     pub remain_gap: i64,
+    /// Units in live orders beyond the total (0 unless MySQL sold more than there was,
+    /// which its guards refuse): no pass can heal it; it raises one alarm.
+    pub oversold: i64,
 }
 
 /// An event's books at one moment.
@@ -108,6 +111,10 @@ pub struct Reconciler {
     pub remain_gauge: prometheus::IntGaugeVec,
     /// `stampede_redis_rewinds_total`.
     pub rewinds: prometheus::IntCounter,
+    /// `stampede_oversold_units{event,category}`.
+    pub oversold_gauge: prometheus::IntGaugeVec,
+    /// (event, category) pairs oversold already alarmed: one alarm each, not one a pass.
+    pub alarmed: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(u64, u64)>>>,
 }
 
 impl Reconciler {
@@ -122,6 +129,8 @@ impl Reconciler {
             gap_gauge: metrics.conservation_gap.clone(),
             remain_gauge: metrics.remain_gap.clone(),
             rewinds: metrics.redis_rewinds.clone(),
+            oversold_gauge: metrics.oversold_units.clone(),
+            alarmed: Default::default(),
             preloader,
         }
     }
@@ -217,6 +226,7 @@ impl Reconciler {
                     db_remain: c.remain,
                     unsynced,
                     remain_gap: c.remain - (total - unpaid - paid + unsynced),
+                    oversold: (unpaid + paid - total).max(0),
                 }
             })
             .collect();
@@ -241,6 +251,29 @@ impl Reconciler {
             self.remain_gauge
                 .with_label_values(&labels)
                 .set(c.remain_gap);
+        }
+    }
+
+    /// An oversold category (more units in live orders than it has) raises one alarm
+    /// when first seen — log and gauge, the stats show `oversold` — and another only
+    /// once it was gone and came back.
+    fn alarm_once(&self, b: &Balance) {
+        let mut alarmed = self.alarmed.lock().expect("not poisoned");
+        for c in &b.categories {
+            let key = (b.event_id, c.category_id);
+            self.oversold_gauge
+                .with_label_values(&[&b.event_id.to_string(), &c.category_id.to_string()])
+                .set(c.oversold);
+            if c.oversold > 0 && alarmed.insert(key) {
+                tracing::error!(
+                    event_id = b.event_id,
+                    category_id = c.category_id,
+                    oversold = c.oversold,
+                    "ALARM: more units in live orders than the category has; no pass can heal this, it needs a person"
+                );
+            } else if c.oversold == 0 {
+                alarmed.remove(&key);
+            }
         }
     }
 
@@ -302,6 +335,7 @@ impl Reconciler {
         for action in &actions {
             tracing::warn!(event_id, action, "reconciler healed a drift");
         }
+        self.alarm_once(&balance);
         if !balance.settled() && balance.queued_reservations == 0 {
             tracing::info!(event_id, books = ?balance.categories, "books not balanced");
         }

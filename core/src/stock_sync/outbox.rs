@@ -1,7 +1,8 @@
 //! The outbox sweeper: stock_log rows that stay unsynced (their `stock-sync` message was
 //! lost, or the broker was down when their orders were created) are published again.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mysql_async::Pool;
@@ -11,9 +12,13 @@ use crate::messaging::{BatchMessage, MqCell};
 use crate::shutdown::Shutdown;
 
 /// Until `stop`: every 2 s, re-publishes batches unsynced for `sweep_after_s`, once the
-/// broker's clients have started.
+/// broker's clients have started. A batch published again is left alone for another
+/// `sweep_after_s` (doubling each time, up to a minute): while stock sync merely lags,
+/// its messages are on their way and publishing them every 2 s only adds to the lag.
 pub async fn run(mysql: Pool, mq: MqCell, sweep_after_s: u64, mut stop: Shutdown) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let mut published = Republished::default();
+    let first_wait = Duration::from_secs(sweep_after_s.max(1));
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -22,7 +27,11 @@ pub async fn run(mysql: Pool, mq: MqCell, sweep_after_s: u64, mut stop: Shutdown
         let Some(mq) = mq.get() else { continue };
         match stale_batches(&mysql, sweep_after_s, 500).await {
             Ok(batches) => {
+                published.keep_only(&batches);
                 for (batch_id, event_id) in batches {
+                    if !published.due(&batch_id) {
+                        continue;
+                    }
                     let message = BatchMessage { batch_id, event_id };
                     if let Err(e) = mq.publish_sync(&message).await {
                         tracing::warn!(
@@ -35,6 +44,7 @@ pub async fn run(mysql: Pool, mq: MqCell, sweep_after_s: u64, mut stop: Shutdown
                         batch = message.batch_id,
                         "outbox: re-published an unsynced batch"
                     );
+                    published.sent(message.batch_id, first_wait);
                 }
             }
             Err(e) => tracing::warn!(error = format!("{e:#}"), "outbox sweep failed"),
@@ -56,4 +66,49 @@ pub async fn stale_batches(
     )
     .await
     .context("Failed to find unsynced batches")
+}
+
+/// When each unsynced batch may be published again, and the wait after that.
+#[derive(Default)]
+struct Republished(HashMap<String, (Instant, Duration)>);
+
+impl Republished {
+    /// Forgets the batches no longer unsynced.
+    fn keep_only(&mut self, stale: &[(String, u64)]) {
+        self.0
+            .retain(|batch, _| stale.iter().any(|(b, _)| b == batch));
+    }
+
+    fn due(&self, batch: &str) -> bool {
+        self.0
+            .get(batch)
+            .is_none_or(|(at, _)| Instant::now() >= *at)
+    }
+
+    fn sent(&mut self, batch: String, first_wait: Duration) {
+        let wait = self
+            .0
+            .get(&batch)
+            .map_or(first_wait, |(_, w)| (*w * 2).min(Duration::from_secs(60)));
+        self.0.insert(batch, (Instant::now() + wait, wait));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_published_again_waits_longer_each_time_and_is_forgotten_once_synced() {
+        let mut p = Republished::default();
+        let wait = Duration::from_secs(5);
+        assert!(p.due("b"));
+        p.sent("b".into(), wait);
+        assert!(!p.due("b"), "not again at the next sweep");
+        assert_eq!(p.0["b"].1, wait);
+        p.sent("b".into(), wait);
+        assert_eq!(p.0["b"].1, wait * 2);
+        p.keep_only(&[("other".into(), 1)]);
+        assert!(p.due("b"), "synced, then unsynced again: due at once");
+    }
 }

@@ -18,3 +18,4 @@ mod pipeline;
 mod purchase;
 mod reconcile;
 mod recovery;
+mod redis_faults;
