@@ -121,7 +121,7 @@ impl App {
         let worker_lease = ids::lease_worker_id(&mut redis.clone(), &keys, lease)
             .await
             .map_err(BuildError::Dependency)?;
-        let order_ids = Arc::new(OrderIds::new(ids::leased_id(&worker_lease)));
+        let order_ids = Arc::new(OrderIds::new(ids::leased_id(&worker_lease), lease));
         tracing::info!(
             worker_id = order_ids.worker(),
             "leased an order-number worker id"

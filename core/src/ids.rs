@@ -13,7 +13,7 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use redis::aio::ConnectionManager;
@@ -37,20 +37,37 @@ pub fn gene(id: u64) -> u64 {
     id & GENE_MASK
 }
 
-/// Mints order numbers for one worker id.
+/// Mints order numbers for one worker id, only while its lease is surely this
+/// instance's: a core that could not renew it stops minting before another may take it.
 pub struct OrderIds {
     worker: AtomicU64,
     /// (last millisecond used, sequence within it).
     clock: Mutex<(u64, u64)>,
+    /// Until when the lease is surely held (two thirds of a lease past its last renewal).
+    held_until: Mutex<Instant>,
+    lease: Duration,
 }
 
 impl OrderIds {
-    pub fn new(worker: u64) -> OrderIds {
+    /// For a lease of `lease` just taken.
+    pub fn new(worker: u64, lease: Duration) -> OrderIds {
         assert!(worker < MAX_WORKERS, "worker id {worker} out of range");
         OrderIds {
             worker: AtomicU64::new(worker),
             clock: Mutex::new((0, 0)),
+            held_until: Mutex::new(Instant::now() + lease * 2 / 3),
+            lease,
         }
+    }
+
+    /// The lease was renewed (or taken) just now.
+    fn renewed(&self) {
+        *self.held_until.lock().expect("not poisoned") = Instant::now() + self.lease * 2 / 3;
+    }
+
+    /// Whether numbers may be minted: the lease has surely not expired.
+    pub fn minting(&self) -> bool {
+        Instant::now() < *self.held_until.lock().expect("not poisoned")
     }
 
     pub fn worker(&self) -> u64 {
@@ -61,8 +78,12 @@ impl OrderIds {
         self.worker.store(worker, Ordering::Relaxed);
     }
 
-    /// A new order number for `user_id`; unique per worker, increasing in time.
-    pub fn next(&self, user_id: UserId) -> OrderNo {
+    /// A new order number for `user_id`, unique per worker and increasing in time; None
+    /// while the lease is not surely held (see [`OrderIds::minting`]).
+    pub fn next(&self, user_id: UserId) -> Option<OrderNo> {
+        if !self.minting() {
+            return None;
+        }
         let (ms, seq) = {
             let mut clock = self
                 .clock
@@ -83,12 +104,12 @@ impl OrderIds {
             clock.0 = now;
             *clock
         };
-        OrderNo(
+        Some(OrderNo(
             ((ms - EPOCH_MS) << (WORKER_BITS + SEQUENCE_BITS + GENE_BITS))
                 | (self.worker() << (SEQUENCE_BITS + GENE_BITS))
                 | (seq << GENE_BITS)
                 | gene(user_id.0),
-        )
+        ))
     }
 }
 
@@ -144,7 +165,7 @@ pub async fn keep_lease(
             _ = stop.wait() => break,
         }
         match lock.renew(&mut redis, lease).await {
-            Ok(Owned::Yes) => {}
+            Ok(Owned::Yes) => ids.renewed(),
             Ok(Owned::No) => match lease_worker_id(&mut redis, &keys, lease).await {
                 Ok(new) => {
                     tracing::warn!(
@@ -153,6 +174,7 @@ pub async fn keep_lease(
                         "worker id lease lost; took a new id"
                     );
                     ids.set_worker(leased_id(&new));
+                    ids.renewed();
                     lock = new;
                 }
                 Err(e) => tracing::error!(
@@ -176,9 +198,9 @@ mod tests {
 
     #[test]
     fn order_numbers_carry_the_user_gene_and_worker() {
-        let ids = OrderIds::new(777);
+        let ids = OrderIds::new(777, Duration::from_secs(30));
         for user in [1u64, 63, 64, 65, 1_000_003] {
-            let no = ids.next(UserId(user)).0;
+            let no = ids.next(UserId(user)).unwrap().0;
             assert_eq!(gene(no), gene(user));
             assert_eq!((no >> (SEQUENCE_BITS + GENE_BITS)) & (MAX_WORKERS - 1), 777);
             assert_eq!(no % 4, user % 4, "same shard of 4");
@@ -186,9 +208,24 @@ mod tests {
     }
 
     #[test]
+    fn no_number_is_minted_once_the_lease_may_have_expired() {
+        let ids = OrderIds::new(3, Duration::from_millis(30));
+        assert!(ids.next(UserId(1)).is_some());
+        std::thread::sleep(Duration::from_millis(25));
+        assert!(
+            ids.next(UserId(1)).is_none(),
+            "two thirds of the lease passed"
+        );
+        ids.renewed();
+        assert!(ids.next(UserId(1)).is_some());
+    }
+
+    #[test]
     fn order_numbers_are_unique_and_increasing_past_the_per_millisecond_sequence() {
-        let ids = OrderIds::new(1);
-        let numbers: Vec<u64> = (0..10_000).map(|_| ids.next(UserId(42)).0).collect();
+        let ids = OrderIds::new(1, Duration::from_secs(30));
+        let numbers: Vec<u64> = (0..10_000)
+            .map(|_| ids.next(UserId(42)).unwrap().0)
+            .collect();
         assert!(numbers.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(numbers.iter().collect::<HashSet<_>>().len(), numbers.len());
         assert!(numbers[0] < 1 << 63, "fits a signed 64-bit column");

@@ -108,7 +108,12 @@ impl Admission {
             ),
             other => (other?, false),
         };
-        let request_id = self.order_ids.next(UserId(user_id));
+        let Some(request_id) = self.order_ids.next(UserId(user_id)) else {
+            // The worker-id lease could not be renewed (Redis away): minting now could
+            // share an id with the instance that takes it over.
+            tracing::warn!("order-number lease not renewed in time; admission paused");
+            return Err(Refusal::Busy.into());
+        };
         let outcome = reserve::reserve(
             &mut self.redis.clone(),
             &self.keys,

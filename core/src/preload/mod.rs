@@ -14,12 +14,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use mysql_async::Pool;
+use mysql_async::prelude::Queryable;
 use redis::aio::ConnectionManager;
 use tokio::sync::Notify;
 
 use crate::catalog::{self, EventRecord, EventStatus};
 use crate::keys::{Keys, SeatState};
-use crate::lock::Lock;
+use crate::lock::{Lock, Owned};
 use crate::shutdown::Shutdown;
 
 /// Fields per HSET (or members per SADD) when loading a hash.
@@ -87,7 +88,25 @@ impl Preloader {
         .await
         .context("Failed to take the preload lock")?
         .ok_or(PreloadError::Busy(event.id))?;
-        let result = self.preload_locked(&mut redis, event).await;
+        let result = {
+            // A rebuild of a large event may outlast the lock's time-to-live: renewed
+            // every third of it while the work runs, so no second rebuild starts beside it.
+            let work = self.preload_locked(&mut redis, event);
+            tokio::pin!(work);
+            let mut renew_conn = self.redis.clone();
+            let mut tick = tokio::time::interval(self.lock_ttl / 3);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    done = &mut work => break done,
+                    _ = tick.tick() => match lock.renew(&mut renew_conn, self.lock_ttl).await {
+                        Ok(Owned::Yes) => {}
+                        Ok(Owned::No) => tracing::error!(event_id = event.id, "the preload lock expired during a rebuild; the epoch fence keeps the books right"),
+                        Err(e) => tracing::warn!(event_id = event.id, error = format!("{e:#}"), "could not renew the preload lock"),
+                    },
+                }
+            }
+        };
         lock.release(&mut redis).await?;
         let report = result?;
         tracing::info!(event_id = event.id, ?report, "preloaded");
@@ -266,19 +285,35 @@ impl Preloader {
         Ok(())
     }
 
-    /// Whether the event's Redis state is behind MySQL: its admission counter is below
-    /// the largest number an order has (Redis restarted from an older copy, or a
-    /// replica that lagged took over). (Redis's number, MySQL's.)
-    pub async fn behind(&self, event_id: u64) -> anyhow::Result<Option<(u64, u64)>> {
-        let redis_seq: Option<u64> = redis::cmd("HGET")
+    /// Why the event's Redis state is behind MySQL, if it is: its admission counter
+    /// below the largest number an order has (Redis restarted from an older copy, or a
+    /// replica that lagged took over), or its keys of an older generation than MySQL's
+    /// (a rebuild that lost its lock wrote after a newer one).
+    pub async fn behind(&self, event_id: u64) -> anyhow::Result<Option<String>> {
+        let (redis_seq, redis_epoch): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
             .arg(self.keys.event_meta(event_id))
             .arg("seq")
+            .arg("epoch")
             .query_async(&mut self.redis.clone())
             .await?;
         let mut conn = self.mysql.get_conn().await?;
         let mysql_seq = snapshot::max_seq(&mut conn, event_id).await?;
-        let redis_seq = redis_seq.unwrap_or(0);
-        Ok((redis_seq < mysql_seq).then_some((redis_seq, mysql_seq)))
+        let mysql_epoch: Option<u64> = conn
+            .exec_first("SELECT redis_epoch FROM event WHERE id = ?", (event_id,))
+            .await?;
+        let (redis_seq, redis_epoch) = (redis_seq.unwrap_or(0), redis_epoch.unwrap_or(0));
+        let mysql_epoch = mysql_epoch.unwrap_or(0);
+        Ok(if redis_seq < mysql_seq {
+            Some(format!(
+                "admission number {redis_seq} < MySQL's {mysql_seq}"
+            ))
+        } else if redis_epoch < mysql_epoch {
+            Some(format!(
+                "keys of generation {redis_epoch} < MySQL's {mysql_epoch}"
+            ))
+        } else {
+            None
+        })
     }
 
     /// True when the event's metadata and stock are in Redis.

@@ -286,19 +286,16 @@ impl Reconciler {
         let mut loaded = self.preloader.is_loaded(event_id).await?;
         if heal
             && loaded
-            && let Some((redis_seq, mysql_seq)) = self.preloader.behind(event_id).await?
+            && let Some(why) = self.preloader.behind(event_id).await?
         {
             tracing::error!(
                 event_id,
-                redis_seq,
-                mysql_seq,
+                why,
                 "ALARM: the event's Redis state is behind MySQL (it went back in time); fencing it for a rebuild"
             );
             self.rewinds.inc();
             self.preloader.fence(event_id).await?;
-            actions.push(format!(
-                "Redis was behind MySQL (admission number {redis_seq} < {mysql_seq}): fenced"
-            ));
+            actions.push(format!("Redis was behind MySQL ({why}): fenced"));
             loaded = false;
         }
         if heal && !loaded && event.status != EventStatus::Draft {
