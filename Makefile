@@ -1,5 +1,5 @@
 # Stampede: the two commands are `make demo` and `make test` (see README.md).
-.PHONY: up down status demo test check bench install test-stack-up test-stack-down
+.PHONY: up down status demo test check bench chaos install test-stack-up test-stack-down
 
 # Install what is missing, start the whole local stack (idempotent).
 up:
@@ -25,6 +25,13 @@ demo: up
 bench: up
 	cargo build --release --quiet -p stampede-bench
 	target/release/stampede-bench compare --buyers 200000 --units 10000 --connections 256
+
+# `make up`, then every chaos experiment (scripts/chaos.sh): a sale with one fault injected
+# mid-burst each (Redis, MariaDB, the broker, the core, the edge), the audit, one table row
+# each. Exits 1 if one broke an invariant. `make test` runs a short version.
+chaos: up
+	cargo build --release --quiet -p stampede-bench
+	scripts/chaos.sh
 
 # The fresh-machine checks, fmt, clippy, unit tests, end-to-end tests on a stack of their own.
 test:

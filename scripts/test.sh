@@ -42,6 +42,9 @@ if ! cargo test -p stampede-e2e --test e2e -- --test-threads 2; then
   exit 1
 fi
 
+step "chaos, short: a sale with Redis killed, Redis hung, the core killed three times (scripts/chaos.sh --short)"
+BENCH=$ROOT/target/debug/stampede-bench scripts/chaos.sh --short
+
 step "browser tests (Playwright, Debian's Chromium)"
 ui_deps() {
   local missing=()

@@ -22,6 +22,11 @@ pub struct Audit {
     pub checks: Vec<(String, bool)>,
     /// The offending rows, in words.
     pub violations: Vec<String>,
+    /// 202s that became orders, that ended FAILED (released, expired, refused), and
+    /// that left no trace (lost).
+    pub ordered_202: u64,
+    pub failed_202: u64,
+    pub lost_202: u64,
 }
 
 impl Audit {
@@ -129,14 +134,42 @@ pub async fn run(
     for chunk in admitted.chunks(5_000) {
         let list: Vec<String> = chunk.iter().map(|(_, r)| r.to_string()).collect();
         let list = list.join(",");
-        let known: Vec<u64> = conn
+        let ordered: Vec<u64> = conn
             .query(format!(
-                "SELECT order_no FROM ({orders}) o WHERE order_no IN ({list}) \
-                 UNION SELECT order_no FROM stock_log WHERE order_no IN ({list})"
+                "SELECT order_no FROM ({orders}) o WHERE order_no IN ({list})"
             ))
             .await?;
-        found.extend(known);
+        audit.ordered_202 += ordered.len() as u64;
+        let decided: Vec<u64> = conn
+            .query(format!(
+                "SELECT order_no FROM stock_log WHERE order_no IN ({list}) AND status IN ('EXPIRED', 'REFUSED')"
+            ))
+            .await?;
+        found.extend(ordered);
+        found.extend(decided);
     }
+    // Released in Redis alone (FAILED there, nothing in MySQL): told, so not lost.
+    let unknown: Vec<&(u64, u64)> = admitted.iter().filter(|(_, r)| !found.contains(r)).collect();
+    if !unknown.is_empty() {
+        let keys = stampede_core::keys::Keys::new(
+            &stampede_core::Settings::defaults().redis.key_prefix,
+        );
+        let mut redis = redis::Client::open(stack.redis_url.as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
+        for (user, rid) in unknown {
+            let status: Option<String> = redis::cmd("HGET")
+                .arg(keys.purchase_status(event))
+                .arg(user)
+                .query_async(&mut redis)
+                .await?;
+            if status.is_some_and(|s| s.starts_with("FAILED:")) {
+                found.insert(*rid);
+            }
+        }
+    }
+    audit.lost_202 = admitted.iter().filter(|(_, r)| !found.contains(r)).count() as u64;
+    audit.failed_202 = admitted.len() as u64 - audit.ordered_202 - audit.lost_202;
     let missing: Vec<String> = admitted
         .iter()
         .filter(|(_, r)| !found.contains(r))

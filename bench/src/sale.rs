@@ -60,6 +60,41 @@ pub struct SaleArgs {
     pub open_in_s: u64,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// A fault to inject mid-sale: a shell command (`sh -c`) run once, --fault-after-ms
+    /// after the open, while the burst goes on (the chaos suite's; see scripts/chaos.sh).
+    #[arg(long)]
+    pub fault: Option<String>,
+    #[arg(long, default_value_t = 500)]
+    pub fault_after_ms: u64,
+}
+
+/// What the injected fault did.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultReport {
+    pub command: String,
+    /// Its exit status (None: killed by a signal, or could not start).
+    pub exit: Option<i32>,
+    /// When it started and ended, seconds after the open.
+    pub started_s: f64,
+    pub ended_s: f64,
+}
+
+/// Runs `command` once, `after` past `open`.
+async fn inject(command: String, open: Instant, after: Duration) -> FaultReport {
+    tokio::time::sleep_until((open + after).into()).await;
+    let started_s = open.elapsed().as_secs_f64();
+    let exit = tokio::process::Command::new("sh")
+        .args(["-c", &command])
+        .status()
+        .await
+        .ok()
+        .and_then(|s| s.code());
+    FaultReport {
+        command,
+        exit,
+        started_s,
+        ended_s: open.elapsed().as_secs_f64(),
+    }
 }
 
 fn parse_grid(s: &str) -> Result<(u32, u32), String> {
@@ -111,6 +146,8 @@ pub struct SaleReport {
     pub latency: std::collections::BTreeMap<String, Latency>,
     pub errors: u64,
     pub audit: Audit,
+    /// The fault injected, if one was.
+    pub fault: Option<FaultReport>,
     /// (bucket start s, admitted, rejected) per 100 ms.
     #[serde(skip)]
     pub timeline: Vec<(f64, u64, u64)>,
@@ -187,6 +224,13 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
 
     tokio::time::sleep_until(opens_at.into()).await;
     let started = Instant::now();
+    let fault = a.fault.clone().map(|command| {
+        tokio::spawn(inject(
+            command,
+            started,
+            Duration::from_millis(a.fault_after_ms),
+        ))
+    });
     let deadline = started + Duration::from_secs(a.max_seconds);
     let bar = ProgressBar::new(total_attempts as u64);
     bar.set_style(
@@ -304,6 +348,10 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
     let last = rec.last_answer.unwrap_or(started);
     let burst_s = (last - started).as_secs_f64().max(1e-3);
 
+    let fault = match fault {
+        Some(task) => Some(task.await?),
+        None => None,
+    };
     let (created_at, settled_at) = stack
         .wait_settled(event, Duration::from_secs(a.settle_timeout_s))
         .await?;
@@ -334,5 +382,6 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         errors: rec.errors,
         timeline: rec.timeline(),
         audit,
+        fault,
     })
 }

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The chaos suite: each experiment is one `stampede-bench sale` through the edge with
+# one fault injected mid-burst (--fault), then the bench's audit of the invariants; one
+# table row per experiment. Needs a running stack: `make chaos` starts the local one
+# (.stack); `make test` runs `--short` against its own test stack.
+#
+#   scripts/chaos.sh [--short] [experiment ...]
+#
+# Exits 1 if any experiment oversold, put a seat in two live orders, took a buyer over
+# the limit, or lost a 202 the durability table does not allow.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export STACK_DIR=${STACK_DIR:-$ROOT/.stack}
+BENCH=${BENCH:-$ROOT/target/release/stampede-bench}
+STACK="$ROOT/scripts/stack.sh"
+PIDS=$STACK_DIR/pids
+
+short=0
+if [ "${1:-}" = --short ]; then short=1; shift; fi
+
+# name|the fault (sh -c, run once 300 ms into the burst)|lost 202s allowed
+EXPERIMENTS=(
+  "redis-kill|kill -9 \$(cat $PIDS/redis.pid); sleep 1; $STACK up redis >/dev/null|0"
+  "redis-rewind|d=$STACK_DIR/redis/appendonlydir; cp -r \$d \$d.aside; sleep 2; kill -9 \$(cat $PIDS/redis.pid); sleep 0.5; rm -rf \$d; mv \$d.aside \$d; $STACK up redis >/dev/null|any"
+  "redis-hang|kill -STOP \$(cat $PIDS/redis.pid); sleep 10; kill -CONT \$(cat $PIDS/redis.pid)|0"
+  "mysql-kill|kill -9 \$(cat $PIDS/mysql.pid); sleep 5; $STACK up mysql >/dev/null|0"
+  "mysql-hang|kill -STOP \$(cat $PIDS/mysql.pid); sleep 10; kill -CONT \$(cat $PIDS/mysql.pid)|0"
+  "broker-kill|kill -9 \$(cat $PIDS/broker.pid) \$(cat $PIDS/namesrv.pid); sleep 60; $STACK up namesrv broker >/dev/null|0"
+  "core-kill-x3|for i in 1 2 3; do kill -9 \$(cat $PIDS/core.pid); sleep 0.5; $STACK up core >/dev/null; sleep 2; done|0"
+  "edge-reload|kill -HUP \$(cat $PIDS/edge.pid); sleep 1; $STACK down edge >/dev/null; $STACK up edge >/dev/null|0"
+)
+SHORT=(redis-kill redis-hang core-kill-x3)
+
+wanted=("$@")
+if [ ${#wanted[@]} -eq 0 ]; then
+  if [ $short = 1 ]; then wanted=("${SHORT[@]}"); else
+    for e in "${EXPERIMENTS[@]}"; do wanted+=("${e%%|*}"); done
+  fi
+fi
+
+[ -x "$BENCH" ] || { echo "chaos: $BENCH is missing (cargo build --release -p stampede-bench)" >&2; exit 1; }
+"$STACK" status >/dev/null || { echo "chaos: the stack in $STACK_DIR is not all up (make up)" >&2; exit 1; }
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+printf '%-14s %8s %7s %7s %6s %9s %11s %11s %9s %6s\n' \
+  experiment admitted orders FAILED lost oversold "seats twice" "over limit" "settle s" audit
+failed=0
+for name in "${wanted[@]}"; do
+  line=""
+  for e in "${EXPERIMENTS[@]}"; do [ "${e%%|*}" = "$name" ] && line=$e; done
+  [ -n "$line" ] || { echo "chaos: no experiment $name" >&2; exit 2; }
+  rest=${line#*|}
+  fault=${rest%|*}
+  allowed=${rest##*|}
+  "$BENCH" sale --buyers 3000 --units 400 --categories 2 --seats 5x10 --per-user-limit 2 \
+    --connections 64 --max-seconds 90 --settle-timeout-s 120 --json \
+    --fault "$fault" --fault-after-ms 300 >"$out/$name.json" 2>"$out/$name.err" || true
+  # The stack as it was before the experiment, whatever the fault left down.
+  "$STACK" up >/dev/null 2>&1 || true
+  python3 - "$out/$name.json" "$name" "$allowed" <<'PY' || failed=1
+import json, sys
+path, name, allowed = sys.argv[1], sys.argv[2], sys.argv[3]
+try:
+    r = json.load(open(path))
+except Exception:
+    print(f"{name:<14} the sale did not finish: see its stderr"); sys.exit(1)
+a = r["audit"]
+def count(check):
+    return sum(1 for v in a["violations"] if v.startswith(check + ":"))
+oversold, seats, limit = count("no oversell"), count("one order per seat"), count("per-user limit")
+lost = a["lost_202"]
+ok = oversold == 0 and seats == 0 and limit == 0 and (allowed == "any" or lost <= int(allowed))
+print(f"{name:<14} {r['admitted']:>8} {r['orders']:>7} {a['failed_202']:>7} {lost:>6} {oversold:>9} "
+      f"{seats:>11} {limit:>11} {r['settle_s']:>9.1f} {'ok' if ok else 'FAIL':>6}")
+sys.exit(0 if ok else 1)
+PY
+done
+exit $failed
