@@ -149,11 +149,13 @@ pub async fn run(
         found.extend(decided);
     }
     // Released in Redis alone (FAILED there, nothing in MySQL): told, so not lost.
-    let unknown: Vec<&(u64, u64)> = admitted.iter().filter(|(_, r)| !found.contains(r)).collect();
+    let unknown: Vec<&(u64, u64)> = admitted
+        .iter()
+        .filter(|(_, r)| !found.contains(r))
+        .collect();
     if !unknown.is_empty() {
-        let keys = stampede_core::keys::Keys::new(
-            &stampede_core::Settings::defaults().redis.key_prefix,
-        );
+        let keys =
+            stampede_core::keys::Keys::new(&stampede_core::Settings::defaults().redis.key_prefix);
         let mut redis = redis::Client::open(stack.redis_url.as_str())?
             .get_multiplexed_async_connection()
             .await?;
