@@ -35,6 +35,9 @@ OPS_PORT=${OPS_PORT:-8082}
 PAYSIM_PORT=${PAYSIM_PORT:-8090}
 REDIS_PORT=${REDIS_PORT:-6379}
 MYSQL_PORT=${MYSQL_PORT:-3306}
+# Redis's AOF fsync: everysec (an OS crash may lose about the last second of admissions)
+# or always (none; see README "What a 202 survives"). Applies when Redis starts.
+REDIS_APPENDFSYNC=${REDIS_APPENDFSYNC:-everysec}
 NAMESRV_PORT=${NAMESRV_PORT:-9876}
 BROKER_PORT=${BROKER_PORT:-10911}
 MYSQL_DATABASE=${MYSQL_DATABASE:-stampede}
@@ -160,9 +163,13 @@ build_core() {
 health_redis() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
 start_redis() {
   before_start redis "$REDIS_PORT" REDIS_PORT || return 0
+  case $REDIS_APPENDFSYNC in
+    always | everysec) ;;
+    *) die "REDIS_APPENDFSYNC must be always or everysec, not $REDIS_APPENDFSYNC" ;;
+  esac
   mkdir -p "$STACK_DIR/redis"
   redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$STACK_DIR/redis" \
-    --appendonly yes --appendfsync everysec --save "" \
+    --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" \
     --daemonize yes --pidfile "$PIDS/redis.pid" --logfile "$LOGS/redis.log"
   wait_for redis 20 || die "Redis did not come up; see $LOGS/redis.log"
   say "  redis: started on 127.0.0.1:$REDIS_PORT"
