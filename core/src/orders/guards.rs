@@ -12,7 +12,7 @@ use mysql_async::prelude::*;
 use super::persist::{PersistError, classify};
 use super::reservation::Reservation;
 use crate::catalog::EventRecord;
-use crate::domain::OrderNo;
+use crate::domain::EventId;
 
 /// Why MySQL turned a reservation away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,26 +228,52 @@ pub fn minted_twice(existing: &[(u64, u64)], r: &Reservation) -> bool {
         .any(|(no, user)| *no == r.order_no.0 && *user != r.user_id.0)
 }
 
-/// Numbers of reservations that were turned away before (a replay): their stock_log
-/// row exists with no order. `EXPIRED` ones are the deadline's, the rest the guards'.
-pub async fn decided_before(
+/// What stock_log already says of a batch's fresh reservations, in one read.
+pub struct History {
+    /// Turned away before (a replay): order number → `EXPIRED` (the deadline's) or
+    /// `REFUSED` (the guards'); their rows exist with no order.
+    pub decided: HashMap<u64, String>,
+    /// The largest admission number among them that an order of the event already has:
+    /// Redis handed it out again, so it went back in time.
+    pub reissued: Option<u64>,
+}
+
+/// One read of stock_log by the reservations' order numbers and admission numbers.
+pub async fn history(
     tx: &mut Transaction<'_>,
-    numbers: &[OrderNo],
-) -> Result<HashMap<u64, String>, PersistError> {
-    if numbers.is_empty() {
-        return Ok(HashMap::new());
+    event_id: EventId,
+    fresh: &[&Reservation],
+) -> Result<History, PersistError> {
+    let mut history = History {
+        decided: HashMap::new(),
+        reissued: None,
+    };
+    if fresh.is_empty() {
+        return Ok(history);
     }
-    let rows: Vec<(u64, String)> = tx
+    let join = |ids: &mut dyn Iterator<Item = u64>| {
+        ids.map(|n| n.to_string()).collect::<Vec<_>>().join(",")
+    };
+    let numbers = join(&mut fresh.iter().map(|r| r.order_no.0));
+    let seqs = join(&mut fresh.iter().filter_map(|r| r.seq));
+    let by_seq = if seqs.is_empty() {
+        String::new()
+    } else {
+        format!(" OR (event_id = {event_id} AND seq IN ({seqs}))")
+    };
+    let rows: Vec<(u64, String, Option<u64>)> = tx
         .query(format!(
-            "SELECT order_no, status FROM stock_log WHERE order_no IN ({}) \
-             AND status IN ('EXPIRED', 'REFUSED')",
-            numbers
-                .iter()
-                .map(OrderNo::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
+            "SELECT order_no, status, seq FROM stock_log WHERE order_no IN ({numbers}){by_seq}"
         ))
         .await
         .map_err(classify)?;
-    Ok(rows.into_iter().collect())
+    for (order_no, status, seq) in rows {
+        let ours = fresh.iter().any(|r| r.order_no.0 == order_no);
+        if ours && (status == "EXPIRED" || status == "REFUSED") {
+            history.decided.insert(order_no, status);
+        } else if !ours && let Some(seq) = seq {
+            history.reissued = history.reissued.max(Some(seq));
+        }
+    }
+    Ok(history)
 }

@@ -147,8 +147,12 @@ pub async fn create_orders(
             fresh.push(r);
         }
     }
-    let numbers: Vec<OrderNo> = fresh.iter().map(|r| r.order_no).collect();
-    let before = guards::decided_before(&mut tx, &numbers).await?;
+    let history = guards::history(&mut tx, batch.event_id, &fresh).await?;
+    if let Some(seq) = history.reissued {
+        // Redis handed this admission number out again: it went back in time.
+        return Err(PersistError::Rewound(seq));
+    }
+    let before = history.decided;
     fresh.retain(|r| match before.get(&r.order_no.0).map(String::as_str) {
         None => true,
         Some("EXPIRED") => {
@@ -160,7 +164,6 @@ pub async fn create_orders(
             false
         }
     });
-    rewound(&mut tx, batch.event_id, &fresh).await?;
     let verdict = guards::judge(&mut tx, event, fresh).await?;
     guards::record(&mut tx, event.id, &verdict.accepted).await?;
     created.room = verdict.room;
@@ -261,35 +264,6 @@ pub async fn create_orders(
     }
     commit(tx).await?;
     Ok(created)
-}
-
-/// Err(Rewound) when a fresh reservation carries an admission number an order of the
-/// event already has: Redis handed it out again, so it went back in time.
-async fn rewound(
-    tx: &mut mysql_async::Transaction<'_>,
-    event_id: EventId,
-    fresh: &[&Reservation],
-) -> Result<(), PersistError> {
-    let seqs: Vec<String> = fresh
-        .iter()
-        .filter_map(|r| r.seq)
-        .map(|n| n.to_string())
-        .collect();
-    if seqs.is_empty() {
-        return Ok(());
-    }
-    let seen: Option<u64> = tx
-        .query_first(format!(
-            "SELECT MAX(seq) FROM stock_log WHERE event_id = {event_id} AND seq IN ({})",
-            seqs.join(",")
-        ))
-        .await
-        .map_err(classify)?
-        .flatten();
-    match seen {
-        Some(seq) => Err(PersistError::Rewound(seq)),
-        None => Ok(()),
-    }
 }
 
 /// What became of a reservation past its deadline.

@@ -9,19 +9,9 @@ use stampede_e2e::{Buyer, TestApp, eventually, scalar, small_sale, spawn_app_wit
 
 /// Waits until the buyer's purchase is CREATED; its order number.
 pub(crate) async fn created(app: &TestApp, event: u64, buyer: &Buyer) -> u64 {
-    let url = format!("{}/api/events/{event}/orders/status", app.public_url);
     let mut order_no = None;
     for _ in 0..100 {
-        let status: serde_json::Value = app
-            .http
-            .get(&url)
-            .bearer_auth(&buyer.token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let status = app.purchase_status(event, buyer).await;
         if status["status"] == "CREATED" {
             order_no = status["order_no"].as_str().map(|s| s.parse().unwrap());
             break;
