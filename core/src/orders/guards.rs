@@ -91,12 +91,26 @@ pub async fn judge<'a>(
         .into_iter()
         .map(|(id, total, committed)| (id, total - committed))
         .collect();
+    // The buyers' hold rows, created if new and locked either way (an upsert locks the
+    // row it inserts or finds; a locking read would not lock a row that is not there
+    // yet), in user order so that two batches wait for each other, never deadlock.
+    let users = list(&mut fresh.iter().map(|r| r.user_id.0));
+    tx.query_drop(format!(
+        "INSERT INTO user_hold (event_id, user_id, units) VALUES {} \
+         ON DUPLICATE KEY UPDATE units = units",
+        users
+            .split(',')
+            .map(|u| format!("({},{u},0)", event.id))
+            .collect::<Vec<_>>()
+            .join(",")
+    ))
+    .await
+    .map_err(classify)?;
     let holds: Vec<(u64, i64)> = tx
         .query(format!(
             "SELECT user_id, CAST(units AS SIGNED) FROM user_hold WHERE event_id = {} \
-             AND user_id IN ({}) ORDER BY user_id FOR UPDATE",
-            event.id,
-            list(&mut fresh.iter().map(|r| r.user_id.0))
+             AND user_id IN ({users})",
+            event.id
         ))
         .await
         .map_err(classify)?;

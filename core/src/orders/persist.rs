@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use chrono::{TimeDelta, Utc};
 use mysql_async::prelude::*;
-use mysql_async::{Pool, TxOpts};
+use mysql_async::{IsolationLevel, Pool, TxOpts};
 
 use super::guards::{self, Declined};
 use super::reservation::{Batch, Reservation};
@@ -42,7 +42,10 @@ pub(super) fn classify(e: mysql_async::Error) -> PersistError {
     match &e {
         // Deadlock and lock wait timeout are worth another try; other server errors are
         // about the data.
-        mysql_async::Error::Server(s) if s.code != 1213 && s.code != 1205 => {
+        // So is a duplicate key: another attempt at the same orders committed first (the
+        // next attempt sees them), or an expiry took an order number's slot, or Redis
+        // handed an admission number out again (the next attempt reads why).
+        mysql_async::Error::Server(s) if ![1213, 1205, 1062].contains(&s.code) => {
             PersistError::Rejected(e.to_string())
         }
         _ => PersistError::NotCommitted(e.to_string()),
@@ -94,6 +97,12 @@ pub struct Created {
 /// Creates the batch's orders not yet in MySQL, those the guards let through (see
 /// `guards`); the others are recorded as REFUSED in stock_log, so no replay creates
 /// them. Err when nothing committed.
+///
+/// READ COMMITTED: locking reads lock the rows they find and no gaps, so two batches
+/// inserting new order numbers (which all land at the end of the key) never deadlock on
+/// each other's gap locks. What a gap lock would guard is kept by unique keys (an order
+/// number inserted twice fails with a duplicate key, and the next attempt sees it) and
+/// by `guards`, which locks every row it judges by (the hold rows by upserting them).
 pub async fn create_orders(
     pool: &Pool,
     shards: u32,
@@ -102,7 +111,11 @@ pub async fn create_orders(
 ) -> Result<Created, PersistError> {
     let mut conn = pool.get_conn().await.map_err(classify)?;
     let mut tx = conn
-        .start_transaction(TxOpts::default())
+        .start_transaction(
+            TxOpts::default()
+                .with_isolation_level(IsolationLevel::ReadCommitted)
+                .clone(),
+        )
         .await
         .map_err(classify)?;
     let stale = stale_reservations(&mut tx, batch.event_id, &batch.reservations).await?;
@@ -125,7 +138,9 @@ pub async fn create_orders(
             .collect();
         let found: Vec<(u64, u64)> = tx
             .query(format!(
-                "SELECT order_no, user_id FROM {} WHERE order_no IN ({}) FOR UPDATE",
+                // By the primary key: (user_id, event_id) also covers these columns, and
+                // a scan of it would lock the whole index.
+                "SELECT order_no, user_id FROM {} FORCE INDEX (PRIMARY) WHERE order_no IN ({}) FOR UPDATE",
                 order_tables::orders(*shard),
                 numbers.join(",")
             ))

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use mysql_async::prelude::*;
-use mysql_async::{Pool, TxOpts};
+use mysql_async::{IsolationLevel, Pool, TxOpts};
 
 use crate::domain::EventId;
 use crate::messaging::{BatchMessage, Names, Subscription};
@@ -49,11 +49,22 @@ pub async fn apply(pool: &Pool, batch_id: &str) -> anyhow::Result<Synced> {
         .get_conn()
         .await
         .context("Failed to get a MySQL connection")?;
-    let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    // READ COMMITTED: the batch's rows are locked, not the gaps around them, so order
+    // creation (which holds the category rows this waits for) can insert its own
+    // stock_log rows meanwhile instead of deadlocking with this.
+    let mut tx = conn
+        .start_transaction(
+            TxOpts::default()
+                .with_isolation_level(IsolationLevel::ReadCommitted)
+                .clone(),
+        )
+        .await?;
     let rows: Vec<(u64, u64, i64)> = tx
         .exec(
+            // By the batch's index: the unsynced one would have this lock (and wait for)
+            // every unsynced row of every batch it scans.
             "SELECT order_no, category_id, CAST(quantity AS SIGNED) FROM stock_log \
-             WHERE batch_id = ? AND synced = 0 FOR UPDATE",
+             FORCE INDEX (idx_stock_log_batch) WHERE batch_id = ? AND synced = 0 FOR UPDATE",
             (batch_id,),
         )
         .await
@@ -77,7 +88,8 @@ pub async fn apply(pool: &Pool, batch_id: &str) -> anyhow::Result<Synced> {
         .context("Failed to update ticket_category.remain")?;
     }
     tx.exec_drop(
-        "UPDATE stock_log SET synced = 1, synced_at = UTC_TIMESTAMP(3) WHERE batch_id = ? AND synced = 0",
+        "UPDATE stock_log FORCE INDEX (idx_stock_log_batch) SET synced = 1, synced_at = UTC_TIMESTAMP(3) \
+         WHERE batch_id = ? AND synced = 0",
         (batch_id,),
     )
     .await?;
