@@ -129,11 +129,35 @@ pub async fn read_new(
     consumer: &str,
     count: usize,
 ) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
+    read_group(redis, keys, event_id, consumer, count, ">").await
+}
+
+/// Entries delivered to `consumer` before and not acknowledged: what it was doing when
+/// Redis went away (an AOF replay brings them back as pending), or, under the same
+/// worker id, before the core restarted. Read at once instead of waiting `claim_idle`.
+pub async fn read_own_pending(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: EventId,
+    consumer: &str,
+    count: usize,
+) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
+    read_group(redis, keys, event_id, consumer, count, "0").await
+}
+
+async fn read_group(
+    redis: &mut ConnectionManager,
+    keys: &Keys,
+    event_id: EventId,
+    consumer: &str,
+    count: usize,
+    from: &str,
+) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
     let opts = StreamReadOptions::default()
         .group(GROUP, consumer)
         .count(count);
     let reply: Option<StreamReadReply> =
-        redis::AsyncCommands::xread_options(redis, &[keys.order_stream(event_id)], &[">"], &opts)
+        redis::AsyncCommands::xread_options(redis, &[keys.order_stream(event_id)], &[from], &opts)
             .await?;
     Ok(reply
         .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())

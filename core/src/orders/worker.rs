@@ -37,10 +37,14 @@ impl Pipeline {
         let mut events_read = Instant::now() - Duration::from_secs(60);
         let mut claimed = Instant::now();
         let claim_idle = Duration::from_millis(self.settings.claim_idle_ms);
+        // This consumer's own unacknowledged entries are read first at start and after
+        // any Redis error (Redis restarted: its AOF brings them back as pending).
+        let mut own_pending = true;
         loop {
             if stop.requested() {
                 return;
             }
+            let check_own = std::mem::take(&mut own_pending);
             if events_read.elapsed() > Duration::from_secs(1) {
                 match self.events_with_sales().await {
                     Ok(ids) => events = ids,
@@ -69,7 +73,36 @@ impl Pipeline {
                     }
                 }
                 let mut entries = Vec::new();
-                if claim_now {
+                if check_own {
+                    match redis::read_own_pending(
+                        &mut redis,
+                        &self.keys,
+                        event_id,
+                        &consumer,
+                        self.settings.batch_size,
+                    )
+                    .await
+                    {
+                        Ok(found) if !found.is_empty() => {
+                            tracing::warn!(
+                                %event_id,
+                                entries = found.len(),
+                                "resuming reservations this worker had not finished"
+                            );
+                            // A full batch may not be all: look again next pass.
+                            own_pending |= found.len() >= self.settings.batch_size;
+                            entries = found;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            own_pending = true;
+                            if e.code() != Some("NOGROUP") {
+                                tracing::warn!(%event_id, error = %e, "reading this worker's pending entries failed");
+                            }
+                        }
+                    }
+                }
+                if entries.is_empty() && claim_now {
                     match redis::claim_stale(
                         &mut redis,
                         &self.keys,
@@ -89,7 +122,10 @@ impl Pipeline {
                             entries = found;
                         }
                         Ok(_) => {}
-                        Err(e) => tracing::warn!(%event_id, error = %e, "XAUTOCLAIM failed"),
+                        Err(e) => {
+                            tracing::warn!(%event_id, error = %e, "XAUTOCLAIM failed");
+                            own_pending = true;
+                        }
                     }
                 }
                 if entries.is_empty() {
@@ -106,10 +142,12 @@ impl Pipeline {
                         Err(e) if e.code() == Some("NOGROUP") => {
                             // The stream vanished (Redis lost its data): make it again.
                             grouped.remove(&event_id);
+                            own_pending = true;
                             continue;
                         }
                         Err(e) => {
                             tracing::warn!(%event_id, error = %e, "XREADGROUP failed");
+                            own_pending = true;
                             continue;
                         }
                     }
