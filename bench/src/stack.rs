@@ -31,6 +31,7 @@ pub struct StackArgs {
 }
 
 pub struct Stack {
+    pub dir: PathBuf,
     pub edge: SocketAddr,
     pub admin: SocketAddr,
     pub admin_token: String,
@@ -40,16 +41,7 @@ pub struct Stack {
 
 impl Stack {
     pub fn open(a: &StackArgs) -> anyhow::Result<Stack> {
-        let secret = |name: &str| -> anyhow::Result<String> {
-            let path = a.stack_dir.join(name);
-            Ok(std::fs::read_to_string(&path)
-                .with_context(|| {
-                    format!("cannot read {} (is the stack up? make up)", path.display())
-                })?
-                .trim()
-                .to_owned())
-        };
-        let password = secret("mysql.password")?;
+        let password = read_secret(&a.stack_dir, "mysql.password")?;
         let opts = mysql_async::OptsBuilder::default()
             .ip_or_hostname("127.0.0.1")
             .tcp_port(a.mysql_port)
@@ -57,12 +49,18 @@ impl Stack {
             .pass(Some(password))
             .db_name(Some(a.mysql_database.clone()));
         Ok(Stack {
+            dir: a.stack_dir.clone(),
             edge: SocketAddr::from(([127, 0, 0, 1], a.edge_port)),
             admin: SocketAddr::from(([127, 0, 0, 1], a.admin_port)),
-            admin_token: secret("admin.token")?,
+            admin_token: read_secret(&a.stack_dir, "admin.token")?,
             mysql: mysql_async::Pool::new(opts),
             redis_url: format!("redis://127.0.0.1:{}/", a.redis_port),
         })
+    }
+
+    /// One of the secrets `scripts/stack.sh` generated (admin.token, provider.secret, …).
+    pub fn secret(&self, name: &str) -> anyhow::Result<String> {
+        read_secret(&self.dir, name)
     }
 
     /// An admin call; fails unless the status is one of `ok`.
@@ -157,7 +155,18 @@ impl Stack {
         spinner.set_message(format!("waiting for event {event} to settle"));
         let mut created = None;
         loop {
-            let s = self.stats(event).await?;
+            // While a part is down the stats may answer 503 naming it: ask again.
+            let s = match self.stats(event).await {
+                Ok(s) => s,
+                Err(e) if Instant::now() < until => {
+                    spinner.set_message(format!("waiting for event {event} to settle ({e:#})"));
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(e.context(format!("event {event} not settled within {within:?}")));
+                }
+            };
             spinner.tick();
             if s["queued_reservations"] == 0 {
                 let at = *created.get_or_insert_with(Instant::now);
@@ -193,6 +202,14 @@ impl Stack {
         tokio::time::sleep(Duration::from_millis(1200)).await;
         Ok(())
     }
+}
+
+fn read_secret(dir: &std::path::Path, name: &str) -> anyhow::Result<String> {
+    let path = dir.join(name);
+    Ok(std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {} (is the stack up? make up)", path.display()))?
+        .trim()
+        .to_owned())
 }
 
 /// An event body: `units` split over `categories` unseated categories, plus a seated
