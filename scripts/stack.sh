@@ -9,9 +9,9 @@
 #   scripts/stack.sh status           every part with its port, pid and health
 #   scripts/stack.sh rotate-token-secret   a new user-token secret; the previous stays valid
 #
-# Parts: redis mysql namesrv broker core paysim edge. Idempotent: `up` twice changes nothing,
-# and a part already answering on its port is reused. A port held by something else is
-# an error naming the port. State (data, logs, pids, generated secrets) lives under
+# Parts: redis mysql namesrv broker core paysim edge, and core2 with CORES=2.
+# Idempotent: `up` twice changes nothing, and a part already answering on its port is
+# reused. A port held by something else is an error naming the port. State (data, logs, pids, generated secrets) lives under
 # $STACK_DIR (default .stack/). Every setting below can be overridden from the
 # environment; the test harness runs a second stack with its own dir and ports.
 set -Eeuo pipefail
@@ -33,6 +33,11 @@ ADMIN_PORT=${ADMIN_PORT:-9091}
 # The edge's loopback-only ops dashboard, and the payment provider simulator's page.
 OPS_PORT=${OPS_PORT:-8082}
 PAYSIM_PORT=${PAYSIM_PORT:-8090}
+# Cores serving the sales: 1, or 2 (the second, part core2, on CORE2_PORT and ADMIN2_PORT,
+# with the same Redis, MariaDB and broker; the edge spreads the public API over both).
+CORES=${CORES:-1}
+CORE2_PORT=${CORE2_PORT:-$((CORE_PORT + 2))}
+ADMIN2_PORT=${ADMIN2_PORT:-$((ADMIN_PORT + 2))}
 REDIS_PORT=${REDIS_PORT:-6379}
 MYSQL_PORT=${MYSQL_PORT:-3306}
 # Redis's AOF fsync: everysec (an OS crash may lose about the last second of admissions)
@@ -59,6 +64,11 @@ PAYSIM_BIN=$(dirname "$CORE_BIN")/stampede-paysim
 
 PIDS=$STACK_DIR/pids
 LOGS=$STACK_DIR/logs
+case $CORES in
+  1) ;;
+  2) PARTS_DEFAULT="redis mysql namesrv broker core core2 paysim edge" ;;
+  *) printf 'stack: CORES must be 1 or 2, not %s\n' "$CORES" >&2; exit 1 ;;
+esac
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'stack: %s\n' "$*" >&2; exit 1; }
@@ -264,9 +274,9 @@ start_broker() {
 }
 
 # ---------------------------------------------------------------- core
-core_env() {
-  export STAMPEDE_SERVER__PUBLIC_ADDR=127.0.0.1:$CORE_PORT
-  export STAMPEDE_SERVER__ADMIN_ADDR=127.0.0.1:$ADMIN_PORT
+core_env() { # core_env [PUBLIC_PORT ADMIN_PORT]: the settings of a core (the first's by default)
+  export STAMPEDE_SERVER__PUBLIC_ADDR=127.0.0.1:${1:-$CORE_PORT}
+  export STAMPEDE_SERVER__ADMIN_ADDR=127.0.0.1:${2:-$ADMIN_PORT}
   export STAMPEDE_REDIS__URL=redis://127.0.0.1:$REDIS_PORT/
   export STAMPEDE_MYSQL__URL=mysql://$MYSQL_USER@127.0.0.1:$MYSQL_PORT/$MYSQL_DATABASE
   export STAMPEDE_MYSQL__PASSWORD_FILE=$STACK_DIR/mysql.password
@@ -277,20 +287,25 @@ core_env() {
   export STAMPEDE_PAYMENTS__PROVIDER_PAGE_URL=http://127.0.0.1:$PAYSIM_PORT/paysim/pay
 }
 health_core() { curl -fsS -m 1 "http://127.0.0.1:$ADMIN_PORT/healthz" >/dev/null 2>&1; }
-start_core() {
+health_core2() { curl -fsS -m 1 "http://127.0.0.1:$ADMIN2_PORT/healthz" >/dev/null 2>&1; }
+start_core() { start_a_core core "$CORE_PORT" "$ADMIN_PORT" CORE_PORT ADMIN_PORT; }
+start_core2() { start_a_core core2 "$CORE2_PORT" "$ADMIN2_PORT" CORE2_PORT ADMIN2_PORT; }
+# start_a_core PART PUBLIC_PORT ADMIN_PORT (and the names of their variables)
+start_a_core() {
+  local part=$1 public=$2 admin=$3
   secret_file admin.token >/dev/null
   secret_file token.secret >/dev/null
   secret_file provider.secret >/dev/null
-  before_start core "$ADMIN_PORT" ADMIN_PORT || return 0
-  port_open "$CORE_PORT" && die "port $CORE_PORT is taken by something that is not the Stampede core; free it or set CORE_PORT"
+  before_start "$part" "$admin" "$5" || return 0
+  port_open "$public" && die "port $public is taken by something that is not the Stampede core; free it or set $4"
   build_core
   (
-    core_env
-    nohup "$CORE_BIN" serve >>"$LOGS/core.log" 2>&1 &
-    echo $! >"$PIDS/core.pid"
+    core_env "$public" "$admin"
+    nohup "$CORE_BIN" serve >>"$LOGS/$part.log" 2>&1 &
+    echo $! >"$PIDS/$part.pid"
   )
-  wait_for core 90 || die "the core did not come up; see $LOGS/core.log"
-  say "  core: started, public 127.0.0.1:$CORE_PORT, admin 127.0.0.1:$ADMIN_PORT"
+  wait_for "$part" 90 || die "the core did not come up; see $LOGS/$part.log"
+  say "  $part: started, public 127.0.0.1:$public, admin 127.0.0.1:$admin"
 }
 
 # ---------------------------------------------------------------- paysim
@@ -314,12 +329,15 @@ health_edge() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$EDGE_PORT/edge/health" 2>
 EDGE_PREFIX=$STACK_DIR/nginx
 render_edge_conf() { # every file of openresty/conf/, ports and paths filled in → dir $1
   mkdir -p "$1"
-  local f
+  local f core2=""
+  [ "$CORES" = 1 ] || core2="s|# \${CORE2_SERVER}.*|server 127.0.0.1:$CORE2_PORT;|"
   for f in "$ROOT"/openresty/conf/*; do
     sed -e "s#\${EDGE_PORT}#$EDGE_PORT#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
       -e "s#\${REDIS_PORT}#$REDIS_PORT#g" -e "s#\${STAMPEDE_ROOT}#$ROOT#g" \
       -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$OPS_PORT#g" \
-      -e "s#\${TOKEN_SECRET_FILE}#$STACK_DIR/token.secret#g" "$f" >"$1/$(basename "$f")"
+      -e "s#\${TOKEN_SECRET_FILE}#$STACK_DIR/token.secret#g" \
+      -e "$core2" \
+      "$f" >"$1/$(basename "$f")"
   done
   # Not read by nginx: makes an edited Lua module, or a rotated token secret, count
   # as a changed conf (a reload).
@@ -390,6 +408,7 @@ port_of() {
   case $1 in
     redis) echo "$REDIS_PORT" ;; mysql) echo "$MYSQL_PORT" ;; namesrv) echo "$NAMESRV_PORT" ;;
     broker) echo "$BROKER_PORT" ;; core) echo "$CORE_PORT,$ADMIN_PORT" ;; paysim) echo "$PAYSIM_PORT" ;;
+    core2) echo "$CORE2_PORT,$ADMIN2_PORT" ;;
     edge) echo "$EDGE_PORT,$OPS_PORT" ;;
   esac
 }
@@ -440,6 +459,8 @@ case $cmd in
     ;;
   down)
     say "stopping the stack (state in $STACK_DIR)"
+    # A second core started with CORES=2 stops with the rest, whatever CORES is now.
+    [ -n "$*" ] || [ "$CORES" = 2 ] || parts=${parts/core /core core2 }
     for part in $(tr -s ' ' '\n' <<<"$parts" | tac); do
       step="stop $part"
       stop_part "$part"
