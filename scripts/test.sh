@@ -42,7 +42,7 @@ if ! cargo test -p stampede-e2e --test e2e -- --test-threads 2; then
   exit 1
 fi
 
-step "chaos, short: a sale with Redis killed, Redis hung, the core killed three times (scripts/chaos.sh --short)"
+step "chaos, short: a sale each with Redis killed, Redis hung, the core killed three times, one of two cores killed, payments racing their timeout (scripts/chaos.sh --short)"
 BENCH=$ROOT/target/debug/stampede-bench scripts/chaos.sh --short
 
 step "browser tests (Playwright, Debian's Chromium)"

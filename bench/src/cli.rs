@@ -23,6 +23,8 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// A burst of buyers at a sale's open through the edge, then the audit.
+    // An option given twice: the last one counts (the chaos suite adds to a base line).
+    #[command(args_override_self = true)]
     Sale {
         #[command(flatten)]
         sale: sale::SaleArgs,

@@ -26,6 +26,28 @@ async fn edge_loop(
     Ok((rate, admitted, rec))
 }
 
+/// Redis's `appendfsync` now; set to `to` first if given (CONFIG SET applies at once).
+/// Returns the setting it had.
+async fn appendfsync(stack: &Stack, to: Option<&str>) -> anyhow::Result<String> {
+    let mut redis = redis::Client::open(stack.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let (_, before): (String, String) = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async(&mut redis)
+        .await?;
+    if let Some(to) = to {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendfsync")
+            .arg(to)
+            .query_async::<()>(&mut redis)
+            .await?;
+    }
+    Ok(before)
+}
+
 pub async fn compare(
     stack: &Stack,
     sale_args: &sale::SaleArgs,
@@ -96,6 +118,7 @@ pub async fn compare(
             Duration::ZERO,
         ))
         .await?;
+    let fsync_before = appendfsync(stack, Some("everysec")).await?;
     stack.edge_limits(true).await?;
     let admitted_started = Instant::now();
     let t0 = cpu::snapshot();
@@ -117,6 +140,35 @@ pub async fn compare(
     ));
     let orders_persisted_per_s =
         sustained_orders as f64 / (settled - admitted_started).as_secs_f64();
+
+    step(
+        "edge: admitted purchases again, Redis fsyncing its AOF on every write (appendfsync always)",
+    );
+    let (always_event, always_cats) = stack
+        .event(&event_body(
+            "bench admitted, appendfsync always",
+            10_000_000,
+            1,
+            None,
+            1_000,
+            Duration::ZERO,
+        ))
+        .await?;
+    appendfsync(stack, Some("always")).await?;
+    stack.edge_limits(true).await?;
+    let always = edge_loop(stack, always_event, always_cats[0], &tokens, c, d).await;
+    stack.edge_limits(false).await?;
+    appendfsync(stack, Some(&fsync_before)).await?;
+    let (_, always_rps, always_rec) = always?;
+    stack
+        .wait_settled(always_event, Duration::from_secs(600))
+        .await?;
+    let p99_202 = |rec: &Recorder| rec.latencies().get("202").map_or(f64::NAN, |l| l.p99_ms);
+    let fsync = json!({
+        "everysec": {"admitted_per_s": admitted_rps, "p99_202_ms": p99_202(&admitted_rec)},
+        "always": {"admitted_per_s": always_rps, "p99_202_ms": p99_202(&always_rec)},
+        "stack_setting": fsync_before,
+    });
 
     step("baseline: the row-lock design against the same MariaDB");
     let rowlock =
@@ -148,6 +200,7 @@ pub async fn compare(
         "admitted_vs_rowlock": admitted_rps / rowlock.completed_per_s,
         "orders_persisted_per_s": orders_persisted_per_s,
         "settle_s": sale.settle_s,
+        "fsync_always_vs_everysec": always_rps / admitted_rps,
         "audit_ok": sale.audit.ok,
     });
     let raw = json!({
@@ -156,7 +209,7 @@ pub async fn compare(
         "edge_sold_out_answers_per_s": reject_rps, "edge_sold_out_answers": reject_rec.counts(),
         "edge_admitted_per_s": admitted_rps, "edge_admitted_answers": admitted_rec.counts(),
         "sustained_orders": sustained_orders, "sustained_settled_s": (settled - admitted_started).as_secs_f64(),
-        "rowlock": rowlock, "redis_reserve_per_s": redis_rps,
+        "rowlock": rowlock, "redis_reserve_per_s": redis_rps, "appendfsync": fsync,
         "redis_ceiling_vs_admitted": redis_rps / admitted_rps,
         "sale": sale,
         "cpu": breakdown.iter().map(|(name, u)| json!({"run": name, "usage": u})).collect::<Vec<_>>(),
@@ -210,6 +263,11 @@ pub async fn compare(
     println!(
         "     row-lock burst {:.2} s vs the sale's first answers {:.2} s, row-lock {:.0} purchases/s, reserve.lua by EVALSHA {redis_rps:.0}/s",
         rowlock.burst_s, sale.first_answers_s, rowlock.completed_per_s
+    );
+    println!(
+        "     admitted with appendfsync everysec {admitted_rps:.0}/s (202 p99 {:.1} ms), always {always_rps:.0}/s (202 p99 {:.1} ms)",
+        p99_202(&admitted_rec),
+        p99_202(&always_rec)
     );
     println!();
     println!("where the time goes (CPU µs per request, every part on the same cores):");

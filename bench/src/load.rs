@@ -120,6 +120,8 @@ pub struct Request {
     pub path: String,
     pub bearer: Option<String>,
     pub idempotency_key: Option<String>,
+    /// Any other headers (the payment provider's signature).
+    pub headers: Vec<(&'static str, String)>,
     pub body: Bytes,
 }
 
@@ -130,6 +132,7 @@ impl Request {
             path: path.into(),
             bearer: None,
             idempotency_key: None,
+            headers: Vec::new(),
             body: Bytes::new(),
         }
     }
@@ -140,6 +143,7 @@ impl Request {
             path: path.into(),
             bearer: None,
             idempotency_key: None,
+            headers: Vec::new(),
             body: Bytes::from(body.to_string()),
         }
     }
@@ -168,6 +172,9 @@ impl Request {
         if let Some(k) = &self.idempotency_key {
             b = b.header("idempotency-key", k.as_str());
         }
+        for (name, value) in &self.headers {
+            b = b.header(*name, value.as_str());
+        }
         b.body(Full::new(self.body.clone())).expect("valid request")
     }
 }
@@ -188,6 +195,7 @@ pub fn purchase_maker(
         path: path.clone(),
         bearer: Some(tokens[(n as usize * connections + c) % tokens.len()].clone()),
         idempotency_key: Some(format!("c{c}-{n}")),
+        headers: Vec::new(),
         body: body.clone(),
     }
 }

@@ -7,6 +7,7 @@ mod cli;
 mod compare;
 mod cpu;
 mod load;
+mod payrace;
 mod record;
 mod report;
 mod sale;

@@ -36,6 +36,12 @@ pub fn print_sale(r: &sale::SaleReport) {
             kind, l.count, l.p50_ms, l.p95_ms, l.p99_ms, l.max_ms
         );
     }
+    if let Some(race) = &r.pay_race {
+        println!(
+            "  pay race: {} orders paid at their deadline: answered {:?}; ended paid {}, cancelled {}",
+            race.raced, race.answers, race.ended_paid, race.ended_cancelled
+        );
+    }
     println!(
         "  audit: {}",
         if r.audit.ok {

@@ -14,6 +14,7 @@ use tokio::sync::Mutex;
 
 use crate::audit::{self, Audit};
 use crate::load::{Conn, Request};
+use crate::payrace::{self, PayRace};
 use crate::record::{Latency, Recorder};
 use crate::stack::{Stack, event_body};
 
@@ -49,6 +50,10 @@ pub struct SaleArgs {
     /// Most retries of one submission after 429 / 503.
     #[arg(long, default_value_t = 3)]
     pub max_retries: u32,
+    /// Submissions per second at most, over all connections (0: as fast as they go).
+    /// A paced burst keeps admissions running for a while (the chaos suite's rewind).
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
     /// The burst stops after this long whatever is left.
     #[arg(long, default_value_t = 120)]
     pub max_seconds: u64,
@@ -66,6 +71,14 @@ pub struct SaleArgs {
     pub fault: Option<String>,
     #[arg(long, default_value_t = 500)]
     pub fault_after_ms: u64,
+    /// The event's payment window in seconds (short for --pay-race).
+    #[arg(long, default_value_t = 900)]
+    pub pay_timeout_s: u64,
+    /// After the sale settles, pay this many unpaid orders each at its payment deadline,
+    /// racing the timeout's cancellation; the audit then checks each ended paid or
+    /// cancelled, never both (the chaos suite's pay-race).
+    #[arg(long, default_value_t = 0)]
+    pub pay_race: u64,
 }
 
 /// What the injected fault did.
@@ -148,6 +161,8 @@ pub struct SaleReport {
     pub audit: Audit,
     /// The fault injected, if one was.
     pub fault: Option<FaultReport>,
+    /// The payments raced against their orders' timeout, if asked (--pay-race).
+    pub pay_race: Option<PayRace>,
     /// (bucket start s, admitted, rejected) per 100 ms.
     #[serde(skip)]
     pub timeline: Vec<(f64, u64, u64)>,
@@ -164,7 +179,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
             && (0.0..=1.0).contains(&a.seat_share),
         "shares are between 0 and 1"
     );
-    let body = event_body(
+    let mut body = event_body(
         "stampede-bench sale",
         a.units,
         a.categories.max(1),
@@ -172,6 +187,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         a.per_user_limit,
         Duration::from_secs(a.open_in_s),
     );
+    body["pay_timeout_s"] = a.pay_timeout_s.into();
     let opens_at = Instant::now() + Duration::from_secs(a.open_in_s);
     let (event, categories) = stack.event(&body).await?;
     eprintln!(
@@ -240,6 +256,9 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         .expect("valid template"),
     );
     let answered = Arc::new(AtomicU64::new(0));
+    // The pace: submission n (over all connections) not before n / rate s after the open.
+    let sent = Arc::new(AtomicU64::new(0));
+    let rate = a.rate;
     // When the last buyer had the answer to their first submission, µs after the open.
     let first_answered = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -253,6 +272,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         );
         let (bar, answered, edge) = (bar.clone(), answered.clone(), stack.edge);
         let first_answered = first_answered.clone();
+        let sent = sent.clone();
         let max_retries = a.max_retries;
         tasks.push(tokio::spawn(async move {
             let mut conn = Conn::new(edge, c);
@@ -271,11 +291,17 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
                 {
                     tokio::time::sleep_until(t.into()).await;
                 }
+                if rate > 0 {
+                    let n = sent.fetch_add(1, Ordering::Relaxed);
+                    let slot = started + Duration::from_secs_f64(n as f64 / rate as f64);
+                    tokio::time::sleep_until(slot.min(deadline).into()).await;
+                }
                 let req = Request {
                     method: http::Method::POST,
                     path: format!("/api/events/{event}/orders"),
                     bearer: Some(tokens[attempt.buyer].clone()),
                     idempotency_key: Some(attempt.key.clone()),
+                    headers: Vec::new(),
                     body: attempt.body.clone(),
                 };
                 let answer = match conn.send(&req).await {
@@ -360,7 +386,16 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
     let mut admitted = admitted_ids.lock().expect("not poisoned").clone();
     admitted.sort_unstable_by_key(|(_, rid)| *rid);
     admitted.dedup_by_key(|(_, rid)| *rid);
-    let audit = audit::run(stack, event, a.per_user_limit, &admitted).await?;
+    let pay_race = if a.pay_race > 0 {
+        let within = Duration::from_secs(a.pay_timeout_s + a.settle_timeout_s);
+        Some(payrace::run(stack, event, a.pay_race, a.seed, within).await?)
+    } else {
+        None
+    };
+    let mut audit = audit::run(stack, event, a.per_user_limit, &admitted).await?;
+    if let Some(race) = &pay_race {
+        audit.add("paid or cancelled, never both", race.violations.clone());
+    }
     let persisted_window = (settled_at - started).as_secs_f64().max(1e-3);
     Ok(SaleReport {
         event_id: event,
@@ -383,5 +418,6 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         timeline: rec.timeline(),
         audit,
         fault,
+        pay_race,
     })
 }

@@ -1,0 +1,215 @@
+//! The pay race (`stampede-bench sale --pay-race N`): after the sale has settled, N
+//! unpaid orders are paid by the provider's signed callback, each sent at its payment
+//! deadline (from 250 ms before to 1.25 s after: the timeout cancels about 0.5–1 s after
+//! it, batch by batch), so that payment and the timeout's cancellation meet on the
+//! same order. Then the wait until no order of the event is unpaid, and the check that
+//! each raced order ended one way: paid (and its units never given back) or cancelled
+//! (and the payment recorded for refund) — never both, never neither.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use mysql_async::prelude::*;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use stampede_core::lifecycle::pay;
+use stampede_core::order_tables::{OrderStatus, count_shards, over_shards};
+
+use crate::load::{Conn, Request};
+use crate::stack::Stack;
+
+/// What the raced payments were answered, and what the check found.
+#[derive(Debug, Default, Serialize)]
+pub struct PayRace {
+    pub raced: u64,
+    /// Callback answers: PAID, REFUND_PENDING, DUPLICATE, or the HTTP status of an error.
+    pub answers: std::collections::BTreeMap<String, u64>,
+    /// Of the raced orders, how they ended in MySQL.
+    pub ended_paid: u64,
+    pub ended_cancelled: u64,
+    /// Orders that ended both ways or neither, in words.
+    pub violations: Vec<String>,
+}
+
+/// One raced order: what the callback said, and the order as it ended.
+struct Raced {
+    order_no: u64,
+    answer: String,
+}
+
+/// Races `count` of the event's unpaid orders against their timeout; waits (up to
+/// `within`) until the event has no unpaid order left, then checks each raced order.
+pub async fn run(
+    stack: &Stack,
+    event: u64,
+    count: u64,
+    seed: u64,
+    within: Duration,
+) -> anyhow::Result<PayRace> {
+    let secret = stack.secret("provider.secret")?;
+    let mut conn = stack.mysql.get_conn().await?;
+    let shards = count_shards(&mut conn).await?;
+    let orders = over_shards(
+        shards,
+        &format!(
+            "SELECT order_no, amount_cents, \
+             CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), pay_deadline) AS SIGNED) left_us \
+             FROM {{orders}} WHERE event_id = {event} AND status = '{}'",
+            OrderStatus::Unpaid
+        ),
+    );
+    let unpaid: Vec<(u64, u64, i64)> = conn
+        .query(format!("{orders} ORDER BY order_no LIMIT {count}"))
+        .await?;
+    anyhow::ensure!(
+        !unpaid.is_empty(),
+        "event {event} has no unpaid order to race"
+    );
+    let now = Instant::now();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut tasks = Vec::with_capacity(unpaid.len());
+    for (i, (order_no, amount, left_us)) in unpaid.into_iter().enumerate() {
+        let jitter_ms: i64 = rng.gen_range(-250..=1_250);
+        let at = now + Duration::from_micros((left_us + jitter_ms * 1000).max(0) as u64);
+        let body = serde_json::json!({
+            "provider_txn_id": format!("race-{event}-{order_no}"),
+            "order_no": order_no.to_string(),
+            "amount_cents": amount,
+        })
+        .to_string();
+        let signature = pay::sign(secret.as_bytes(), body.as_bytes());
+        let edge = stack.edge;
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            let req = Request {
+                method: http::Method::POST,
+                path: "/api/payments/callback".into(),
+                bearer: None,
+                idempotency_key: None,
+                headers: vec![(pay::SIGNATURE_HEADER, signature)],
+                body: bytes::Bytes::from(body),
+            };
+            let answer = match Conn::new(edge, i).send(&req).await {
+                Ok(a) if a.status == 200 => a.json()["result"]
+                    .as_str()
+                    .unwrap_or("no result")
+                    .to_owned(),
+                Ok(a) => format!("HTTP {}", a.status),
+                Err(_) => "no answer".to_owned(),
+            };
+            Raced { order_no, answer }
+        }));
+    }
+    let mut raced = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        raced.push(t.await?);
+    }
+
+    // The timeout cancels what was not paid: wait until nothing of the event is unpaid.
+    let until = Instant::now() + within;
+    let unpaid_left = over_shards(
+        shards,
+        &format!(
+            "SELECT order_no FROM {{orders}} WHERE event_id = {event} AND status = '{}'",
+            OrderStatus::Unpaid
+        ),
+    );
+    loop {
+        let left: u64 = conn
+            .query_first(format!("SELECT COUNT(*) FROM ({unpaid_left}) o"))
+            .await?
+            .unwrap_or(0);
+        if left == 0 {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < until,
+            "{left} orders of event {event} still unpaid {within:?} after the race"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    check(stack, &mut conn, shards, event, raced).await
+}
+
+async fn check(
+    stack: &Stack,
+    conn: &mut mysql_async::Conn,
+    shards: u32,
+    event: u64,
+    raced: Vec<Raced>,
+) -> anyhow::Result<PayRace> {
+    let mut report = PayRace {
+        raced: raced.len() as u64,
+        ..PayRace::default()
+    };
+    let list = raced
+        .iter()
+        .map(|r| r.order_no.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let statuses: HashMap<u64, String> = conn
+        .query::<(u64, String), _>(over_shards(
+            shards,
+            &format!("SELECT order_no, status FROM {{orders}} WHERE order_no IN ({list})"),
+        ))
+        .await?
+        .into_iter()
+        .collect();
+    let payments: HashMap<u64, String> = conn
+        .query::<(u64, String), _>(format!(
+            "SELECT order_no, status FROM payment WHERE order_no IN ({list})"
+        ))
+        .await?
+        .into_iter()
+        .collect();
+    let keys =
+        stampede_core::keys::Keys::new(&stampede_core::Settings::defaults().redis.key_prefix);
+    let mut redis = redis::Client::open(stack.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await
+        .context("Redis, for the restocked orders")?;
+    let restocked: std::collections::HashSet<u64> = redis::cmd("SMEMBERS")
+        .arg(keys.restocked(event))
+        .query_async::<Vec<u64>>(&mut redis)
+        .await?
+        .into_iter()
+        .collect();
+    for r in raced {
+        *report.answers.entry(r.answer.clone()).or_default() += 1;
+        let status = statuses
+            .get(&r.order_no)
+            .map(String::as_str)
+            .unwrap_or("missing");
+        let payment = payments.get(&r.order_no).map(String::as_str);
+        let given_back = restocked.contains(&r.order_no);
+        // An answer that is an error (or none) may go either way; what the order became
+        // must still be one thing only.
+        let wrong = match status {
+            "PAID" => {
+                report.ended_paid += 1;
+                (r.answer == "REFUND_PENDING" || payment != Some("APPLIED") || given_back).then(|| {
+                    format!(
+                        "paid, answered {}, payment {payment:?}, units given back: {given_back}",
+                        r.answer
+                    )
+                })
+            }
+            "CANCELLED" => {
+                report.ended_cancelled += 1;
+                (r.answer == "PAID" || payment == Some("APPLIED") || !given_back).then(|| {
+                    format!(
+                        "cancelled, answered {}, payment {payment:?}, units given back: {given_back}",
+                        r.answer
+                    )
+                })
+            }
+            other => Some(format!("ended {other}, answered {}", r.answer)),
+        };
+        if let Some(w) = wrong {
+            report.violations.push(format!("order {}: {w}", r.order_no));
+        }
+    }
+    Ok(report)
+}
