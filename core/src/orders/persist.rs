@@ -303,8 +303,14 @@ pub async fn expire(
     r: &Reservation,
 ) -> Result<Expiry, PersistError> {
     let mut conn = pool.get_conn().await.map_err(classify)?;
+    // REPEATABLE READ whatever the server's default: the existence check below must lock
+    // the order's gap (READ COMMITTED would let an attempt insert the order meanwhile).
     let mut tx = conn
-        .start_transaction(TxOpts::default())
+        .start_transaction(
+            TxOpts::default()
+                .with_isolation_level(IsolationLevel::RepeatableRead)
+                .clone(),
+        )
         .await
         .map_err(classify)?;
     if !stale_reservations(&mut tx, event_id, [r]).await?.is_empty() {

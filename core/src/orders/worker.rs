@@ -44,7 +44,8 @@ impl Pipeline {
             if stop.requested() {
                 return;
             }
-            let check_own = std::mem::take(&mut own_pending);
+            // Kept for a later pass when this one cannot look (no sales listed yet).
+            let check_own = !events.is_empty() && std::mem::take(&mut own_pending);
             if events_read.elapsed() > Duration::from_secs(1) {
                 match self.events_with_sales().await {
                     Ok(ids) => events = ids,
@@ -68,6 +69,7 @@ impl Pipeline {
                         }
                         Err(e) => {
                             tracing::warn!(%event_id, error = %e, "cannot create the consumer group");
+                            own_pending = true;
                             continue;
                         }
                     }
