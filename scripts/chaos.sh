@@ -75,9 +75,13 @@ def count(check):
     return sum(1 for v in a["violations"] if v.startswith(check + ":"))
 oversold, seats, limit = count("no oversell"), count("one order per seat"), count("per-user limit")
 lost = a["lost_202"]
-# Every other check (conservation, stock_log synced, paid or cancelled) must hold too.
+# Every other check (conservation, stock_log synced, paid or cancelled) must hold too,
+# and the fault must have run: a fault that failed proves nothing.
 others = [v for v in a["violations"] if not v.startswith(
     ("no oversell:", "one order per seat:", "per-user limit:", "every 202 terminal:"))]
+fault = r.get("fault")
+if fault and fault.get("exit") != 0:
+    others.append(f"the fault exited {fault.get('exit')}: {fault.get('command')}")
 ok = (oversold == 0 and seats == 0 and limit == 0 and not others
       and (allowed == "any" or lost <= int(allowed)))
 print(f"{name:<14} {r['admitted']:>8} {r['orders']:>7} {a['failed_202']:>7} {lost:>6} {oversold:>9} "
@@ -107,11 +111,17 @@ for name in "${wanted[@]}"; do
   read -ra more <<<"$options"
   args+=("${more[@]}")
   for attempt in 1 2; do
-    [ -z "$setup" ] || sh -c "$setup" || echo "chaos: $name: its set-up failed" >&2
-    ready
-    "$BENCH" sale --buyers 3000 --units 400 --categories 2 --seats 5x10 --per-user-limit 2 \
-      --connections 64 --max-seconds 90 --settle-timeout-s "${SETTLE_TIMEOUT_S:-120}" --json "${args[@]}" \
-      >"$out/$name.json" 2>"$out/$name.err" || true
+    rm -f "$out/$name.json"
+    : >"$out/$name.err"
+    if [ -n "$setup" ] && ! sh -c "$setup" >>"$out/$name.err" 2>&1; then
+      # No sale: a set-up that failed (no second core) would make the row prove nothing.
+      echo "chaos: $name: its set-up failed: $setup" >>"$out/$name.err"
+    else
+      ready
+      "$BENCH" sale --buyers 3000 --units 400 --categories 2 --seats 5x10 --per-user-limit 2 \
+        --connections 64 --max-seconds 90 --settle-timeout-s "${SETTLE_TIMEOUT_S:-120}" --json "${args[@]}" \
+        >"$out/$name.json" 2>>"$out/$name.err" || true
+    fi
     # The stack as it was before the experiment, whatever the fault left down (a second
     # core stopped, the edge back to one upstream).
     "$STACK" down core2 >/dev/null 2>&1 || true

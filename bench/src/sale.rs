@@ -74,7 +74,7 @@ pub struct SaleArgs {
     /// The event's payment window in seconds (short for --pay-race).
     #[arg(long, default_value_t = 900)]
     pub pay_timeout_s: u64,
-    /// After the sale settles, pay this many unpaid orders each at its payment deadline,
+    /// After the sale settles, pay this many unpaid orders each around its payment deadline,
     /// racing the timeout's cancellation; the audit then checks each ended paid or
     /// cancelled, never both (the chaos suite's pay-race).
     #[arg(long, default_value_t = 0)]
