@@ -121,38 +121,30 @@ pub async fn ensure_group(
     }
 }
 
-/// New entries for this consumer, at most `count`.
-pub async fn read_new(
-    redis: &mut ConnectionManager,
-    keys: &Keys,
-    event_id: EventId,
-    consumer: &str,
-    count: usize,
-) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
-    read_group(redis, keys, event_id, consumer, count, ">").await
+/// Which of a consumer's entries to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entries {
+    /// Never delivered to any consumer yet.
+    New,
+    /// Delivered to this consumer before and not acknowledged: what it was doing when
+    /// Redis went away (an AOF replay brings them back as pending), or, under the same
+    /// worker id, before the core restarted. Read at once instead of waiting `claim_idle`.
+    OwnPending,
 }
 
-/// Entries delivered to `consumer` before and not acknowledged: what it was doing when
-/// Redis went away (an AOF replay brings them back as pending), or, under the same
-/// worker id, before the core restarted. Read at once instead of waiting `claim_idle`.
-pub async fn read_own_pending(
+/// This consumer's entries of `which` kind, at most `count`.
+pub async fn read(
     redis: &mut ConnectionManager,
     keys: &Keys,
     event_id: EventId,
     consumer: &str,
     count: usize,
+    which: Entries,
 ) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
-    read_group(redis, keys, event_id, consumer, count, "0").await
-}
-
-async fn read_group(
-    redis: &mut ConnectionManager,
-    keys: &Keys,
-    event_id: EventId,
-    consumer: &str,
-    count: usize,
-    from: &str,
-) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
+    let from = match which {
+        Entries::New => ">",
+        Entries::OwnPending => "0",
+    };
     let opts = StreamReadOptions::default()
         .group(GROUP, consumer)
         .count(count);

@@ -76,12 +76,13 @@ impl Pipeline {
                 }
                 let mut entries = Vec::new();
                 if check_own {
-                    match redis::read_own_pending(
+                    match redis::read(
                         &mut redis,
                         &self.keys,
                         event_id,
                         &consumer,
                         self.settings.batch_size,
+                        redis::Entries::OwnPending,
                     )
                     .await
                     {
@@ -131,12 +132,13 @@ impl Pipeline {
                     }
                 }
                 if entries.is_empty() {
-                    match redis::read_new(
+                    match redis::read(
                         &mut redis,
                         &self.keys,
                         event_id,
                         &consumer,
                         self.settings.batch_size,
+                        redis::Entries::New,
                     )
                     .await
                     {
