@@ -91,7 +91,7 @@ impl App {
     pub async fn build(config: Resolved) -> Result<App, BuildError> {
         let s = &config.settings;
         let timeout = Duration::from_secs(s.startup.connect_timeout_s);
-        let redis = infra::redis::connect(&s.redis.url, timeout)
+        let redis = infra::redis::connect(&s.redis, timeout)
             .await
             .map_err(BuildError::Dependency)?;
         let mysql = infra::mysql::connect(config.mysql_opts.clone(), timeout)

@@ -15,8 +15,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::infra::redis::Redis;
 use anyhow::Context;
-use redis::aio::ConnectionManager;
 
 use crate::domain::{OrderNo, UserId};
 use crate::keys::Keys;
@@ -122,7 +122,7 @@ fn now_ms() -> u64 {
 
 /// Takes a free worker id from Redis (`worker:<n>`, a lock with ttl `lease`).
 pub async fn lease_worker_id(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     lease: Duration,
 ) -> anyhow::Result<Lock> {
@@ -153,7 +153,7 @@ pub fn leased_id(lock: &Lock) -> u64 {
 pub async fn keep_lease(
     mut lock: Lock,
     ids: std::sync::Arc<OrderIds>,
-    mut redis: ConnectionManager,
+    mut redis: Redis,
     keys: Keys,
     lease: Duration,
     mut stop: Shutdown,

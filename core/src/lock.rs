@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use crate::infra::redis::Redis;
 
 use crate::script_codes::ScriptCode;
 
@@ -41,7 +41,7 @@ pub struct Lock {
 impl Lock {
     /// Tries once to take `key` for `ttl`.
     pub async fn try_acquire(
-        redis: &mut ConnectionManager,
+        redis: &mut Redis,
         key: String,
         ttl: Duration,
     ) -> redis::RedisResult<Option<Lock>> {
@@ -59,7 +59,7 @@ impl Lock {
 
     /// Tries to take `key` for `ttl`, waiting up to `wait`; None if someone else holds it.
     pub async fn acquire(
-        redis: &mut ConnectionManager,
+        redis: &mut Redis,
         key: String,
         ttl: Duration,
         wait: Duration,
@@ -81,11 +81,7 @@ impl Lock {
     }
 
     /// Extends the lock to `ttl` from now if still ours.
-    pub async fn renew(
-        &self,
-        redis: &mut ConnectionManager,
-        ttl: Duration,
-    ) -> anyhow::Result<Owned> {
+    pub async fn renew(&self, redis: &mut Redis, ttl: Duration) -> anyhow::Result<Owned> {
         let code: i64 = RENEW
             .key(&self.key)
             .arg(&self.token)
@@ -95,7 +91,7 @@ impl Lock {
         Owned::from_code(code)
     }
 
-    pub async fn release(self, redis: &mut ConnectionManager) -> anyhow::Result<Owned> {
+    pub async fn release(self, redis: &mut Redis) -> anyhow::Result<Owned> {
         let code: i64 = RELEASE
             .key(&self.key)
             .arg(&self.token)

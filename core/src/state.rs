@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use crate::infra::redis::Redis;
 use mysql_async::Pool;
-use redis::aio::ConnectionManager;
 
 use crate::admission::Admission;
 use crate::auth::login::LoginGuard;
@@ -22,7 +22,7 @@ use crate::reconcile::Reconciler;
 
 pub struct AppState {
     pub config: Resolved,
-    pub redis: ConnectionManager,
+    pub redis: Redis,
     pub mysql: Pool,
     pub keys: Keys,
     pub tokens: TokenSigner,

@@ -9,8 +9,8 @@ pub mod validate;
 
 use std::sync::Arc;
 
+use crate::infra::redis::Redis;
 use chrono::Utc;
-use redis::aio::ConnectionManager;
 
 use crate::catalog::{EventCache, EventStatus};
 use crate::domain::{EventId, UserId};
@@ -70,7 +70,7 @@ pub enum Seats {
 
 /// What admission reads and writes.
 pub struct Admission {
-    pub redis: ConnectionManager,
+    pub redis: Redis,
     pub keys: Keys,
     /// The same cache the order workers read.
     pub events: Arc<EventCache>,

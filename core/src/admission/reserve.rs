@@ -2,7 +2,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::infra::redis::Redis;
 
 use super::{Purchase, Refusal, Seats};
 use crate::domain::OrderNo;
@@ -81,7 +81,7 @@ pub struct Reserved {
 
 /// Runs the script; Ok(Err(refusal)) for a buyer's answer, Err for Redis trouble.
 pub async fn reserve(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     p: &Purchase,
     request_id: OrderNo,

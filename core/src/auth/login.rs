@@ -17,8 +17,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::infra::redis::Redis;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::LoginSettings;
@@ -52,7 +52,7 @@ impl LoginGuard {
     /// A slot to check a password in, unless the account must wait or all are busy.
     pub async fn admit(
         &self,
-        redis: &mut ConnectionManager,
+        redis: &mut Redis,
         keys: &Keys,
         username: &str,
         address: &str,
@@ -86,7 +86,7 @@ impl LoginGuard {
     /// Records a failed attempt, in one round trip: the wait before this address's next.
     pub async fn failed(
         &self,
-        redis: &mut ConnectionManager,
+        redis: &mut Redis,
         keys: &Keys,
         username: &str,
         address: &str,
@@ -117,7 +117,7 @@ impl LoginGuard {
     /// A success forgets this address's failures for the account (not the others').
     pub async fn succeeded(
         &self,
-        redis: &mut ConnectionManager,
+        redis: &mut Redis,
         keys: &Keys,
         username: &str,
         address: &str,

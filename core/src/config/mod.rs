@@ -57,9 +57,24 @@ pub struct ServerSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
+    /// `single`: one Redis (or a primary behind a proxy) at `url`; `cluster`: a Redis
+    /// Cluster found through the seed `nodes`.
+    pub mode: RedisMode,
+    /// The Redis of `single` mode.
     pub url: String,
+    /// `cluster` mode's seed nodes (any few of the cluster's nodes; the rest are found
+    /// through them). From the environment: `STAMPEDE_REDIS__NODES=url1,url2,…`.
+    #[serde(default)]
+    pub nodes: Vec<String>,
     /// Prefix of every key, so tests and several deployments can share one Redis.
     pub key_prefix: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    Single,
+    Cluster,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -212,7 +227,9 @@ impl Settings {
                 config::Environment::with_prefix("STAMPEDE")
                     .prefix_separator("_")
                     .separator("__")
-                    .try_parsing(true),
+                    .try_parsing(true)
+                    .list_separator(",")
+                    .with_list_parse_key("redis.nodes"),
             )
             .build()
             .and_then(|c| c.try_deserialize())

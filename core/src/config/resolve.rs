@@ -36,8 +36,23 @@ impl Settings {
                 "redis.key_prefix must be non-empty, without braces or spaces".into(),
             ));
         }
-        redis::Client::open(self.redis.url.as_str())
-            .map_err(|e| ConfigError(format!("redis.url: {e}")))?;
+        match self.redis.mode {
+            super::RedisMode::Single => {
+                redis::Client::open(self.redis.url.as_str())
+                    .map_err(|e| ConfigError(format!("redis.url: {e}")))?;
+            }
+            super::RedisMode::Cluster => {
+                if self.redis.nodes.iter().all(|n| n.trim().is_empty()) {
+                    return Err(ConfigError(
+                        "redis.mode is \"cluster\" but redis.nodes names no seed node".into(),
+                    ));
+                }
+                for node in &self.redis.nodes {
+                    redis::Client::open(node.trim())
+                        .map_err(|e| ConfigError(format!("redis.nodes: {node:?}: {e}")))?;
+                }
+            }
+        }
         if !(self.mysql.order_shards.is_power_of_two() && self.mysql.order_shards <= 64) {
             return Err(ConfigError(
                 "mysql.order_shards must be a power of two up to 64 (1, 2, 4 … 64)".into(),

@@ -1,24 +1,112 @@
-//! Redis: one multiplexed connection manager (reconnects by itself), start-up retries.
+//! Redis: one multiplexed connection (reconnects by itself) to a single Redis or to a
+//! Redis Cluster, start-up retries. Everything above speaks to [`Redis`] and never
+//! knows which: every script's keys share one hash tag and every pipeline stays in one
+//! slot (docs/scaling.md), so the cluster routes each call to one shard.
 
 use std::time::Duration;
 
 use anyhow::Context;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::retry_until;
+use crate::config::{RedisMode, RedisSettings};
 
-/// Connects, waiting up to `timeout` for Redis to answer a PING.
-pub async fn connect(url: &str, timeout: Duration) -> anyhow::Result<ConnectionManager> {
+/// A connection to a single Redis or to a Redis Cluster; cheap to clone (clones share
+/// the connections).
+#[derive(Clone)]
+pub enum Redis {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Redis {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Redis::Single(c) => c.req_packed_command(cmd),
+            Redis::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Redis::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Redis::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Redis::Single(c) => c.get_db(),
+            Redis::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connects as `settings.mode` says, waiting up to `timeout` for Redis to answer a PING.
+pub async fn connect(settings: &RedisSettings, timeout: Duration) -> anyhow::Result<Redis> {
+    match settings.mode {
+        RedisMode::Single => connect_single(&settings.url, timeout).await,
+        RedisMode::Cluster => connect_cluster(&settings.nodes, timeout).await,
+    }
+}
+
+async fn connect_single(url: &str, timeout: Duration) -> anyhow::Result<Redis> {
     let client = redis::Client::open(url).context("Invalid Redis URL")?;
     let target = client.get_connection_info().addr.to_string();
     let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Duration::from_secs(2))
-        .set_response_timeout(Duration::from_secs(2))
+        .set_connection_timeout(CONNECT_TIMEOUT)
+        .set_response_timeout(RESPONSE_TIMEOUT)
         .set_number_of_retries(2);
     retry_until("Redis", &target, timeout, || async {
         let mut con = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
         redis::cmd("PING").query_async::<String>(&mut con).await?;
-        Ok(con)
+        Ok(Redis::Single(con))
+    })
+    .await
+}
+
+async fn connect_cluster(nodes: &[String], timeout: Duration) -> anyhow::Result<Redis> {
+    let seeds: Vec<&str> = nodes
+        .iter()
+        .map(|n| n.trim())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let client = ClusterClientBuilder::new(seeds.clone())
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(RESPONSE_TIMEOUT)
+        // A call that meets a moved slot or a shard being failed over retries a few
+        // times, 0.1–1 s apart, then fails like a single Redis that is down (the crate's
+        // default, 16 retries from 1.3 s apart, would hold a buyer for minutes). Every
+        // script is safe to run twice (an Idempotency-Key, a stream entry or an order
+        // number makes the second run a no-op), so a retried call never counts twice.
+        .retries(4)
+        .min_retry_wait(100)
+        .max_retry_wait(1000)
+        .build()
+        .context("Invalid Redis Cluster seed nodes")?;
+    let target = seeds.join(",");
+    retry_until("Redis Cluster", &target, timeout, || async {
+        let mut con = client.get_async_connection().await?;
+        // Every shard must answer, not just one.
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(&mut con)
+            .await?;
+        if !info.contains("cluster_state:ok") {
+            anyhow::bail!("the cluster's state is not ok yet");
+        }
+        Ok(Redis::Cluster(con))
     })
     .await
 }

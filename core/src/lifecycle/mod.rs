@@ -8,11 +8,11 @@ pub mod pay;
 pub mod restock;
 pub mod timeout;
 
+use crate::infra::redis::Redis;
 use anyhow::Context;
 use chrono::NaiveDateTime;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 
 use crate::domain::{CategoryId, EventId, OrderNo, UserId};
@@ -24,7 +24,7 @@ use restock::GiveBack;
 #[derive(Clone)]
 pub struct Lifecycle {
     pub mysql: Pool,
-    pub redis: ConnectionManager,
+    pub redis: Redis,
     pub keys: Keys,
     /// `mysql.order_shards`.
     pub shards: u32,

@@ -8,12 +8,12 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use crate::infra::redis::Redis;
 use anyhow::Context;
 use backon::Retryable;
 use hmac::{Hmac, Mac};
 use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
@@ -153,7 +153,7 @@ fn server_error(e: &anyhow::Error) -> Option<u16> {
 
 async fn apply_once(
     pool: &Pool,
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     shards: u32,
     cb: &Callback,
@@ -248,7 +248,7 @@ async fn apply_once(
     Ok((applied, order_no))
 }
 
-async fn sold(redis: &mut ConnectionManager, keys: &Keys, o: &OrderView) -> anyhow::Result<Sold> {
+async fn sold(redis: &mut Redis, keys: &Keys, o: &OrderView) -> anyhow::Result<Sold> {
     let moved: u64 = SOLD
         .key(keys.seats(o.event_id, o.category_id))
         .key(keys.purchase_status(o.event_id))

@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::infra::redis::Redis;
 
 use crate::domain::{CategoryId, EventId, OrderNo, UserId};
 use crate::keys::Keys;
@@ -40,11 +40,7 @@ pub struct GiveBack<'a> {
 }
 
 /// Gives a cancelled order's units and seats back in Redis, once.
-pub async fn restock(
-    redis: &mut ConnectionManager,
-    keys: &Keys,
-    o: GiveBack<'_>,
-) -> anyhow::Result<Restocked> {
+pub async fn restock(redis: &mut Redis, keys: &Keys, o: GiveBack<'_>) -> anyhow::Result<Restocked> {
     let e = o.event_id;
     let code: i64 = RESTOCK
         .key(keys.restocked(e))

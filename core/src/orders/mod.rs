@@ -21,7 +21,7 @@ mod worker;
 
 use std::sync::{Arc, Mutex};
 
-use ::redis::aio::ConnectionManager;
+use crate::infra::redis::Redis;
 use mysql_async::Pool;
 
 use crate::catalog::EventCache;
@@ -32,7 +32,7 @@ use crate::preload::Preloader;
 
 /// Everything the workers share.
 pub struct Pipeline {
-    pub redis: ConnectionManager,
+    pub redis: Redis,
     pub mysql: Pool,
     pub keys: Keys,
     /// The same cache the admission path reads.

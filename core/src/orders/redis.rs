@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::infra::redis::Redis;
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamReadOptions, StreamReadReply,
 };
@@ -46,7 +46,7 @@ impl crate::script_codes::ScriptCode for Dropped {
 /// Drops reservations an event's rebuild made stale, once the rebuild is in Redis,
 /// telling each buyer left with no status `reason`.
 pub async fn drop_stale(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     event_id: EventId,
     stale: &[Reservation],
@@ -103,7 +103,7 @@ impl crate::script_codes::ScriptCode for Released {
 
 /// Creates the event's consumer group (and stream) if missing.
 pub async fn ensure_group(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     event_id: EventId,
 ) -> redis::RedisResult<()> {
@@ -134,7 +134,7 @@ pub enum Entries {
 
 /// This consumer's entries of `which` kind, at most `count`.
 pub async fn read(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     event_id: EventId,
     consumer: &str,
@@ -158,7 +158,7 @@ pub async fn read(
 
 /// Entries another consumer has held longer than `idle` (it crashed or hangs).
 pub async fn claim_stale(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     event_id: EventId,
     consumer: &str,
@@ -180,7 +180,7 @@ pub async fn claim_stale(
 
 /// Marks the reservations CREATED and drops their entries.
 pub async fn settle(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     event_id: EventId,
     reservations: &[Reservation],
@@ -196,7 +196,7 @@ pub async fn settle(
 /// Drops entries without settling or releasing anything (malformed entries, and
 /// reservations a rebuild of the event's keys already counted as free).
 pub async fn drop_entries(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     event_id: EventId,
     entry_ids: &[&str],
@@ -217,7 +217,7 @@ pub async fn drop_entries(
 
 /// Gives one reservation back and marks it FAILED with `reason`.
 pub async fn release(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     event_id: EventId,
     r: &Reservation,
@@ -247,7 +247,7 @@ pub async fn release(
 /// Marks a reservation MySQL turned away FAILED with `reason`, giving nothing back;
 /// lowers the category's stock to `cap` when given.
 pub async fn refuse(
-    redis: &mut ConnectionManager,
+    redis: &mut Redis,
     keys: &Keys,
     event_id: EventId,
     r: &Reservation,

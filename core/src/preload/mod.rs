@@ -12,10 +12,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::infra::redis::Redis;
 use anyhow::Context;
 use mysql_async::Pool;
 use mysql_async::prelude::Queryable;
-use redis::aio::ConnectionManager;
 use tokio::sync::Notify;
 
 use crate::catalog::{self, EventRecord, EventStatus};
@@ -50,7 +50,7 @@ pub struct PreloadReport {
 
 #[derive(Clone)]
 pub struct Preloader {
-    pub redis: ConnectionManager,
+    pub redis: Redis,
     pub mysql: Pool,
     pub keys: Keys,
     pub shards: u32,
@@ -61,7 +61,7 @@ pub struct Preloader {
 
 impl Preloader {
     pub fn new(
-        redis: ConnectionManager,
+        redis: Redis,
         mysql: Pool,
         keys: Keys,
         settings: &crate::config::Settings,
@@ -115,7 +115,7 @@ impl Preloader {
 
     async fn preload_locked(
         &self,
-        redis: &mut ConnectionManager,
+        redis: &mut Redis,
         event: &EventRecord,
     ) -> anyhow::Result<PreloadReport> {
         if self.keys_present(redis, event.id).await? {
@@ -214,11 +214,7 @@ impl Preloader {
     }
 
     /// True when the event's metadata and stock are both in Redis.
-    async fn keys_present(
-        &self,
-        redis: &mut ConnectionManager,
-        event_id: u64,
-    ) -> anyhow::Result<bool> {
+    async fn keys_present(&self, redis: &mut Redis, event_id: u64) -> anyhow::Result<bool> {
         let present: u32 = redis::cmd("EXISTS")
             .arg(self.keys.event_meta(event_id))
             .arg(self.keys.stock(event_id))

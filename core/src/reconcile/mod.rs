@@ -15,10 +15,10 @@ pub mod report;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::infra::redis::Redis;
 use anyhow::Context;
 use mysql_async::Pool;
 use mysql_async::prelude::*;
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 
 use crate::catalog::{self, EventRecord, EventStatus};
@@ -100,7 +100,7 @@ pub struct Report {
 
 #[derive(Clone)]
 pub struct Reconciler {
-    pub redis: ConnectionManager,
+    pub redis: Redis,
     pub mysql: Pool,
     pub keys: Keys,
     pub shards: u32,
@@ -139,7 +139,7 @@ impl Reconciler {
     pub async fn connect(config: &Resolved) -> anyhow::Result<Reconciler> {
         let s = &config.settings;
         let timeout = Duration::from_secs(s.startup.connect_timeout_s);
-        let redis = crate::infra::redis::connect(&s.redis.url, timeout).await?;
+        let redis = crate::infra::redis::connect(&s.redis, timeout).await?;
         let mysql = crate::infra::mysql::connect(config.mysql_opts.clone(), timeout).await?;
         let keys = Keys::new(&s.redis.key_prefix);
         let preloader = Preloader::new(redis, mysql, keys, s);
