@@ -6,6 +6,7 @@ mod baseline;
 mod cli;
 mod compare;
 mod cpu;
+mod fault;
 mod load;
 mod payrace;
 mod record;

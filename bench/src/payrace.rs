@@ -197,14 +197,13 @@ async fn check(
         *report.answers.entry(r.answer.clone()).or_default() += 1;
         let status = statuses
             .get(&r.order_no)
-            .map(String::as_str)
-            .unwrap_or("missing");
+            .and_then(|s| OrderStatus::parse(s).ok());
         let payment = payments.get(&r.order_no).map(String::as_str);
         let given_back = restocked.contains(&r.order_no);
         // An answer that is an error (or none) may go either way; what the order became
         // must still be one thing only.
         let wrong = match status {
-            "PAID" => {
+            Some(OrderStatus::Paid) => {
                 report.ended_paid += 1;
                 (r.answer == "REFUND_PENDING" || payment != Some("APPLIED") || given_back).then(|| {
                     format!(
@@ -213,7 +212,7 @@ async fn check(
                     )
                 })
             }
-            "CANCELLED" => {
+            Some(OrderStatus::Cancelled) => {
                 report.ended_cancelled += 1;
                 (r.answer == "PAID"
                     || payment == Some("APPLIED")
@@ -226,7 +225,7 @@ async fn check(
                     )
                 })
             }
-            other => Some(format!("ended {other}, answered {}", r.answer)),
+            other => Some(format!("ended {other:?}, answered {}", r.answer)),
         };
         if let Some(w) = wrong {
             report.violations.push(format!("order {}: {w}", r.order_no));

@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::audit::{self, Audit};
+use crate::fault::{FaultReport, inject};
 use crate::load::{Conn, Request};
 use crate::payrace::{self, PayRace};
 use crate::record::{Latency, Recorder};
@@ -79,35 +80,6 @@ pub struct SaleArgs {
     /// cancelled, never both (the chaos suite's pay-race).
     #[arg(long, default_value_t = 0)]
     pub pay_race: u64,
-}
-
-/// What the injected fault did.
-#[derive(Debug, Clone, Serialize)]
-pub struct FaultReport {
-    pub command: String,
-    /// Its exit status (None: killed by a signal, or could not start).
-    pub exit: Option<i32>,
-    /// When it started and ended, seconds after the open.
-    pub started_s: f64,
-    pub ended_s: f64,
-}
-
-/// Runs `command` once, `after` past `open`.
-async fn inject(command: String, open: Instant, after: Duration) -> FaultReport {
-    tokio::time::sleep_until((open + after).into()).await;
-    let started_s = open.elapsed().as_secs_f64();
-    let exit = tokio::process::Command::new("sh")
-        .args(["-c", &command])
-        .status()
-        .await
-        .ok()
-        .and_then(|s| s.code());
-    FaultReport {
-        command,
-        exit,
-        started_s,
-        ended_s: open.elapsed().as_secs_f64(),
-    }
 }
 
 fn parse_grid(s: &str) -> Result<(u32, u32), String> {

@@ -104,9 +104,11 @@ impl Keys {
 
     /// Hash `n` (failed logins in a row), `last_ms` (the last one's time): one account's
     /// failed logins from one client address (both hex, so any text makes a plain key).
+    /// Tagged by the account, like [`Keys::login_failures_all`], so both are read and
+    /// written in one round trip on a Redis Cluster too.
     pub fn login_failures(&self, username: &str, address: &str) -> String {
         format!(
-            "{}login:fail:{}:{}",
+            "{}login:fail:{{{}}}:{}",
             self.prefix,
             hex(username),
             hex(address)
@@ -115,7 +117,7 @@ impl Keys {
 
     /// Counter: one account's failed logins from every address, in the failure window.
     pub fn login_failures_all(&self, username: &str) -> String {
-        format!("{}login:fail:{}", self.prefix, hex(username))
+        format!("{}login:fail:{{{}}}", self.prefix, hex(username))
     }
 
     /// Hash: event id → `status:sale_start_ms:sale_end_ms`, read by the edge's refresh
@@ -162,11 +164,15 @@ impl SeatState {
         number(text.strip_prefix(SeatState::SOLD)?).map(SeatState::Sold)
     }
 
+    /// The letter the public seat map shows for a seat someone holds but has not paid
+    /// for (and for a seat whose state cannot be read: it is not for sale).
+    pub const TAKEN: char = 'L';
+
     /// The letter the public seat map shows: `F`, `L` or `S`.
     pub fn letter(self) -> char {
         match self {
             SeatState::Free => 'F',
-            SeatState::Locked(_) => 'L',
+            SeatState::Locked(_) => SeatState::TAKEN,
             SeatState::Sold(_) => 'S',
         }
     }
@@ -205,6 +211,9 @@ mod tests {
         ] {
             assert!(key.starts_with("t:{ev:7}:"), "{key}");
         }
+        // One account's two failure counters share a slot, whatever the address.
+        assert_eq!(k.login_failures("ann", "127.0.0.1"), "t:login:fail:{616e6e}:3132372e302e302e31");
+        assert_eq!(k.login_failures_all("ann"), "t:login:fail:{616e6e}");
     }
 
     #[test]

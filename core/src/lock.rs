@@ -4,11 +4,16 @@
 //! by the order-id worker lease.
 
 use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use backon::{ConstantBuilder, Retryable};
 
 use crate::infra::redis::Redis;
 
 use crate::script_codes::ScriptCode;
+
+/// How often a waiting [`Lock::acquire`] tries again.
+const POLL: Duration = Duration::from_millis(50);
 
 static RELEASE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/release_lock.lua")));
@@ -64,15 +69,34 @@ impl Lock {
         ttl: Duration,
         wait: Duration,
     ) -> redis::RedisResult<Option<Lock>> {
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Some(lock) = Lock::try_acquire(redis, key.clone(), ttl).await? {
-                return Ok(Some(lock));
+        /// Why one attempt did not take the lock.
+        enum Missed {
+            Held,
+            Failed(redis::RedisError),
+        }
+        let attempts = (wait.as_millis() / POLL.as_millis()) as usize;
+        let taken = (|| {
+            let (mut redis, key) = (redis.clone(), key.clone());
+            async move {
+                match Lock::try_acquire(&mut redis, key, ttl).await {
+                    Ok(Some(lock)) => Ok(lock),
+                    Ok(None) => Err(Missed::Held),
+                    Err(e) => Err(Missed::Failed(e)),
+                }
             }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        })
+        .retry(
+            ConstantBuilder::new()
+                .with_delay(POLL)
+                .with_max_times(attempts),
+        )
+        .sleep(tokio::time::sleep)
+        .when(|m| matches!(m, Missed::Held))
+        .await;
+        match taken {
+            Ok(lock) => Ok(Some(lock)),
+            Err(Missed::Held) => Ok(None),
+            Err(Missed::Failed(e)) => Err(e),
         }
     }
 

@@ -115,6 +115,11 @@ pub fn over_shards(shards: u32, select: &str) -> String {
         .join(" UNION ALL ")
 }
 
+/// The parameters of [`over_shards`]'s SELECT: one shard's `params`, once per shard.
+pub fn per_shard(shards: u32, params: &[mysql_async::Value]) -> mysql_async::Params {
+    mysql_async::Params::Positional((0..shards).flat_map(|_| params.iter().cloned()).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

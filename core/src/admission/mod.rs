@@ -94,20 +94,21 @@ impl Admission {
         body: OrderBody,
     ) -> Result<Reserved, AdmissionError> {
         let (event_id, user_id) = (event_id.0, user_id.0);
-        self.limits.check(user_id)?;
+        self.limits.check(UserId(user_id))?;
         let event = self
             .events
             .get(event_id)
             .await?
             .ok_or(Refusal::NoSuchEvent(event_id))?;
         let now = Utc::now();
-        let (purchase, window_closed) = match validate::validate(&body, &event, user_id, now) {
-            Err(Refusal::NotOpen) if event.status != EventStatus::Draft => (
-                validate::validate_for_replay(&body, &event, user_id, now)?,
-                true,
-            ),
-            other => (other?, false),
-        };
+        let (purchase, window_closed) =
+            match validate::validate(&body, &event, UserId(user_id), now) {
+                Err(Refusal::NotOpen) if event.status != EventStatus::Draft => (
+                    validate::validate_for_replay(&body, &event, UserId(user_id), now)?,
+                    true,
+                ),
+                other => (other?, false),
+            };
         let Some(request_id) = self.order_ids.next(UserId(user_id)) else {
             // The worker-id lease could not be renewed (Redis away): minting now could
             // share an id with the instance that takes it over.

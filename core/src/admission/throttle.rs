@@ -8,6 +8,7 @@ use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLim
 
 use super::Refusal;
 use crate::config::AdmissionSettings;
+use crate::domain::UserId;
 use crate::shutdown::Shutdown;
 
 pub struct Throttle {
@@ -32,8 +33,8 @@ impl Throttle {
     }
 
     /// Takes one purchase from the user's and the global allowance.
-    pub fn check(&self, user_id: u64) -> Result<(), Refusal> {
-        let wait = match (self.per_user.check_key(&user_id), self.global.check()) {
+    pub fn check(&self, user_id: UserId) -> Result<(), Refusal> {
+        let wait = match (self.per_user.check_key(&user_id.0), self.global.check()) {
             (Ok(()), Ok(())) => return Ok(()),
             (Err(n), _) | (_, Err(n)) => n.wait_time_from(self.clock.now()),
         };
@@ -73,9 +74,12 @@ mod tests {
             user_burst: 2,
             global_per_s: 1000,
         });
-        assert_eq!(t.check(1), Ok(()));
-        assert_eq!(t.check(1), Ok(()));
-        assert_eq!(t.check(1), Err(Refusal::RateLimited { retry_after_s: 1 }));
-        assert_eq!(t.check(2), Ok(()));
+        assert_eq!(t.check(UserId(1)), Ok(()));
+        assert_eq!(t.check(UserId(1)), Ok(()));
+        assert_eq!(
+            t.check(UserId(1)),
+            Err(Refusal::RateLimited { retry_after_s: 1 })
+        );
+        assert_eq!(t.check(UserId(2)), Ok(()));
     }
 }

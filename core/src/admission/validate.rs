@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use super::{Purchase, Refusal, Seats};
 use crate::catalog::{CategoryRecord, EventRecord, EventStatus};
+use crate::domain::UserId;
 
 /// `POST /api/events/{id}/orders` as received.
 #[derive(Debug, Clone, Deserialize)]
@@ -48,10 +49,10 @@ const CHAIN: [(&str, Check); 5] = [
 pub fn validate(
     body: &OrderBody,
     event: &EventRecord,
-    user_id: u64,
+    user_id: UserId,
     now: DateTime<Utc>,
 ) -> Result<Purchase, Refusal> {
-    checked(body, event, user_id, now, |_| true)
+    checked(body, event, user_id.0, now, |_| true)
 }
 
 /// The chain without the sale window, for a purchase refused NOT_OPEN whose
@@ -61,10 +62,10 @@ pub fn validate(
 pub fn validate_for_replay(
     body: &OrderBody,
     event: &EventRecord,
-    user_id: u64,
+    user_id: UserId,
     now: DateTime<Utc>,
 ) -> Result<Purchase, Refusal> {
-    checked(body, event, user_id, now, |name| name != "event on sale")
+    checked(body, event, user_id.0, now, |name| name != "event on sale")
 }
 
 fn checked(
@@ -237,11 +238,17 @@ mod tests {
     #[test]
     fn valid_purchases_become_units_best_seats_or_chosen_seats() {
         let e = event();
-        let p = validate(&body(1, Some(2), None), &e, 9, during_sale()).unwrap();
+        let p = validate(&body(1, Some(2), None), &e, UserId(9), during_sale()).unwrap();
         assert_eq!((p.quantity, p.seats), (2, Seats::None));
-        let p = validate(&body(2, Some(3), None), &e, 9, during_sale()).unwrap();
+        let p = validate(&body(2, Some(3), None), &e, UserId(9), during_sale()).unwrap();
         assert_eq!((p.quantity, p.seats), (3, Seats::Best { cols: 3 }));
-        let p = validate(&body(2, None, Some(&["1:1", "2:3"])), &e, 9, during_sale()).unwrap();
+        let p = validate(
+            &body(2, None, Some(&["1:1", "2:3"])),
+            &e,
+            UserId(9),
+            during_sale(),
+        )
+        .unwrap();
         assert_eq!(
             p.seats,
             Seats::Chosen {
@@ -255,7 +262,8 @@ mod tests {
     fn each_check_refuses_what_it_guards() {
         let e = event();
         let now = during_sale();
-        let invalid = |b: OrderBody| matches!(validate(&b, &e, 9, now), Err(Refusal::Invalid(_)));
+        let invalid =
+            |b: OrderBody| matches!(validate(&b, &e, UserId(9), now), Err(Refusal::Invalid(_)));
         assert!(invalid(body(1, None, None)), "neither quantity nor seats");
         assert!(invalid(body(2, Some(1), Some(&["1:1"]))), "both");
         assert!(invalid(body(99, Some(1), None)), "unknown category");
@@ -278,13 +286,13 @@ mod tests {
             .unwrap()
             .with_timezone(&Utc);
         assert_eq!(
-            validate(&body(1, Some(1), None), &e, 9, before),
+            validate(&body(1, Some(1), None), &e, UserId(9), before),
             Err(Refusal::NotOpen)
         );
         let mut closed = event();
         closed.status = EventStatus::Closed;
         assert_eq!(
-            validate(&body(1, Some(1), None), &closed, 9, now),
+            validate(&body(1, Some(1), None), &closed, UserId(9), now),
             Err(Refusal::NotOpen)
         );
     }

@@ -2,6 +2,7 @@
 
 pub mod event;
 pub mod ids;
+pub mod json;
 pub mod limit;
 
 pub use ids::{CategoryId, EventId, OrderNo, UserId};

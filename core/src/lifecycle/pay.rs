@@ -101,7 +101,7 @@ impl Lifecycle {
         if !verified(secret, body, signature) {
             return Err(Refused::BadSignature);
         }
-        let cb: Callback = crate::http::from_json(body)
+        let cb: Callback = crate::domain::json::parse(body)
             .map_err(|e| Refused::Invalid(format!("invalid callback: {e}")))?;
         let order_no = crate::domain::ids::canonical_id(&cb.order_no)
             .map(OrderNo)

@@ -77,22 +77,22 @@ impl Lifecycle {
 
     /// UNPAID orders past their deadline by `overdue_s`, over every shard.
     pub async fn overdue(&self, overdue_s: u64, limit: u32) -> anyhow::Result<Vec<OrderNo>> {
-        let mut conn = self.mysql.get_conn().await?;
-        let mut all = Vec::new();
-        for n in 0..self.shards {
-            let found: Vec<u64> = conn
-                .exec(
-                    format!(
-                        "SELECT order_no FROM {} WHERE status = ? \
-                         AND pay_deadline < UTC_TIMESTAMP(3) - INTERVAL ? SECOND LIMIT ?",
-                        order_tables::orders(n)
-                    ),
-                    (OrderStatus::Unpaid, overdue_s, limit),
-                )
-                .await?;
-            all.extend(found.into_iter().map(OrderNo));
-        }
-        Ok(all)
+        let union = order_tables::over_shards(
+            self.shards,
+            "(SELECT order_no FROM {orders} WHERE status = ? \
+             AND pay_deadline < UTC_TIMESTAMP(3) - INTERVAL ? SECOND LIMIT ?)",
+        );
+        let params = [OrderStatus::Unpaid.into(), overdue_s.into(), limit.into()];
+        let found: Vec<u64> = self
+            .mysql
+            .get_conn()
+            .await?
+            .exec(
+                format!("SELECT order_no FROM ({union}) o LIMIT {limit}"),
+                order_tables::per_shard(self.shards, &params),
+            )
+            .await?;
+        Ok(found.into_iter().map(OrderNo).collect())
     }
 
     /// One pass of the sweep: cancels orders well past their deadline.

@@ -247,7 +247,7 @@ impl Pipeline {
             "ALARM: Redis handed out an admission number an order has already: it went back in time; fencing the event for a rebuild from MySQL"
         );
         self.rewinds.inc();
-        if let Err(e) = self.preloader.fence(event_id.0).await {
+        if let Err(e) = self.preloader.fence(event_id).await {
             tracing::warn!(%event_id, error = format!("{e:#}"), "cannot fence the event; will retry");
         }
     }

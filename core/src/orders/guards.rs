@@ -184,7 +184,7 @@ pub async fn judge<'a>(
 /// one of the seats (locked for their orders).
 pub async fn record(
     tx: &mut Transaction<'_>,
-    event_id: u64,
+    event_id: EventId,
     accepted: &[&Reservation],
 ) -> Result<(), PersistError> {
     let mut units: BTreeMap<u64, u64> = BTreeMap::new();

@@ -180,7 +180,7 @@ pub async fn create_orders(
         }
     });
     let verdict = guards::judge(&mut tx, event, fresh).await?;
-    guards::record(&mut tx, event.id, &verdict.accepted).await?;
+    guards::record(&mut tx, EventId(event.id), &verdict.accepted).await?;
     created.room = verdict.room;
     let deadline = (Utc::now() + TimeDelta::seconds(i64::from(event.pay_timeout_s))).naive_utc();
     let mut logs = Vec::new();

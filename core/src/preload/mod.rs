@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::domain::EventId;
 use crate::infra::redis::Redis;
 use anyhow::Context;
 use mysql_async::Pool;
@@ -125,9 +126,10 @@ impl Preloader {
             pipe.query_async::<()>(redis)
                 .await
                 .context("Failed to write the event's metadata")?;
+            self.write_sales_index(redis, event).await?;
             return Ok(PreloadReport::default());
         }
-        let snap = snapshot::fence_and_read(&self.mysql, self.shards, event.id).await?;
+        let snap = snapshot::fence_and_read(&self.mysql, self.shards, EventId(event.id)).await?;
         let e = event.id;
         let mut pipe = redis::pipe();
         pipe.atomic();
@@ -210,6 +212,7 @@ impl Preloader {
         pipe.query_async::<()>(redis)
             .await
             .context("Failed to write the event's keys")?;
+        self.write_sales_index(redis, event).await?;
         Ok(report)
     }
 
@@ -223,7 +226,7 @@ impl Preloader {
         Ok(present == 2)
     }
 
-    /// The event's metadata and sales-index entry; `epoch` only when the keys are new.
+    /// The event's metadata; `epoch` only when the keys are new.
     fn write_meta(&self, pipe: &mut redis::Pipeline, event: &EventRecord, epoch: Option<u64>) {
         let categories: Vec<String> = event.categories.iter().map(|c| c.id.to_string()).collect();
         if let Some(epoch) = epoch {
@@ -246,32 +249,39 @@ impl Preloader {
             ],
         )
         .ignore();
-        pipe.hset(self.keys.sales_index(), event.id, sales_entry(event))
-            .ignore();
     }
 
-    /// After a close or reopen: the new status where the hot path and the edge read it.
+    /// The event's entry in the sales index the edge reads: written after the event's
+    /// own keys, in a call of its own (on a Redis Cluster the index is in another slot),
+    /// so an edge never opens a sale whose keys are not there yet.
+    async fn write_sales_index(&self, redis: &mut Redis, event: &EventRecord) -> anyhow::Result<()> {
+        redis::cmd("HSET")
+            .arg(self.keys.sales_index())
+            .arg(event.id)
+            .arg(sales_entry(event))
+            .query_async::<()>(redis)
+            .await
+            .context("Failed to write the sales index")
+    }
+
+    /// After a close or reopen: the new status where the hot path and the edge read it
+    /// (the hot path's first: a close takes effect in the core before the edge hears).
     pub async fn set_sale_status(&self, event: &EventRecord) -> anyhow::Result<()> {
         let mut redis = self.redis.clone();
-        redis::pipe()
-            .atomic()
-            .hset(
-                self.keys.event_meta(event.id),
-                "status",
-                sale_status(event.status),
-            )
-            .ignore()
-            .hset(self.keys.sales_index(), event.id, sales_entry(event))
-            .ignore()
+        redis::cmd("HSET")
+            .arg(self.keys.event_meta(event.id))
+            .arg("status")
+            .arg(sale_status(event.status))
             .query_async::<()>(&mut redis)
             .await
-            .context("Failed to write the sale status")
+            .context("Failed to write the sale status")?;
+        self.write_sales_index(&mut redis, event).await
     }
 
     /// Redis went back in time for this event: removes its metadata, so admission
     /// answers SALE_BUSY (not loaded) until the next pass rebuilds every key from MySQL,
     /// as after a FLUSHALL; and asks for that pass now.
-    pub async fn fence(&self, event_id: u64) -> anyhow::Result<()> {
+    pub async fn fence(&self, event_id: EventId) -> anyhow::Result<()> {
         redis::cmd("DEL")
             .arg(self.keys.event_meta(event_id))
             .query_async::<()>(&mut self.redis.clone())
@@ -285,7 +295,7 @@ impl Preloader {
     /// below the largest number an order has (Redis restarted from an older copy, or a
     /// replica that lagged took over), or its keys of an older generation than MySQL's
     /// (a rebuild that lost its lock wrote after a newer one).
-    pub async fn behind(&self, event_id: u64) -> anyhow::Result<Option<String>> {
+    pub async fn behind(&self, event_id: EventId) -> anyhow::Result<Option<String>> {
         let (redis_seq, redis_epoch): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
             .arg(self.keys.event_meta(event_id))
             .arg("seq")
@@ -313,8 +323,8 @@ impl Preloader {
     }
 
     /// True when the event's metadata and stock are in Redis.
-    pub async fn is_loaded(&self, event_id: u64) -> anyhow::Result<bool> {
-        self.keys_present(&mut self.redis.clone(), event_id).await
+    pub async fn is_loaded(&self, event_id: EventId) -> anyhow::Result<bool> {
+        self.keys_present(&mut self.redis.clone(), event_id.0).await
     }
 
     /// Asks the scheduler for a pass now (admission found an event's keys missing).
@@ -344,7 +354,7 @@ impl Preloader {
 
     async fn preload_due(&self, window: Duration) -> anyhow::Result<()> {
         for id in catalog::published_opening_within(&self.mysql, window.as_secs()).await? {
-            if self.is_loaded(id).await? {
+            if self.is_loaded(EventId(id)).await? {
                 continue;
             }
             if let Some(event) = catalog::load(&self.mysql, id).await? {

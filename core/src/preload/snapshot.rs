@@ -11,6 +11,7 @@ use anyhow::Context;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
 
+use crate::domain::EventId;
 use crate::domain::OrderNo;
 use crate::keys::SeatState;
 use crate::order_tables::{self, OrderStatus};
@@ -47,7 +48,7 @@ fn status_word(status: OrderStatus) -> &'static str {
 type OrderRow = (u64, u64, u64, i64, String);
 
 /// The largest admission number among the event's orders (0 for none).
-pub async fn max_seq<Q: Queryable>(conn: &mut Q, event_id: u64) -> anyhow::Result<u64> {
+pub async fn max_seq<Q: Queryable>(conn: &mut Q, event_id: EventId) -> anyhow::Result<u64> {
     let seq: Option<Option<u64>> = conn
         .exec_first(
             "SELECT MAX(seq) FROM stock_log WHERE event_id = ?",
@@ -59,7 +60,11 @@ pub async fn max_seq<Q: Queryable>(conn: &mut Q, event_id: u64) -> anyhow::Resul
 }
 
 /// Increments the event's redis_epoch and reads its orders, in one transaction.
-pub async fn fence_and_read(pool: &Pool, shards: u32, event_id: u64) -> anyhow::Result<Snapshot> {
+pub async fn fence_and_read(
+    pool: &Pool,
+    shards: u32,
+    event_id: EventId,
+) -> anyhow::Result<Snapshot> {
     let mut conn = pool
         .get_conn()
         .await
@@ -84,54 +89,53 @@ pub async fn fence_and_read(pool: &Pool, shards: u32, event_id: u64) -> anyhow::
         ..Snapshot::default()
     };
     let mut latest: HashMap<u64, u64> = HashMap::new();
-    for n in 0..shards {
-        let orders: Vec<OrderRow> = tx
-            .exec(
-                format!(
-                    "SELECT order_no, user_id, category_id, CAST(quantity AS SIGNED), status \
-                     FROM {} WHERE event_id = ?",
-                    order_tables::orders(n)
-                ),
-                (event_id,),
-            )
-            .await
-            .context("Failed to read the event's orders")?;
-        for (order_no, user, category, quantity, status) in orders {
-            let status = OrderStatus::parse(&status)?;
-            if status.is_live() {
-                *snap.live_units.entry(category).or_default() += quantity;
-                *snap.held.entry(user).or_default() += quantity;
-            } else {
-                snap.given_back.push(order_no);
-            }
-            if latest.get(&user).is_none_or(|&l| order_no > l) {
-                latest.insert(user, order_no);
-                snap.status
-                    .insert(user, format!("{}:{order_no}", status_word(status)));
-            }
+    let orders: Vec<OrderRow> = tx
+        .exec(
+            order_tables::over_shards(
+                shards,
+                "SELECT order_no, user_id, category_id, CAST(quantity AS SIGNED), status \
+                 FROM {orders} WHERE event_id = ?",
+            ),
+            order_tables::per_shard(shards, &[event_id.into()]),
+        )
+        .await
+        .context("Failed to read the event's orders")?;
+    for (order_no, user, category, quantity, status) in orders {
+        let status = OrderStatus::parse(&status)?;
+        if status.is_live() {
+            *snap.live_units.entry(category).or_default() += quantity;
+            *snap.held.entry(user).or_default() += quantity;
+        } else {
+            snap.given_back.push(order_no);
         }
-        let seats: Vec<(u64, u64, u32, u32, String)> = tx
-            .exec(
-                format!(
+        if latest.get(&user).is_none_or(|&l| order_no > l) {
+            latest.insert(user, order_no);
+            snap.status
+                .insert(user, format!("{}:{order_no}", status_word(status)));
+        }
+    }
+    let seats: Vec<(u64, u64, u32, u32, String)> = tx
+        .exec(
+            order_tables::over_shards(
+                shards,
+                &format!(
                     "SELECT i.order_no, i.category_id, i.row_no, i.col_no, o.status \
-                     FROM {} i JOIN {} o ON o.order_no = i.order_no \
+                     FROM {{items}} i JOIN {{orders}} o ON o.order_no = i.order_no \
                      WHERE o.event_id = ? AND o.status IN {} AND i.row_no IS NOT NULL",
-                    order_tables::items(n),
-                    order_tables::orders(n),
                     OrderStatus::LIVE_SQL
                 ),
-                (event_id,),
-            )
-            .await
-            .context("Failed to read the seats of live orders")?;
-        for (order_no, category, row, col, status) in seats {
-            let state = if OrderStatus::parse(&status)? == OrderStatus::Paid {
-                SeatState::Sold(OrderNo(order_no))
-            } else {
-                SeatState::Locked(OrderNo(order_no))
-            };
-            snap.seat_owner.insert((category, row, col), state.encode());
-        }
+            ),
+            order_tables::per_shard(shards, &[event_id.into()]),
+        )
+        .await
+        .context("Failed to read the seats of live orders")?;
+    for (order_no, category, row, col, status) in seats {
+        let state = if OrderStatus::parse(&status)? == OrderStatus::Paid {
+            SeatState::Sold(OrderNo(order_no))
+        } else {
+            SeatState::Locked(OrderNo(order_no))
+        };
+        snap.seat_owner.insert((category, row, col), state.encode());
     }
     tx.commit().await.context("Failed to commit the fence")?;
     Ok(snap)

@@ -89,7 +89,7 @@ pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response,
                     states
                         .get(&format!("{r}:{c}"))
                         .and_then(|s| SeatState::parse(s))
-                        .map_or('L', SeatState::letter)
+                        .map_or(SeatState::TAKEN, SeatState::letter)
                 })
                 .collect()
         })

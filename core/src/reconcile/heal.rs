@@ -103,68 +103,71 @@ impl Reconciler {
         let mut conn = self.mysql.get_conn().await?;
         let mut redis = self.redis.clone();
         let (mut orders, mut units) = (0, 0);
-        for n in 0..self.shards {
-            let cancelled: Vec<(u64, u64, u64, u32)> = conn
-                .exec(
-                    format!(
-                        "SELECT order_no, user_id, category_id, quantity FROM {} \
-                         WHERE event_id = ? AND status IN (?, ?)",
-                        order_tables::orders(n),
-                    ),
-                    (event_id, OrderStatus::Cancelled, OrderStatus::RefundPending),
-                )
+        let cancelled: Vec<(u64, u64, u64, u32)> = conn
+            .exec(
+                order_tables::over_shards(
+                    self.shards,
+                    "SELECT order_no, user_id, category_id, quantity FROM {orders} \
+                     WHERE event_id = ? AND status IN (?, ?)",
+                ),
+                order_tables::per_shard(
+                    self.shards,
+                    &[
+                        event_id.into(),
+                        OrderStatus::Cancelled.into(),
+                        OrderStatus::RefundPending.into(),
+                    ],
+                ),
+            )
+            .await?;
+        let numbers: Vec<u64> = cancelled.iter().map(|o| o.0).collect();
+        let mut known: Vec<bool> = Vec::with_capacity(numbers.len());
+        for chunk in numbers.chunks(10_000) {
+            let found: Vec<bool> = redis::cmd("SMISMEMBER")
+                .arg(self.keys.restocked(event_id))
+                .arg(chunk)
+                .query_async(&mut redis)
                 .await?;
-            if cancelled.is_empty() {
+            known.extend(found);
+        }
+        let missing: HashSet<u64> = numbers
+            .iter()
+            .zip(&known)
+            .filter(|(_, k)| !**k)
+            .map(|(n, _)| *n)
+            .collect();
+        for (order_no, user_id, category_id, quantity) in cancelled {
+            if !missing.contains(&order_no) {
                 continue;
             }
-            let numbers: Vec<u64> = cancelled.iter().map(|o| o.0).collect();
-            let mut known: Vec<bool> = Vec::with_capacity(numbers.len());
-            for chunk in numbers.chunks(10_000) {
-                let found: Vec<bool> = redis::cmd("SMISMEMBER")
-                    .arg(self.keys.restocked(event_id))
-                    .arg(chunk)
-                    .query_async(&mut redis)
-                    .await?;
-                known.extend(found);
-            }
-            let missing: HashSet<u64> = numbers
-                .iter()
-                .zip(&known)
-                .filter(|(_, k)| !**k)
-                .map(|(n, _)| *n)
-                .collect();
-            for (order_no, user_id, category_id, quantity) in cancelled {
-                if !missing.contains(&order_no) {
-                    continue;
-                }
-                let seats: Vec<String> = conn
-                    .exec_map(
-                        format!(
-                            "SELECT row_no, col_no FROM {} \
-                             WHERE order_no = ? AND row_no IS NOT NULL",
-                            order_tables::items(n)
-                        ),
-                        (order_no,),
-                        |(r, c): (u32, u32)| format!("{r}:{c}"),
-                    )
-                    .await?;
-                let done = restock(
-                    &mut redis,
-                    &self.keys,
-                    GiveBack {
-                        order_no: OrderNo(order_no),
-                        user_id: UserId(user_id),
-                        event_id: EventId(event_id),
-                        category_id: CategoryId(category_id),
-                        quantity,
-                        seats: &seats,
-                    },
+            let order_no = OrderNo(order_no);
+            let seats: Vec<String> = conn
+                .exec_map(
+                    format!(
+                        "SELECT row_no, col_no FROM {} \
+                         WHERE order_no = ? AND row_no IS NOT NULL",
+                        order_tables::items(order_tables::shard_of_order(order_no, self.shards))
+                    ),
+                    (order_no.0,),
+                    |(r, c): (u32, u32)| format!("{r}:{c}"),
                 )
                 .await?;
-                if done == Restocked::Now {
-                    orders += 1;
-                    units += i64::from(quantity);
-                }
+            let done = restock(
+                &mut redis,
+                &self.keys,
+                GiveBack {
+                    order_no,
+                    user_id: UserId(user_id),
+                    event_id: EventId(event_id),
+                    category_id: CategoryId(category_id),
+                    quantity,
+                    seats: &seats,
+                },
+            )
+            .await?;
+            if done == Restocked::Now {
+                orders += 1;
+                units += i64::from(quantity);
             }
         }
         Ok((orders, units))

@@ -9,16 +9,19 @@
 //! only ever lowered (rather undersell than oversell); a positive gap is raised once the
 //! sale is not running. Every heal runs under the event's preload lock.
 
+mod books;
 mod heal;
 pub mod report;
+
+pub use books::{Balance, CategoryBalance, units_by_status};
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::domain::EventId;
 use crate::infra::redis::Redis;
 use anyhow::Context;
 use mysql_async::Pool;
-use mysql_async::prelude::*;
 use serde::Serialize;
 
 use crate::catalog::{self, EventRecord, EventStatus};
@@ -27,7 +30,7 @@ use crate::infra::Down;
 use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::metrics::Metrics;
-use crate::order_tables::{self, OrderStatus};
+use crate::order_tables::OrderStatus;
 use crate::preload::Preloader;
 use crate::shutdown::Shutdown;
 
@@ -36,57 +39,6 @@ const MAX_COUNTED_BACKLOG: usize = 10_000;
 
 /// How long a heal waits for the preload lock before leaving the event for the next pass.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
-
-/// One category's books.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CategoryBalance {
-    pub category_id: u64,
-    pub name: String,
-    pub total: i64,
-    /// Units Redis still offers; null when the event's keys are not in Redis.
-    pub redis_available: Option<i64>,
-    /// Units in reservations waiting for the order workers; null when the backlog is
-    /// longer than 10 000 reservations (too long to count on every poll).
-    pub queued: Option<i64>,
-    pub unpaid: i64,
-    pub paid: i64,
-    /// total − (Redis stock + queued + unpaid + paid): 0 once settled. Positive: units
-    /// Redis no longer offers (undersell); negative: Redis offers too many. Null when
-    /// `queued` is.
-    pub gap: Option<i64>,
-    pub db_remain: i64,
-    /// Units of live orders stock sync has not yet subtracted from remain.
-    pub unsynced: i64,
-    /// remain − (total − unpaid − paid + unsynced): 0 whenever MySQL is consistent.
-    pub remain_gap: i64,
-    /// Units in live orders beyond the total (0 unless MySQL sold more than there was,
-    /// which its guards refuse): no pass can heal it; it raises one alarm.
-    pub oversold: i64,
-}
-
-/// An event's books at one moment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Balance {
-    pub event_id: u64,
-    /// The event's metadata and stock are in Redis.
-    pub loaded: bool,
-    /// Reservations in the event's stream.
-    pub queued_reservations: u64,
-    pub categories: Vec<CategoryBalance>,
-    /// Why Redis's half of the books is missing, when Redis is down or too slow: the
-    /// books are then MySQL's alone (Redis's figures and the gaps are null).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_unavailable: Option<String>,
-}
-
-impl Balance {
-    /// Every gap is 0.
-    pub fn settled(&self) -> bool {
-        self.categories
-            .iter()
-            .all(|c| c.gap == Some(0) && c.remain_gap == 0)
-    }
-}
 
 /// What a pass found and did.
 #[derive(Debug, Serialize)]
@@ -283,10 +235,10 @@ impl Reconciler {
             return Ok(None);
         };
         let mut actions = Vec::new();
-        let mut loaded = self.preloader.is_loaded(event_id).await?;
+        let mut loaded = self.preloader.is_loaded(EventId(event_id)).await?;
         if heal
             && loaded
-            && let Some(why) = self.preloader.behind(event_id).await?
+            && let Some(why) = self.preloader.behind(EventId(event_id)).await?
         {
             tracing::error!(
                 event_id,
@@ -294,7 +246,7 @@ impl Reconciler {
                 "ALARM: the event's Redis state is behind MySQL (it went back in time); fencing it for a rebuild"
             );
             self.rewinds.inc();
-            self.preloader.fence(event_id).await?;
+            self.preloader.fence(EventId(event_id)).await?;
             actions.push(format!("Redis was behind MySQL ({why}): fenced"));
             loaded = false;
         }
@@ -383,26 +335,4 @@ impl Reconciler {
             }
         }
     }
-}
-
-/// Units in orders per (category, status), over every order shard.
-pub async fn units_by_status(
-    pool: &Pool,
-    shards: u32,
-    event_id: u64,
-) -> anyhow::Result<HashMap<(u64, OrderStatus), i64>> {
-    let union = order_tables::over_shards(
-        shards,
-        &format!(
-            "SELECT category_id, status, quantity FROM {{orders}} WHERE event_id = {event_id}"
-        ),
-    );
-    let sql = format!(
-        "SELECT category_id, status, CAST(SUM(quantity) AS SIGNED) FROM ({union}) o GROUP BY category_id, status"
-    );
-    let mut conn = pool.get_conn().await?;
-    let rows: Vec<(u64, String, i64)> = conn.query(sql).await?;
-    rows.into_iter()
-        .map(|(c, s, n)| Ok(((c, OrderStatus::parse(&s)?), n)))
-        .collect()
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde_json::json;
+use stampede_core::order_tables::OrderStatus;
 use stampede_e2e::{OwnRedis, eventually, ordered_units, scalar, small_sale, spawn_app_with};
 
 use crate::guards::{buy_one_each, drained};
@@ -83,7 +84,8 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
         &format!(
             "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({}) o",
             stampede_e2e::over_shards(&format!(
-                "SELECT quantity FROM {{orders}} WHERE category_id = {ga} AND status IN ('UNPAID', 'PAID')"
+                "SELECT quantity FROM {{orders}} WHERE category_id = {ga} AND status IN {}",
+                OrderStatus::LIVE_SQL
             ))
         ),
     )
@@ -98,7 +100,8 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
             "SELECT COUNT(*) FROM (SELECT row_no, col_no FROM ({}) s GROUP BY row_no, col_no HAVING COUNT(*) > 1) t",
             stampede_e2e::over_shards(&format!(
                 "SELECT i.row_no, i.col_no FROM {{items}} i JOIN {{orders}} o ON o.order_no = i.order_no \
-                 WHERE o.event_id = {event} AND o.status IN ('UNPAID', 'PAID') AND i.row_no IS NOT NULL"
+                 WHERE o.event_id = {event} AND o.status IN {} AND i.row_no IS NOT NULL",
+                OrderStatus::LIVE_SQL
             ))
         ),
     )

@@ -1,0 +1,82 @@
+//! The books of an event: what each category's units are doing, in Redis and MySQL.
+
+use std::collections::HashMap;
+
+use mysql_async::Pool;
+use mysql_async::prelude::*;
+use serde::Serialize;
+
+use crate::order_tables::{self, OrderStatus};
+
+/// One category's books.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CategoryBalance {
+    pub category_id: u64,
+    pub name: String,
+    pub total: i64,
+    /// Units Redis still offers; null when the event's keys are not in Redis.
+    pub redis_available: Option<i64>,
+    /// Units in reservations waiting for the order workers; null when the backlog is
+    /// longer than 10 000 reservations (too long to count on every poll).
+    pub queued: Option<i64>,
+    pub unpaid: i64,
+    pub paid: i64,
+    /// total − (Redis stock + queued + unpaid + paid): 0 once settled. Positive: units
+    /// Redis no longer offers (undersell); negative: Redis offers too many. Null when
+    /// `queued` is.
+    pub gap: Option<i64>,
+    pub db_remain: i64,
+    /// Units of live orders stock sync has not yet subtracted from remain.
+    pub unsynced: i64,
+    /// remain − (total − unpaid − paid + unsynced): 0 whenever MySQL is consistent.
+    pub remain_gap: i64,
+    /// Units in live orders beyond the total (0 unless MySQL sold more than there was,
+    /// which its guards refuse): no pass can heal it; it raises one alarm.
+    pub oversold: i64,
+}
+
+/// An event's books at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Balance {
+    pub event_id: u64,
+    /// The event's metadata and stock are in Redis.
+    pub loaded: bool,
+    /// Reservations in the event's stream.
+    pub queued_reservations: u64,
+    pub categories: Vec<CategoryBalance>,
+    /// Why Redis's half of the books is missing, when Redis is down or too slow: the
+    /// books are then MySQL's alone (Redis's figures and the gaps are null).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_unavailable: Option<String>,
+}
+
+impl Balance {
+    /// Every gap is 0.
+    pub fn settled(&self) -> bool {
+        self.categories
+            .iter()
+            .all(|c| c.gap == Some(0) && c.remain_gap == 0)
+    }
+}
+
+/// Units in orders per (category, status), over every order shard.
+pub async fn units_by_status(
+    pool: &Pool,
+    shards: u32,
+    event_id: u64,
+) -> anyhow::Result<HashMap<(u64, OrderStatus), i64>> {
+    let union = order_tables::over_shards(
+        shards,
+        &format!(
+            "SELECT category_id, status, quantity FROM {{orders}} WHERE event_id = {event_id}"
+        ),
+    );
+    let sql = format!(
+        "SELECT category_id, status, CAST(SUM(quantity) AS SIGNED) FROM ({union}) o GROUP BY category_id, status"
+    );
+    let mut conn = pool.get_conn().await?;
+    let rows: Vec<(u64, String, i64)> = conn.query(sql).await?;
+    rows.into_iter()
+        .map(|(c, s, n)| Ok(((c, OrderStatus::parse(&s)?), n)))
+        .collect()
+}
