@@ -1,5 +1,5 @@
 # Stampede: the two commands are `make demo` and `make test` (see README.md).
-.PHONY: up down status demo test check bench chaos install test-stack-up test-stack-down
+.PHONY: up down status demo test test-cluster check bench chaos install test-stack-up test-stack-down
 
 # Install what is missing, start the whole local stack (idempotent).
 up:
@@ -36,6 +36,12 @@ chaos: up
 # The fresh-machine checks, fmt, clippy, unit tests, end-to-end tests on a stack of their own.
 test:
 	scripts/test.sh
+
+# The end-to-end tests against the cluster stack (STACK_MODE=cluster: Redis Cluster of 3
+# masters + 3 replicas, two cores, two edges), with a Redis master and a core killed
+# mid-sale (scripts/test-cluster.sh). `make test` runs a short version.
+test-cluster:
+	scripts/test-cluster.sh
 
 # The fresh-machine checks alone, in seconds (`make test` runs them first): shellcheck,
 # the install decision on an empty machine, docker-compose.yml against its schema and the stack.

@@ -10,6 +10,7 @@ for f in /stampede/openresty/conf/*; do
   sed -e "s#\${EDGE_PORT}#${EDGE_PORT}#g" -e "s#\${CORE_PORT}#${CORE_PORT}#g" \
       -e "s#\${REDIS_PORT}#${REDIS_PORT}#g" -e "s#\${ADMIN_PORT}#${ADMIN_PORT}#g" \
       -e "s#\${OPS_PORT}#${OPS_PORT}#g" -e "s#\${TOKEN_SECRET_FILE}##g" \
+      -e "s#\${REDIS_CLUSTER_NODES}#${REDIS_CLUSTER_NODES:-}#g" \
       -e "s#127.0.0.1:${CORE_PORT}#${CORE_HOST}:${CORE_PORT}#g" \
       -e "s#127.0.0.1:${ADMIN_PORT}#${CORE_HOST}:${ADMIN_PORT}#g" \
       -e "s#host = \"127.0.0.1\"#host = \"${redis_ip}\"#" \

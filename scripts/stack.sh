@@ -10,6 +10,8 @@
 #   scripts/stack.sh rotate-token-secret   a new user-token secret; the previous stays valid
 #
 # Parts: redis mysql namesrv broker core paysim edge, and core2 with CORES=2.
+# STACK_MODE=cluster: a Redis Cluster (part rediscluster: 3 masters, 3 replicas) in
+# place of redis, two cores and two edges (edge2); docs/scaling.md.
 # Idempotent: `up` twice changes nothing, and a part already answering on its port is
 # reused. A port held by something else is an error naming the port. State (data, logs, pids, generated secrets) lives under
 # $STACK_DIR (default .stack/). Every setting below can be overridden from the
@@ -26,6 +28,8 @@ trap 'on_err $? $LINENO "$BASH_COMMAND"' ERR
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STACK_DIR=${STACK_DIR:-$ROOT/.stack}
 PARTS_DEFAULT="redis mysql namesrv broker core paysim edge"
+# single (one Redis) or cluster (a Redis Cluster, two cores, two edges).
+STACK_MODE=${STACK_MODE:-single}
 
 EDGE_PORT=${EDGE_PORT:-8080}
 CORE_PORT=${CORE_PORT:-8081}
@@ -39,6 +43,11 @@ CORES=${CORES:-1}
 CORE2_PORT=${CORE2_PORT:-$((CORE_PORT + 2))}
 ADMIN2_PORT=${ADMIN2_PORT:-$((ADMIN_PORT + 2))}
 REDIS_PORT=${REDIS_PORT:-6379}
+# STACK_MODE=cluster: the cluster's six nodes on REDIS_CLUSTER_PORT … +5 (the first three
+# start as masters), the second edge on EDGE2_PORT with its ops dashboard on OPS2_PORT.
+REDIS_CLUSTER_PORT=${REDIS_CLUSTER_PORT:-7001}
+EDGE2_PORT=${EDGE2_PORT:-$((EDGE_PORT + 4))}
+OPS2_PORT=${OPS2_PORT:-$((OPS_PORT + 4))}
 MYSQL_PORT=${MYSQL_PORT:-3306}
 # Redis's AOF fsync: always (an admission is on disk before its 202; the default, chosen
 # from make bench: it costs about a sixth of admissions/s) or everysec (an OS crash may
@@ -66,11 +75,31 @@ PAYSIM_BIN=$(dirname "$CORE_BIN")/stampede-paysim
 
 PIDS=$STACK_DIR/pids
 LOGS=$STACK_DIR/logs
+case $STACK_MODE in
+  single) ;;
+  cluster) CORES=2 ;;
+  *) printf 'stack: STACK_MODE must be single or cluster, not %s\n' "$STACK_MODE" >&2; exit 1 ;;
+esac
 case $CORES in
   1) ;;
   2) PARTS_DEFAULT="redis mysql namesrv broker core core2 paysim edge" ;;
   *) printf 'stack: CORES must be 1 or 2, not %s\n' "$CORES" >&2; exit 1 ;;
 esac
+[ "$STACK_MODE" = single ] || PARTS_DEFAULT="rediscluster mysql namesrv broker core core2 paysim edge edge2"
+# Every part either mode may have started, in start order (`down` stops what runs).
+PARTS_ALL="redis rediscluster mysql namesrv broker core core2 paysim edge edge2"
+CLUSTER_PORTS=$(seq "$REDIS_CLUSTER_PORT" $((REDIS_CLUSTER_PORT + 5)) | paste -sd ' ')
+# The nodes as the edge and the core name them.
+cluster_nodes() { # cluster_nodes [SCHEME [SUFFIX]]: every node as SCHEME127.0.0.1:PORTSUFFIX, joined by ','
+  local p out=""
+  for p in $CLUSTER_PORTS; do out+="${out:+,}${1:-}127.0.0.1:$p${2:-}"; done
+  printf '%s' "$out"
+}
+if [ "$STACK_MODE" = cluster ]; then
+  REDIS_CLUSTER_NODES=$(cluster_nodes)
+else
+  REDIS_CLUSTER_NODES=""
+fi
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'stack: %s\n' "$*" >&2; exit 1; }
@@ -187,6 +216,52 @@ start_redis() {
   say "  redis: started on 127.0.0.1:$REDIS_PORT"
 }
 
+# ---------------------------------------------------------------- redis cluster
+cluster_cli() { redis-cli -h 127.0.0.1 -p "$REDIS_CLUSTER_PORT" "$@" 2>/dev/null; }
+# Up: every node answers and the cluster's state is ok (every slot served).
+health_rediscluster() {
+  local p
+  for p in $CLUSTER_PORTS; do
+    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] || return 1
+  done
+  cluster_cli cluster info | grep -q '^cluster_state:ok'
+}
+start_rediscluster() {
+  if health_rediscluster; then
+    say "  rediscluster: already running on 127.0.0.1:${CLUSTER_PORTS// /,}"
+    return 0
+  fi
+  local p dir i
+  for p in $CLUSTER_PORTS; do
+    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] && continue
+    port_open "$p" && die "port $p is taken by something that is not a node of the stack's Redis Cluster; free it or set REDIS_CLUSTER_PORT"
+    dir=$STACK_DIR/redis-cluster/$p
+    mkdir -p "$dir"
+    redis-server --bind 127.0.0.1 --port "$p" --dir "$dir" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" \
+      --daemonize yes --pidfile "$PIDS/rediscluster-$p.pid" --logfile "$LOGS/rediscluster-$p.log"
+  done
+  for p in $CLUSTER_PORTS; do
+    for ((i = 0; i < 200; i++)); do
+      [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] && break
+      sleep 0.1
+    done
+    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] \
+      || die "Redis Cluster node $p did not come up; see $LOGS/rediscluster-$p.log"
+  done
+  # Created once; afterwards every node finds the others through its nodes.conf.
+  if [ "$(cluster_cli cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" = 1 ]; then
+    say "  rediscluster: creating the cluster (3 masters, a replica each)"
+    # shellcheck disable=SC2046 # one argument per node
+    redis-cli --cluster create $(for p in $CLUSTER_PORTS; do printf '127.0.0.1:%s ' "$p"; done) \
+      --cluster-replicas 1 --cluster-yes >>"$LOGS/rediscluster-create.log" 2>&1 \
+      || die "redis-cli --cluster create failed; see $LOGS/rediscluster-create.log"
+  fi
+  wait_for rediscluster 60 || die "the Redis Cluster did not reach state ok; see $LOGS/rediscluster-*.log"
+  say "  rediscluster: started on 127.0.0.1:${CLUSTER_PORTS// /,} (masters and replicas: redis-cli -p $REDIS_CLUSTER_PORT cluster nodes)"
+}
+
 # ---------------------------------------------------------------- mysql
 MYSQL_SOCK=$STACK_DIR/mysql.sock
 mysql_root() { mariadb --no-defaults --socket="$MYSQL_SOCK" -uroot "$@"; }
@@ -280,6 +355,11 @@ core_env() { # core_env [PUBLIC_PORT ADMIN_PORT]: the settings of a core (the fi
   export STAMPEDE_SERVER__PUBLIC_ADDR=127.0.0.1:${1:-$CORE_PORT}
   export STAMPEDE_SERVER__ADMIN_ADDR=127.0.0.1:${2:-$ADMIN_PORT}
   export STAMPEDE_REDIS__URL=redis://127.0.0.1:$REDIS_PORT/
+  if [ "$STACK_MODE" = cluster ]; then
+    export STAMPEDE_REDIS__MODE=cluster
+    STAMPEDE_REDIS__NODES=$(cluster_nodes redis:// /)
+    export STAMPEDE_REDIS__NODES
+  fi
   export STAMPEDE_MYSQL__URL=mysql://$MYSQL_USER@127.0.0.1:$MYSQL_PORT/$MYSQL_DATABASE
   export STAMPEDE_MYSQL__PASSWORD_FILE=$STACK_DIR/mysql.password
   export STAMPEDE_ROCKETMQ__NAMESRV_ADDR=127.0.0.1:$NAMESRV_PORT
@@ -327,17 +407,20 @@ start_paysim() {
 }
 
 # ---------------------------------------------------------------- edge
-health_edge() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$EDGE_PORT/edge/health" 2>/dev/null)" = ok ]; }
+health_edge() { health_an_edge "$EDGE_PORT"; }
+health_edge2() { health_an_edge "$EDGE2_PORT"; }
+health_an_edge() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$1/edge/health" 2>/dev/null)" = ok ]; }
 EDGE_PREFIX=$STACK_DIR/nginx
-render_edge_conf() { # every file of openresty/conf/, ports and paths filled in → dir $1
+render_edge_conf() { # render_edge_conf DIR EDGE_PORT OPS_PORT: openresty/conf/, filled in → DIR
   mkdir -p "$1"
   local f core2=""
   [ "$CORES" = 1 ] || core2="s|# \${CORE2_SERVER}.*|server 127.0.0.1:$CORE2_PORT;|"
   for f in "$ROOT"/openresty/conf/*; do
-    sed -e "s#\${EDGE_PORT}#$EDGE_PORT#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
+    sed -e "s#\${EDGE_PORT}#$2#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
       -e "s#\${REDIS_PORT}#$REDIS_PORT#g" -e "s#\${STAMPEDE_ROOT}#$ROOT#g" \
-      -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$OPS_PORT#g" \
+      -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$3#g" \
       -e "s#\${TOKEN_SECRET_FILE}#$STACK_DIR/token.secret#g" \
+      -e "s#\${REDIS_CLUSTER_NODES}#$REDIS_CLUSTER_NODES#g" \
       -e "$core2" \
       "$f" >"$1/$(basename "$f")"
   done
@@ -345,35 +428,39 @@ render_edge_conf() { # every file of openresty/conf/, ports and paths filled in 
   # as a changed conf (a reload).
   cat "$ROOT"/lua/edge/stampede/*.lua "$STACK_DIR/token.secret" | sha256sum >"$1/lua.sha256"
 }
-start_edge() {
-  if alive edge && health_edge; then
+start_edge() { start_an_edge edge "$EDGE_PREFIX" "$EDGE_PORT" "$OPS_PORT" EDGE_PORT; }
+start_edge2() { start_an_edge edge2 "$STACK_DIR/nginx2" "$EDGE2_PORT" "$OPS2_PORT" EDGE2_PORT; }
+# start_an_edge PART PREFIX EDGE_PORT OPS_PORT (and the name of the port's variable)
+start_an_edge() {
+  local part=$1 prefix=$2 port=$3 ops=$4
+  if alive "$part" && "health_$part"; then
     # Running: pick up an edited openresty/conf with a graceful reload, else leave it be.
-    rm -rf "$EDGE_PREFIX/conf.new"
-    render_edge_conf "$EDGE_PREFIX/conf.new"
-    if diff -rq "$EDGE_PREFIX/conf.new" "$EDGE_PREFIX/conf" >/dev/null; then
-      rm -rf "$EDGE_PREFIX/conf.new"
-      say "  edge: already running on 127.0.0.1:$EDGE_PORT"
+    rm -rf "$prefix/conf.new"
+    render_edge_conf "$prefix/conf.new" "$port" "$ops"
+    if diff -rq "$prefix/conf.new" "$prefix/conf" >/dev/null; then
+      rm -rf "$prefix/conf.new"
+      say "  $part: already running on 127.0.0.1:$port"
     else
-      nginx -p "$EDGE_PREFIX/" -c conf.new/nginx.conf -t -q \
+      nginx -p "$prefix/" -c conf.new/nginx.conf -t -q \
         || die "nginx rejected openresty/conf/nginx.conf"
-      rm -rf "$EDGE_PREFIX/conf.old" && mv "$EDGE_PREFIX/conf" "$EDGE_PREFIX/conf.old"
-      mv "$EDGE_PREFIX/conf.new" "$EDGE_PREFIX/conf" && rm -rf "$EDGE_PREFIX/conf.old"
-      kill -HUP "$(pid_of edge)"
-      say "  edge: openresty/conf or lua/edge changed; reloaded"
+      rm -rf "$prefix/conf.old" && mv "$prefix/conf" "$prefix/conf.old"
+      mv "$prefix/conf.new" "$prefix/conf" && rm -rf "$prefix/conf.old"
+      kill -HUP "$(pid_of "$part")"
+      say "  $part: openresty/conf or lua/edge changed; reloaded"
     fi
     return 0
   fi
-  before_start edge "$EDGE_PORT" EDGE_PORT || return 0
+  before_start "$part" "$port" "$5" || return 0
   secret_file token.secret >/dev/null
-  mkdir -p "$EDGE_PREFIX/logs" "$EDGE_PREFIX/temp"
-  chmod 0777 "$EDGE_PREFIX/temp" # workers run as nobody and buffer request bodies here
-  rm -rf "$EDGE_PREFIX/conf"
-  render_edge_conf "$EDGE_PREFIX/conf"
-  nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf -t -q || die "nginx rejected openresty/conf/nginx.conf"
-  nginx -p "$EDGE_PREFIX/" -c conf/nginx.conf
-  wait_for edge 20 || die "the edge did not come up; see $EDGE_PREFIX/logs/error.log"
-  cp "$EDGE_PREFIX/logs/nginx.pid" "$PIDS/edge.pid"
-  say "  edge: started on 127.0.0.1:$EDGE_PORT (ops dashboard on 127.0.0.1:$OPS_PORT)"
+  mkdir -p "$prefix/logs" "$prefix/temp"
+  chmod 0777 "$prefix/temp" # workers run as nobody and buffer request bodies here
+  rm -rf "$prefix/conf"
+  render_edge_conf "$prefix/conf" "$port" "$ops"
+  nginx -p "$prefix/" -c conf/nginx.conf -t -q || die "nginx rejected openresty/conf/nginx.conf"
+  nginx -p "$prefix/" -c conf/nginx.conf
+  wait_for "$part" 20 || die "the edge did not come up; see $prefix/logs/error.log"
+  cp "$prefix/logs/nginx.pid" "$PIDS/$part.pid"
+  say "  $part: started on 127.0.0.1:$port (ops dashboard on 127.0.0.1:$ops)"
 }
 
 # ---------------------------------------------------------------- secrets
@@ -385,16 +472,23 @@ rotate_token_secret() {
   if alive edge; then
     start_edge # the keyring changed: a graceful reload
   fi
+  if alive edge2; then
+    start_edge2
+  fi
 }
 
 # ---------------------------------------------------------------- stop, status
 stop_part() {
-  local part=$1 pid
+  local part=$1 pid p
+  if [ "$part" = rediscluster ]; then
+    for p in $CLUSTER_PORTS; do stop_part "rediscluster-$p"; done
+    return 0
+  fi
   pid=$(pid_of "$part")
   [ -n "$pid" ] || return 0
   if kill -0 "$pid" 2>/dev/null; then
     # nginx stops gracefully on QUIT; everything else on TERM.
-    if [ "$part" = edge ]; then kill -QUIT "$pid"; else kill -TERM "$pid"; fi
+    case $part in edge | edge2) kill -QUIT "$pid" ;; *) kill -TERM "$pid" ;; esac
     local i
     for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "$pid" 2>/dev/null; then
@@ -412,14 +506,17 @@ port_of() {
     broker) echo "$BROKER_PORT" ;; core) echo "$CORE_PORT,$ADMIN_PORT" ;; paysim) echo "$PAYSIM_PORT" ;;
     core2) echo "$CORE2_PORT,$ADMIN2_PORT" ;;
     edge) echo "$EDGE_PORT,$OPS_PORT" ;;
+    edge2) echo "$EDGE2_PORT,$OPS2_PORT" ;;
+    rediscluster) echo "$REDIS_CLUSTER_PORT-$((REDIS_CLUSTER_PORT + 5))" ;;
   esac
 }
 
 status() {
   local down=0 part pid health
-  printf '%-8s %-12s %-8s %s\n' PART PORT PID HEALTH
+  printf '%-13s %-12s %-8s %s\n' PART PORT PID HEALTH
   for part in $PARTS_DEFAULT; do
     pid=$(pid_of "$part")
+    [ "$part" = rediscluster ] && pid=$(pid_of "rediscluster-$REDIS_CLUSTER_PORT")
     if "health_$part" >/dev/null 2>&1; then
       health=up
       [ -n "$pid" ] || health="up (not started by this stack)"
@@ -430,7 +527,7 @@ status() {
     else
       health="down (not started)"; down=1
     fi
-    printf '%-8s %-12s %-8s %s\n' "$part" "$(port_of "$part")" "${pid:--}" "$health"
+    printf '%-13s %-12s %-8s %s\n' "$part" "$(port_of "$part")" "${pid:--}" "$health"
   done
   if health_core; then
     say ""
@@ -461,8 +558,8 @@ case $cmd in
     ;;
   down)
     say "stopping the stack (state in $STACK_DIR)"
-    # A second core started with CORES=2 stops with the rest, whatever CORES is now.
-    [ -n "$*" ] || [ "$CORES" = 2 ] || parts=${parts/core /core core2 }
+    # Everything either mode started stops, whatever CORES and STACK_MODE are now.
+    [ -n "$*" ] || parts=$PARTS_ALL
     for part in $(tr -s ' ' '\n' <<<"$parts" | tac); do
       step="stop $part"
       stop_part "$part"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make test`: the fresh-machine checks (scripts/check.sh), formatting, lints, unit tests,
 # then the end-to-end tests against a disposable stack of their own (.stack-test/, ports
-# below), which never touches a running demo. The test stack is stopped and removed on
-# the way out, pass or fail.
+# below), which never touches a running demo, and last a short run on the cluster stack
+# (scripts/test-cluster.sh --short). Each stack is stopped and removed on the way out,
+# pass or fail.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -33,7 +34,8 @@ scripts/stack.sh up
 
 step "end-to-end tests"
 cargo build --quiet -p stampede-bench # run by the bench test
-if ! cargo test -p stampede-e2e --test e2e -- --test-threads 2; then
+# cluster:: needs the cluster stack: scripts/test-cluster.sh runs it, below.
+if ! cargo test -p stampede-e2e --test e2e -- --test-threads 2 --skip cluster::; then
   # What the stack saw, before teardown removes it.
   for log in "$STACK_DIR/nginx/logs/error.log" "$STACK_DIR/logs/core.log"; do
     printf '\n==> last lines of %s\n' "$log"
@@ -46,22 +48,7 @@ step "chaos, short: a sale each with Redis killed, Redis hung, the core killed t
 BENCH=$ROOT/target/debug/stampede-bench scripts/chaos.sh --short
 
 step "browser tests (Playwright, Debian's Chromium)"
-ui_deps() {
-  local missing=()
-  command -v chromium >/dev/null || missing+=(chromium)
-  command -v node >/dev/null || missing+=(nodejs)
-  command -v npm >/dev/null || missing+=(npm)
-  if [ ${#missing[@]} -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || { echo "the browser tests need: ${missing[*]} (apt-get, as root)" >&2; exit 1; }
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
-  # npm ci only when the lock changed since the last install.
-  if ! cmp -s ui-tests/package-lock.json ui-tests/node_modules/.installed-lock.json; then
-    (cd ui-tests && npm ci --no-audit --no-fund --silent && cp package-lock.json node_modules/.installed-lock.json)
-  fi
-}
-ui_deps
+scripts/ui-deps.sh
 export SCREENSHOT_DIR=$ROOT/target/ui-screenshots
 if ! node --test --test-concurrency=1 ui-tests/; then
   for log in "$STACK_DIR/nginx/logs/error.log" "$STACK_DIR/logs/core.log" "$STACK_DIR/logs/paysim.log"; do
@@ -76,3 +63,8 @@ echo "screenshots: $SCREENSHOT_DIR"
 # run, which the tests above must not see.
 step "API fuzz: schemathesis against docs/openapi.yaml, public (edge) and admin (scripts/fuzz-api.sh)"
 scripts/fuzz-api.sh
+
+# The single stack down first: the cluster stack uses the same ports.
+teardown
+step "cluster stack, short: purchases, a Redis master killed mid-sale, one of two cores killed, two edges (scripts/test-cluster.sh --short)"
+scripts/test-cluster.sh --short

@@ -9,6 +9,9 @@ import { chromium } from "playwright-core";
 
 const env = process.env;
 const EDGE = `http://127.0.0.1:${env.EDGE_PORT || 8080}`;
+// The cluster stack's second edge (STACK_MODE=cluster): the second buyer's browser and
+// half of the dashboard sale's buyers go through it. Without one, both are EDGE.
+const EDGE2 = env.EDGE2_PORT ? `http://127.0.0.1:${env.EDGE2_PORT}` : EDGE;
 const OPS = `http://127.0.0.1:${env.OPS_PORT || 8082}`;
 const PAYSIM = `http://127.0.0.1:${env.PAYSIM_PORT || 8090}`;
 const ADMIN = `http://127.0.0.1:${env.ADMIN_PORT || 9091}`;
@@ -129,7 +132,7 @@ test("a buyer waits for the open, picks seats, is queued then created, pays; ano
 
   // A second buyer, in a browser of their own, sees those two seats sold.
   const other = await (await browser.newContext({ viewport: { width: 1200, height: 900 } })).newPage();
-  await other.goto(`${EDGE}/#/event/${ev.id}`);
+  await other.goto(`${EDGE2}/#/event/${ev.id}`);
   await signIn(other, bob, password);
   await other.check('input[aria-label="Seated"]');
   await other.waitForSelector('[data-seat="1:4"][data-state="S"]');
@@ -178,10 +181,10 @@ test("the ops dashboard shows a sale's numbers live while buyers stream in", asy
   assert.equal(await text(page, "stock"), "300");
 
   let next = 0;
-  const buyer = async () => {
+  const buyer = async (edge) => {
     while (next < tokens.length) {
       const token = tokens[next++];
-      await fetch(`${EDGE}/api/events/${ev.id}/orders`, {
+      await fetch(`${edge}/api/events/${ev.id}/orders`, {
         method: "POST",
         headers: { "Content-Type": "application/json", Authorization: `Bearer ${token}`, "Idempotency-Key": "k" },
         body: JSON.stringify({ category_id: ev.categories[0], quantity: 1 }),
@@ -193,7 +196,7 @@ test("the ops dashboard shows a sale's numbers live while buyers stream in", asy
     () => Number(document.querySelector('[data-testid="admitted-rate"]').textContent.replace(/,/g, "")) > 0,
     null, { timeout: 20_000 },
   );
-  await Promise.all(Array.from({ length: 8 }, buyer));
+  await Promise.all(Array.from({ length: 8 }, (_, i) => buyer(i % 2 ? EDGE2 : EDGE)));
   await seenAdmitting;
   // Sold out, every unit an order, nothing queued, the books balanced.
   await page.waitForFunction(

@@ -212,7 +212,10 @@ mod tests {
             assert!(key.starts_with("t:{ev:7}:"), "{key}");
         }
         // One account's two failure counters share a slot, whatever the address.
-        assert_eq!(k.login_failures("ann", "127.0.0.1"), "t:login:fail:{616e6e}:3132372e302e302e31");
+        assert_eq!(
+            k.login_failures("ann", "127.0.0.1"),
+            "t:login:fail:{616e6e}:3132372e302e302e31"
+        );
         assert_eq!(k.login_failures_all("ann"), "t:login:fail:{616e6e}");
     }
 

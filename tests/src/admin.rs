@@ -13,6 +13,22 @@ pub struct AdminClient {
 }
 
 impl AdminClient {
+    /// The admin API at `url` of a core configured with `settings` (its admin token).
+    pub fn of(url: &str, settings: &stampede_core::Settings) -> AdminClient {
+        use secrecy::ExposeSecret;
+        AdminClient {
+            http: reqwest::Client::new(),
+            url: url.to_owned(),
+            token: settings
+                .auth
+                .admin_token
+                .as_ref()
+                .expect("the settings carry an admin token")
+                .expose_secret()
+                .to_owned(),
+        }
+    }
+
     /// An admin call with the admin token; returns status and JSON body.
     pub async fn call(
         &self,

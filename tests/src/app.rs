@@ -5,6 +5,7 @@ use std::time::Duration;
 use mysql_async::prelude::*;
 use rand::Rng;
 use serde_json::Value;
+use stampede_core::config::RedisSettings;
 use stampede_core::keys::Keys;
 use stampede_core::{App, Settings, Stopper, TestFaults};
 
@@ -22,7 +23,7 @@ pub struct TestApp {
     pub database: String,
     pub prefix: String,
     pub mysql: mysql_async::Pool,
-    pub redis: redis::aio::MultiplexedConnection,
+    pub redis: stampede_core::infra::redis::Redis,
     pub http: reqwest::Client,
     /// The settings it runs with (for a process of the same configuration).
     pub settings: Settings,
@@ -49,8 +50,10 @@ pub async fn test_settings(stack: &Stack) -> (Settings, String, String) {
     s.server.public_addr = "127.0.0.1:0".into();
     s.server.admin_addr = "127.0.0.1:0".into();
     s.server.shutdown_grace_s = 2;
-    s.redis.url = format!("redis://127.0.0.1:{}/", stack.redis_port);
-    s.redis.key_prefix = prefix.clone();
+    s.redis = RedisSettings {
+        key_prefix: prefix.clone(),
+        ..stack.redis_settings()
+    };
     s.mysql.url = format!("mysql://stampede@127.0.0.1:{}/{database}", stack.mysql_port);
     s.mysql.password = Some(stack.secret("mysql.password").into());
     s.mysql.pool_max = 8;
@@ -112,11 +115,7 @@ async fn spawn_app_on_with(
     let stopper = app.stopper();
     let task = tokio::spawn(app.run_until_stopped());
     let mysql = mysql_async::Pool::new(stack.mysql_url(&database).as_str());
-    let redis = redis::Client::open(settings.redis.url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis of the test stack");
+    let redis = crate::stack::connect_redis(&settings.redis).await;
     use secrecy::ExposeSecret;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -261,7 +260,7 @@ impl TestApp {
 
 /// A category's units in an event's stock hash `key`.
 pub(crate) async fn stock_in(
-    redis: &redis::aio::MultiplexedConnection,
+    redis: &stampede_core::infra::redis::Redis,
     key: String,
     category_id: u64,
 ) -> i64 {

@@ -3,6 +3,7 @@
 use serde_json::Value;
 
 /// A buyer: a user id and a signed token, from the admin API.
+#[derive(Debug, Clone)]
 pub struct Buyer {
     pub user_id: u64,
     pub token: String,

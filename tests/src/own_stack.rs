@@ -114,6 +114,13 @@ impl OwnRedis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// Points a core's settings at this Redis alone (single mode, whatever the stack is).
+    pub fn use_in(&self, s: &mut stampede_core::Settings) {
+        s.redis.mode = stampede_core::config::RedisMode::Single;
+        s.redis.url = self.url();
+        s.redis.nodes.clear();
+    }
+
     /// Where it keeps its append-only file (a folder, Redis 7's multi-part AOF).
     pub fn aof_dir(&self) -> PathBuf {
         self.dir.join("redis/appendonlydir")

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use stampede_core::Settings;
+use stampede_core::config::RedisMode;
 
 use crate::own_stack::free_port;
 use crate::stack::root;
@@ -32,6 +33,15 @@ pub fn core_env(s: &Settings, admin: u16, public: u16) -> Vec<(String, String)> 
         ),
         ("STAMPEDE_SERVER__ADMIN_ADDR", format!("127.0.0.1:{admin}")),
         ("STAMPEDE_REDIS__URL", s.redis.url.clone()),
+        (
+            "STAMPEDE_REDIS__MODE",
+            match s.redis.mode {
+                RedisMode::Single => "single",
+                RedisMode::Cluster => "cluster",
+            }
+            .to_owned(),
+        ),
+        ("STAMPEDE_REDIS__NODES", s.redis.nodes.join(",")),
         ("STAMPEDE_REDIS__KEY_PREFIX", s.redis.key_prefix.clone()),
         ("STAMPEDE_MYSQL__URL", s.mysql.url.clone()),
         (

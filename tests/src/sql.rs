@@ -38,3 +38,33 @@ pub async fn scalar(mysql: &mysql_async::Pool, sql: &str) -> i64 {
         .flatten()
         .unwrap_or(0)
 }
+
+/// The order numbers of an event's orders, whatever their status, over every shard.
+pub async fn order_numbers(
+    mysql: &mysql_async::Pool,
+    event: u64,
+) -> std::collections::HashSet<u64> {
+    let union = over_shards(&format!(
+        "SELECT order_no FROM {{orders}} WHERE event_id = {event}"
+    ));
+    mysql
+        .get_conn()
+        .await
+        .unwrap()
+        .query::<u64, _>(format!("SELECT order_no FROM ({union}) o"))
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Drops a test's own database (a core process's, when the test is done with it).
+pub async fn drop_database(mysql: &mysql_async::Pool, database: &str) {
+    mysql
+        .get_conn()
+        .await
+        .unwrap()
+        .query_drop(format!("DROP DATABASE `{database}`"))
+        .await
+        .unwrap();
+}

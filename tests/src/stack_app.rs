@@ -17,7 +17,7 @@ pub struct StackApp {
     /// The stack core's database.
     pub mysql: mysql_async::Pool,
     pub edge_url: String,
-    pub redis: redis::aio::MultiplexedConnection,
+    pub redis: stampede_core::infra::redis::Redis,
     pub http: reqwest::Client,
 }
 
@@ -40,11 +40,7 @@ pub async fn stack_app() -> (StackApp, tokio::sync::MutexGuard<'static, ()>) {
             token: stack.secret("admin.token"),
         },
         edge_url: format!("http://127.0.0.1:{}", stack.edge_port),
-        redis: redis::Client::open(format!("redis://127.0.0.1:{}/", stack.redis_port).as_str())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("the test stack's Redis"),
+        redis: stack.redis().await,
         http,
     };
     (app, guard)

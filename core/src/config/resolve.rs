@@ -47,7 +47,7 @@ impl Settings {
                         "redis.mode is \"cluster\" but redis.nodes names no seed node".into(),
                     ));
                 }
-                for node in &self.redis.nodes {
+                for node in self.redis.nodes.iter().filter(|n| !n.trim().is_empty()) {
                     redis::Client::open(node.trim())
                         .map_err(|e| ConfigError(format!("redis.nodes: {node:?}: {e}")))?;
                 }
@@ -258,6 +258,32 @@ mod tests {
         let mut s = with_secrets();
         s.redis.key_prefix = "a{b".into();
         assert!(s.resolve().unwrap_err().0.contains("key_prefix"));
+    }
+
+    #[test]
+    fn cluster_mode_needs_valid_seed_nodes() {
+        use crate::config::RedisMode;
+        let cluster = |nodes: &[&str]| {
+            let mut s = with_secrets();
+            s.redis.mode = RedisMode::Cluster;
+            s.redis.nodes = nodes.iter().map(|n| n.to_string()).collect();
+            s.resolve().map(|_| ()).map_err(|e| e.0)
+        };
+        assert!(cluster(&[]).unwrap_err().contains("redis.nodes"));
+        assert!(cluster(&["", " "]).unwrap_err().contains("redis.nodes"));
+        assert!(
+            cluster(&["redis://127.0.0.1:7001/", "http://x"])
+                .unwrap_err()
+                .contains("http://x")
+        );
+        assert_eq!(
+            cluster(&["redis://127.0.0.1:7001/", "", "redis://127.0.0.1:7002/"]),
+            Ok(())
+        );
+        // Single mode reads only `url`: seed nodes left in the file change nothing.
+        let mut s = with_secrets();
+        s.redis.nodes = vec!["not a url".into()];
+        assert!(s.resolve().is_ok());
     }
 
     #[test]

@@ -70,7 +70,24 @@ impl Down {
     pub fn of(e: &anyhow::Error) -> Option<Down> {
         e.chain().find_map(|cause| {
             if let Some(r) = cause.downcast_ref::<::redis::RedisError>() {
-                let down = r.is_timeout()
+                use ::redis::ErrorKind::*;
+                // A cluster failing a shard over, or a node still loading its data:
+                // down for now. The cluster client retries a call that met an I/O
+                // error, so its last error says nothing of whether an earlier attempt
+                // ran: such a call may have been sent.
+                let failing_over = matches!(
+                    r.kind(),
+                    ClusterDown
+                        | MasterDown
+                        | TryAgain
+                        | Moved
+                        | Ask
+                        | ReadOnly
+                        | BusyLoadingError
+                        | ClusterConnectionNotFound
+                );
+                let down = failing_over
+                    || r.is_timeout()
                     || r.is_connection_dropped()
                     || r.is_connection_refusal()
                     || r.is_io_error();
@@ -121,5 +138,17 @@ mod tests {
             "an answer, not an outage"
         );
         assert_eq!(Down::of(&anyhow::anyhow!("other")), None);
+        for (kind, code) in [
+            (::redis::ErrorKind::ClusterDown, "CLUSTERDOWN"),
+            (::redis::ErrorKind::TryAgain, "TRYAGAIN"),
+            (::redis::ErrorKind::ReadOnly, "READONLY"),
+        ] {
+            let failover = ::redis::RedisError::from((kind, code, "x".into()));
+            assert_eq!(
+                Down::of(&anyhow::Error::new(failover)),
+                Some(Down::Redis { maybe_sent: true }),
+                "{code}"
+            );
+        }
     }
 }

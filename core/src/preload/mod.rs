@@ -254,7 +254,11 @@ impl Preloader {
     /// The event's entry in the sales index the edge reads: written after the event's
     /// own keys, in a call of its own (on a Redis Cluster the index is in another slot),
     /// so an edge never opens a sale whose keys are not there yet.
-    async fn write_sales_index(&self, redis: &mut Redis, event: &EventRecord) -> anyhow::Result<()> {
+    async fn write_sales_index(
+        &self,
+        redis: &mut Redis,
+        event: &EventRecord,
+    ) -> anyhow::Result<()> {
         redis::cmd("HSET")
             .arg(self.keys.sales_index())
             .arg(event.id)

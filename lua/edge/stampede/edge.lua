@@ -8,8 +8,8 @@ local stats = require "stampede.stats"
 
 local _M = {}
 
--- opts: token_secret_file, token_secret_file_env, token_secret_env, state_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s, redis = {host, port, prefix,
--- timeout_ms}, refresh_interval_s, limits, routes (see nginx.conf).
+-- opts: token_secret_file, token_secret_file_env, token_secret_env, state_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s, redis = {host, port,
+-- cluster_nodes, prefix, timeout_ms}, refresh_interval_s, limits, routes (see nginx.conf).
 function _M.init(opts)
   -- The token keyring: a file (read here, by the master, at every start and reload —
   -- `nginx -s reload` after `stampede rotate-token-secret`), else an environment variable.
@@ -26,9 +26,15 @@ function _M.init(opts)
   assert(text and text ~= "", "set " .. opts.token_secret_file_env .. " or " .. opts.token_secret_env)
   auth.init({ keyring = auth.parse_keyring(text), cache_size = opts.token_cache_size })
   limit.init({ dict = opts.limit_dict, limits = opts.limits, routes = opts.routes })
+  -- One Redis (`host`, `port`), or a Redis Cluster (`cluster_nodes`: "host:port,…",
+  -- a few of its nodes; the rest are found through them).
+  local r, nodes = opts.redis, {}
+  for n in string.gmatch(r.cluster_nodes or "", "[^,%s]+") do nodes[#nodes + 1] = n end
+  local cluster = #nodes > 0
+  if not cluster then nodes = { r.host .. ":" .. r.port } end
   state.init({
-    dict = opts.state_dict, host = opts.redis.host, port = opts.redis.port, prefix = opts.redis.prefix,
-    timeout_ms = opts.redis.timeout_ms, interval_s = opts.refresh_interval_s,
+    dict = opts.state_dict, nodes = nodes, cluster = cluster, prefix = r.prefix,
+    timeout_ms = r.timeout_ms, interval_s = opts.refresh_interval_s,
   })
   stats.init({ dict = opts.stats_dict })
   require("stampede.access").init({ passed_dict = opts.passed_dict, passed_ttl_s = opts.passed_ttl_s })

@@ -9,7 +9,7 @@
 -- through requests the core then refuses — never sell what Redis does not have.
 local ngx = ngx
 local cjson = require "cjson.safe"
-local redis = require "nginx.redis"
+local store = require "stampede.cluster"
 local limit = require "stampede.limit"
 local layout = require "stampede.keys" -- generated from core/src/keys.rs
 local tonumber, floor, format = tonumber, math.floor, string.format
@@ -23,32 +23,30 @@ local events = {} -- event id → {open, start_ms, end_ms, all_sold, sold = {[ci
 
 local LOCK, SNAPSHOT, VERSION = "refresh-lock", "snapshot", "version"
 
--- Reads everything from Redis; the snapshot table, or nil and an error.
+-- Reads everything from Redis (one Redis, or the nodes of a cluster that own the keys);
+-- the snapshot table, or nil and an error.
 local function pull()
-  local red = redis:new()
-  red:set_timeout(cfg.timeout_ms)
-  local ok, err = red:connect(cfg.host, cfg.port)
-  if not ok then return nil, "connect: " .. tostring(err) end
   local p = cfg.prefix
-  local sales, serr = red:hgetall(p .. layout.sales)
-  if not sales then return nil, "sales: " .. tostring(serr) end
-  local overrides = red:hgetall(p .. layout.edge_limits)
+  local first, err = store.run({
+    { "hgetall", p .. layout.sales },
+    { "hgetall", p .. layout.edge_limits },
+  })
+  if not first then return nil, "sales: " .. tostring(err) end
+  local sales, overrides = first[1], first[2]
   local snap = { events = {}, limits = {} }
-  local ids = {}
-  red:init_pipeline()
+  local ids, cmds = {}, {}
   for i = 1, #sales, 2 do
     local id = sales[i]
     local status, start_ms, end_ms = string.match(sales[i + 1], "^(%a+):(%d+):(%d+)$")
     if status then
       ids[#ids + 1] = id
       snap.events[id] = { open = status == "open", start_ms = tonumber(start_ms), end_ms = tonumber(end_ms), sold = {} }
-      red:hgetall(p .. format(layout.sold_out, id))
-      red:hget(p .. format(layout.meta, id), "categories")
+      cmds[#cmds + 1] = { "hgetall", p .. format(layout.sold_out, id) }
+      cmds[#cmds + 1] = { "hget", p .. format(layout.meta, id), "categories" }
     end
   end
-  local replies, perr = red:commit_pipeline()
-  if not replies then return nil, "pipeline: " .. tostring(perr) end
-  red:set_keepalive(10000, 4)
+  local replies, perr = store.run(cmds)
+  if not replies then return nil, "events: " .. tostring(perr) end
   for i, id in ipairs(ids) do
     local ev, flags, categories = snap.events[id], replies[2 * i - 1], replies[2 * i]
     local sold = 0
@@ -98,10 +96,11 @@ local function refresh(premature)
   end
 end
 
--- opts: {dict, host, port, prefix, timeout_ms, interval_s}
+-- opts: {dict, nodes = {"host:port", ...}, cluster, prefix, timeout_ms, interval_s}
 function _M.init(opts)
   dict = assert(shared[opts.dict], "lua_shared_dict " .. tostring(opts.dict) .. " is not declared")
   cfg = opts
+  store.init({ nodes = opts.nodes, cluster = opts.cluster, timeout_ms = opts.timeout_ms })
 end
 
 -- From init_worker: start this worker's refresh timer.

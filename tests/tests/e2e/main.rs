@@ -4,6 +4,7 @@ mod admin_events;
 mod admin_users;
 mod backstage;
 mod bench;
+mod cluster;
 mod connections;
 mod docs;
 mod door;

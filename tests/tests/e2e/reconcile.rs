@@ -90,7 +90,7 @@ async fn flushall_mid_sale_rebuilds_the_keys_and_no_unit_is_sold_twice() {
     let _heavy = heavy().await;
     let redis_server = OwnRedis::start();
     let app = spawn_app_with(|s| {
-        s.redis.url = redis_server.url();
+        redis_server.use_in(s);
         s.orders.enabled = true;
         s.reconcile.interval_s = 1;
         s.reconcile.confirm_ms = 200;

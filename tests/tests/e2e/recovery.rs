@@ -10,8 +10,8 @@ use stampede_e2e::{eventually, ordered_units, scalar, small_sale, spawn_app_with
 use crate::pipeline::burst;
 
 /// Units in orders + what Redis still has = what was on sale; everything synced.
-async fn conserved(
-    redis: &mut redis::aio::MultiplexedConnection,
+pub(crate) async fn conserved(
+    redis: &mut stampede_core::infra::redis::Redis,
     mysql: &mysql_async::Pool,
     keys: &Keys,
     event: u64,
@@ -56,18 +56,7 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
     let (mut settings, database, prefix) = stampede_e2e::test_settings(&stack).await;
     settings.orders.enabled = true;
     let mut core = stampede_e2e::CoreProcess::spawn(&settings).await;
-    use secrecy::ExposeSecret;
-    let admin = stampede_e2e::AdminClient {
-        http: reqwest::Client::new(),
-        url: core.admin_url.clone(),
-        token: settings
-            .auth
-            .admin_token
-            .as_ref()
-            .unwrap()
-            .expose_secret()
-            .to_owned(),
-    };
+    let admin = stampede_e2e::AdminClient::of(&core.admin_url, &settings);
     let (event, categories) = admin.create_event(small_sale(20_000, 1, 1, 1)).await;
     admin.publish(event).await;
     let ga = categories[0];
@@ -101,11 +90,7 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
         });
     }
     // Kill once a couple of thousand units are taken: mid-sale, with purchases in flight.
-    let mut redis = redis::Client::open(settings.redis.url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut redis = stampede_e2e::connect_redis(&settings.redis).await;
     let keys = Keys::new(&prefix);
     let stock_key = keys.stock(event);
     let midway = eventually(Duration::from_secs(30), || {
@@ -135,11 +120,7 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
     core.restart().await;
 
     let mysql = mysql_async::Pool::new(stack.mysql_url(&database).as_str());
-    let mut redis = redis::Client::open(settings.redis.url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut redis = stampede_e2e::connect_redis(&settings.redis).await;
     let ok = eventually(Duration::from_secs(90), || {
         let (mut redis, mysql, keys) = (redis.clone(), mysql.clone(), keys.clone());
         async move {
@@ -152,11 +133,7 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
     let (_, last) = conserved(&mut redis, &mysql, &keys, event, ga, 20_000).await;
     assert!(ok, "not conserved after the restart: {last}");
     // Every 202 answered before the kill is an order now.
-    let union = stampede_e2e::over_shards("SELECT order_no FROM {orders}");
-    let mut conn = mysql.get_conn().await.unwrap();
-    use mysql_async::prelude::Queryable;
-    let orders: std::collections::HashSet<u64> =
-        conn.query(union).await.unwrap().into_iter().collect();
+    let orders = stampede_e2e::order_numbers(&mysql, event).await;
     let missing: Vec<&u64> = promised.iter().filter(|n| !orders.contains(n)).collect();
     assert!(
         missing.is_empty(),
@@ -164,14 +141,7 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
         missing.len()
     );
     core.signal("-TERM").await;
-    drop(conn);
-    mysql
-        .get_conn()
-        .await
-        .unwrap()
-        .query_drop(format!("DROP DATABASE `{database}`"))
-        .await
-        .unwrap();
+    stampede_e2e::drop_database(&mysql, &database).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,7 +159,7 @@ async fn a_broker_stopped_for_twenty_seconds_delays_the_sync_but_loses_nothing()
     let ga = categories[0];
     let buyers = app.buyers(1_500).await;
     let redis = app.redis.clone();
-    let check = |redis: redis::aio::MultiplexedConnection| {
+    let check = |redis: stampede_core::infra::redis::Redis| {
         let (mysql, keys) = (app.mysql.clone(), app.keys());
         async move {
             let mut redis = redis;

@@ -19,7 +19,7 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
     let redis_server = OwnRedis::start();
     let app = spawn_app_with(|s| {
         s.orders.enabled = true;
-        s.redis.url = redis_server.url();
+        redis_server.use_in(s);
         s.reconcile.interval_s = 0;
     })
     .await;
@@ -154,7 +154,7 @@ async fn a_purchase_redis_never_answered_is_outcome_unknown_and_then_known() {
     let redis_server = OwnRedis::start();
     let app = spawn_app_with(|s| {
         s.orders.enabled = true;
-        s.redis.url = redis_server.url();
+        redis_server.use_in(s);
     })
     .await;
     let (event, categories) = app.create_event(small_sale(10, 1, 2, 2)).await;
