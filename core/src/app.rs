@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
 use crate::admission::Admission;
+use crate::admission::replicated::ReplicaBarrier;
 use crate::admission::throttle::Throttle;
 use crate::auth::keyring;
 use crate::auth::login::LoginGuard;
@@ -94,6 +95,20 @@ impl App {
         let redis = infra::redis::connect(&s.redis, timeout)
             .await
             .map_err(BuildError::Dependency)?;
+        // A connection of its own: the replica barrier's WAIT holds the one it is sent on.
+        let replicas = if s.redis.wait_replicas > 0 {
+            let own = infra::redis::connect(&s.redis, timeout)
+                .await
+                .map_err(BuildError::Dependency)?;
+            Some(ReplicaBarrier::new(
+                own,
+                Keys::new(&s.redis.key_prefix),
+                s.redis.wait_replicas,
+                Duration::from_millis(s.redis.wait_timeout_ms),
+            ))
+        } else {
+            None
+        };
         let mysql = infra::mysql::connect(config.mysql_opts.clone(), timeout)
             .await
             .map_err(BuildError::Dependency)?;
@@ -159,6 +174,7 @@ impl App {
             order_ids,
             preloader: preloader.clone(),
             max_stream_depth: s.orders.max_stream_depth,
+            replicas,
         };
         let lifecycle = Lifecycle {
             mysql: mysql.clone(),

@@ -87,6 +87,12 @@ impl Keys {
         self.event_key(event_id, "restocked")
     }
 
+    /// Counter: written by each round of the replica barrier (`redis.wait_replicas`),
+    /// so the round's WAIT covers every admission the event's master answered before.
+    pub fn replication_barrier(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "replicated")
+    }
+
     /// String: the preload lock, holding its owner's token.
     pub fn preload_lock(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "preload-lock")

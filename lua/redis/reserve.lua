@@ -24,8 +24,8 @@
 -- ARGV[9] most reservations the stream may hold before admission pauses
 -- ARGV[10..] chosen seats "row:col" (mode "pick"), distinct
 --
--- Returns {code, request id, seats "r:c,r:c"} (mirrored by ReserveCode in
--- core/src/admission/reserve.rs):
+-- Returns {code, request id, seats "r:c,r:c"}, and for QUEUED the admission's number
+-- seq as a fourth element (mirrored by ReserveCode in core/src/admission/reserve.rs):
 --    1 QUEUED            reserved now
 --    2 REPLAYED          same key, same request before: its request id and seats
 --   -1 NOT_LOADED        the event is not in Redis (not published)
@@ -146,4 +146,4 @@ rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)
 local seq = rcall('HINCRBY', KEYS[1], 'seq', 1)
 rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now,
   'e', meta[5] or '0', 'n', seq)
-return {1, rid, seat_list}
+return {1, rid, seat_list, seq}

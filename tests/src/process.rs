@@ -42,6 +42,14 @@ pub fn core_env(s: &Settings, admin: u16, public: u16) -> Vec<(String, String)> 
             .to_owned(),
         ),
         ("STAMPEDE_REDIS__NODES", s.redis.nodes.join(",")),
+        (
+            "STAMPEDE_REDIS__WAIT_REPLICAS",
+            s.redis.wait_replicas.to_string(),
+        ),
+        (
+            "STAMPEDE_REDIS__WAIT_TIMEOUT_MS",
+            s.redis.wait_timeout_ms.to_string(),
+        ),
         ("STAMPEDE_REDIS__KEY_PREFIX", s.redis.key_prefix.clone()),
         ("STAMPEDE_MYSQL__URL", s.mysql.url.clone()),
         (

@@ -79,6 +79,8 @@ impl Stack {
         s.url = format!("redis://127.0.0.1:{}/", self.redis_port);
         if let Some(first) = self.redis_cluster_port {
             s.mode = RedisMode::Cluster;
+            // As the cluster stack's cores: a 202 once a replica has it.
+            s.wait_replicas = 1;
             s.nodes = (first..first + 6)
                 .map(|p| format!("redis://127.0.0.1:{p}/"))
                 .collect();

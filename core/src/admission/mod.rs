@@ -2,6 +2,7 @@
 //! through the validation chain against the cached event, then one Lua script in Redis
 //! decides and records everything atomically. No lock is taken on this path.
 
+pub mod replicated;
 pub mod reserve;
 pub mod status;
 pub mod throttle;
@@ -82,6 +83,8 @@ pub struct Admission {
     pub preloader: Preloader,
     /// `orders.max_stream_depth`: past it, admission pauses (SALE_BUSY).
     pub max_stream_depth: u64,
+    /// `redis.wait_replicas` > 0: a 202 waits for the replicas to have it.
+    pub replicas: Option<replicated::ReplicaBarrier>,
 }
 
 impl Admission {
@@ -125,15 +128,25 @@ impl Admission {
             self.max_stream_depth,
         )
         .await?;
-        match outcome {
+        let reserved = match outcome {
             // Not a repeat of an admitted key: the answer the window gives.
-            Err(_) if window_closed => Err(Refusal::NotOpen.into()),
+            Err(_) if window_closed => return Err(Refusal::NotOpen.into()),
             Err(Refusal::Loading) => {
                 self.preloader.wake();
-                Err(Refusal::Loading.into())
+                return Err(Refusal::Loading.into());
             }
-            other => Ok(other?),
+            other => other?,
+        };
+        if let Some(replicas) = &self.replicas {
+            match replicas.confirm(EventId(event_id), reserved.seq).await? {
+                replicated::Replicated::Yes => {}
+                replicated::Replicated::TimedOut { acks } => {
+                    replicas.warn_timed_out(acks);
+                }
+                replicated::Replicated::Lost => return Err(AdmissionError::Unconfirmed),
+            }
         }
+        Ok(reserved)
     }
 }
 
@@ -144,6 +157,10 @@ pub enum AdmissionError {
     Refused(#[from] Refusal),
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
+    /// Admitted by a Redis master that failed over before its replicas had it: the
+    /// reservation may be gone (a repeat with the same Idempotency-Key tells).
+    #[error("the admission was not confirmed by the replicas")]
+    Unconfirmed,
 }
 
 impl From<redis::RedisError> for AdmissionError {

@@ -66,6 +66,11 @@ pub struct RedisSettings {
     /// through them). From the environment: `STAMPEDE_REDIS__NODES=url1,url2,…`.
     #[serde(default)]
     pub nodes: Vec<String>,
+    /// A 202 waits until this many replicas have the admission (Redis WAIT, in groups
+    /// per event); 0: answered on the master's word.
+    pub wait_replicas: u32,
+    /// How long an admission waits for them; past it, 202 on the master's word (logged).
+    pub wait_timeout_ms: u64,
     /// Prefix of every key, so tests and several deployments can share one Redis.
     pub key_prefix: String,
 }

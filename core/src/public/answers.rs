@@ -37,6 +37,9 @@ impl From<AdmissionError> for ApiError {
         match e {
             AdmissionError::Refused(refusal) => refusal.into(),
             AdmissionError::Unexpected(e) => e.into(),
+            unconfirmed @ AdmissionError::Unconfirmed => {
+                ApiError::Unavailable(format!("Redis: {unconfirmed}"))
+            }
         }
     }
 }
@@ -61,14 +64,25 @@ pub fn purchase_failed(event_id: u64, e: AdmissionError) -> ApiError {
                 error = format!("{e:#}"),
                 "purchase outcome unknown: Redis did not answer"
             );
-            ApiError::OutcomeUnknown {
-                message: "the purchase was sent but not confirmed in time; its status, or the \
-                          same request with the same Idempotency-Key, tells what became of it"
-                    .into(),
-                status_url: format!("/api/events/{event_id}/orders/status"),
-            }
+            outcome_unknown(event_id)
+        }
+        AdmissionError::Unconfirmed => {
+            tracing::warn!(
+                event_id,
+                "purchase outcome unknown: its Redis master failed over before a replica had it"
+            );
+            outcome_unknown(event_id)
         }
         other => other.into(),
+    }
+}
+
+fn outcome_unknown(event_id: u64) -> ApiError {
+    ApiError::OutcomeUnknown {
+        message: "the purchase was sent but not confirmed in time; its status, or the \
+                  same request with the same Idempotency-Key, tells what became of it"
+            .into(),
+        status_url: format!("/api/events/{event_id}/orders/status"),
     }
 }
 

@@ -36,6 +36,13 @@ fn master_of(first: u16, key: &str) -> u16 {
         .unwrap_or_else(|| panic!("no master serves {key}"))
 }
 
+/// Whether the node at `port` is a replica whose link to its master is up (in sync: it
+/// could take over now).
+fn replica_in_sync(port: u16) -> bool {
+    let info = redis_cli(port, &["info", "replication"]);
+    info.contains("role:slave") && info.contains("master_link_status:up")
+}
+
 /// `scripts/stack.sh ARGS` on the test's stack (its settings are in the environment).
 fn stack_sh(args: &[&str]) {
     let status = std::process::Command::new(root().join("scripts/stack.sh"))
@@ -125,6 +132,14 @@ async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_los
     let ga = categories[0];
     let buyers = app.buyers(700).await;
     let master = master_of(first, &app.keys().stock(event));
+    // A replica that is still syncing (a node restarted by an earlier run) cannot take
+    // over: wait until the master's replica is in sync.
+    let replica = replica_of(first, master);
+    let synced = eventually(Duration::from_secs(30), || async {
+        replica_in_sync(replica)
+    })
+    .await;
+    assert!(synced, "the replica {replica} of {master} is not in sync");
     let pid_file = stack.dir.join(format!("pids/rediscluster-{master}.pid"));
     let pid = std::fs::read_to_string(&pid_file).unwrap();
 
@@ -158,10 +173,13 @@ async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_los
     // The killed node comes back as a replica of the one that took over.
     stack_sh(&["up", "rediscluster"]);
     let demoted = eventually(Duration::from_secs(30), || async {
-        redis_cli(master, &["role"]).starts_with("slave")
+        replica_in_sync(master)
     })
     .await;
-    assert!(demoted, "the killed master did not come back as a replica");
+    assert!(
+        demoted,
+        "the killed master did not come back as an in-sync replica"
+    );
 
     let admitted = admitted.lock().unwrap().clone();
     let after_kill = admitted.iter().filter(|a| a.2 > killed_at).count();
@@ -383,4 +401,74 @@ async fn two_edges_give_the_same_answers() {
         "{one:?}"
     );
     assert_eq!(one.0[0].1, "SOLD_OUT");
+}
+
+/// The replica of the master at `master` (its `ROLE` names that master).
+fn replica_of(first: u16, master: u16) -> u16 {
+    (first..first + 6)
+        .find(|p| {
+            let role = redis_cli(*p, &["role"]);
+            let lines: Vec<&str> = role.lines().collect();
+            lines.first() == Some(&"slave") && lines.get(2) == Some(&master.to_string().as_str())
+        })
+        .unwrap_or_else(|| panic!("no replica of {master}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_202_waits_until_the_masters_replica_has_the_admission() {
+    let stack = Stack::from_env();
+    let first = cluster_port(&stack);
+    let app = spawn_app_with(|s| {
+        s.redis.wait_replicas = 1;
+        s.redis.wait_timeout_ms = 10_000;
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 1, 1)).await;
+    app.publish(event).await;
+    let buyers = app.buyers(2).await;
+    let ga = json!({"category_id": categories[0], "quantity": 1});
+    assert_eq!(app.buy(event, &buyers[0], "a", ga.clone()).await.0, 202);
+
+    // The event's replica stops for a second: the next 202 waits for it.
+    let master = master_of(first, &app.keys().stock(event));
+    let replica = replica_of(first, master);
+    let pid = std::fs::read_to_string(stack.dir.join(format!("pids/rediscluster-{replica}.pid")))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let signal = |sig: &'static str, pid: String| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP", pid.clone());
+    let paused = Instant::now();
+    let resume = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        signal("-CONT", pid);
+    });
+    let (status, body) = app.buy(event, &buyers[1], "b", ga).await;
+    let waited = paused.elapsed();
+    resume.await.unwrap();
+    assert_eq!(status, 202, "{body}");
+    assert!(
+        waited >= Duration::from_millis(900),
+        "answered 202 after {waited:?}, while the replica was stopped"
+    );
+    // And the replica has it: the buyer's status, read from the replica itself.
+    let read = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "printf 'READONLY\\nHGET {} {}\\n' | redis-cli -h 127.0.0.1 -p {replica}",
+            app.keys().purchase_status(event),
+            buyers[1].user_id
+        ))
+        .output()
+        .unwrap();
+    let read = String::from_utf8_lossy(&read.stdout).into_owned();
+    assert!(read.contains("QUEUED:"), "the replica has: {read:?}");
+    app.stop().await;
 }
