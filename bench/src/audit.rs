@@ -162,9 +162,7 @@ pub async fn run(
     if !unknown.is_empty() {
         let keys =
             stampede_core::keys::Keys::new(&stampede_core::Settings::defaults().redis.key_prefix);
-        let mut redis = redis::Client::open(stack.redis_url.as_str())?
-            .get_multiplexed_async_connection()
-            .await?;
+        let mut redis = stack.redis().await?;
         for (user, rid) in unknown {
             let status: Option<String> = redis::cmd("HGET")
                 .arg(keys.purchase_status(event))

@@ -236,7 +236,6 @@ pub async fn redis_reserve(
     batch: usize,
     duration: Duration,
 ) -> anyhow::Result<f64> {
-    let client = redis::Client::open(stack.redis_url.as_str())?;
     let keys = stampede_core::keys::Keys::new("stampede-bench:");
     let event = 1;
     let names = [
@@ -250,7 +249,7 @@ pub async fn redis_reserve(
         keys.seats(event, 1),
         keys.row_free(event, 1),
     ];
-    let mut setup = client.get_multiplexed_async_connection().await?;
+    let mut setup = stack.redis().await?;
     let now = chrono::Utc::now().timestamp_millis();
     let () = redis::pipe()
         .del(&names)
@@ -281,10 +280,10 @@ pub async fn redis_reserve(
     let calls = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for c in 0..connections {
-        let (client, sha, names, calls) =
-            (client.clone(), sha.clone(), names.clone(), calls.clone());
+        let (sha, names, calls) = (sha.clone(), names.clone(), calls.clone());
+        // A connection of its own per task, as the single-Redis baseline always had.
+        let mut conn = stack.redis().await?;
         tasks.push(tokio::spawn(async move {
-            let mut conn = client.get_multiplexed_async_connection().await?;
             let mut n: u64 = c as u64 * 1_000_000_000;
             while Instant::now() < until {
                 let mut pipe = redis::pipe();

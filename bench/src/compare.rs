@@ -21,31 +21,34 @@ async fn edge_loop(
 ) -> anyhow::Result<(f64, f64, Recorder)> {
     let make = load::purchase_maker(event, category, tokens.to_vec(), connections);
     let started = Instant::now();
-    let (rate, rec) = load::closed_loop(stack.edge, connections, duration, make).await?;
+    let (rate, rec) = load::closed_loop_over(&stack.edges, connections, duration, make).await?;
     let admitted = rec.count("202") as f64 / started.elapsed().as_secs_f64();
     Ok((rate, admitted, rec))
 }
 
 /// Redis's `appendfsync` now; set to `to` first if given (CONFIG SET applies at once).
 /// Returns the setting it had.
+/// Returns the setting it had (the first node's: every node of a cluster is set alike).
 async fn appendfsync(stack: &Stack, to: Option<&str>) -> anyhow::Result<String> {
-    let mut redis = redis::Client::open(stack.redis_url.as_str())?
-        .get_multiplexed_async_connection()
-        .await?;
-    let (_, before): (String, String) = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("appendfsync")
-        .query_async(&mut redis)
-        .await?;
-    if let Some(to) = to {
-        redis::cmd("CONFIG")
-            .arg("SET")
+    let mut had = None;
+    for node in &stack.redis_nodes {
+        let mut redis = stack.redis_node(node).await?;
+        let (_, before): (String, String) = redis::cmd("CONFIG")
+            .arg("GET")
             .arg("appendfsync")
-            .arg(to)
-            .query_async::<()>(&mut redis)
+            .query_async(&mut redis)
             .await?;
+        had.get_or_insert(before);
+        if let Some(to) = to {
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("appendfsync")
+                .arg(to)
+                .query_async::<()>(&mut redis)
+                .await?;
+        }
     }
-    Ok(before)
+    anyhow::Context::context(had, "no Redis node")
 }
 
 pub async fn compare(

@@ -221,12 +221,25 @@ pub async fn closed_loop<F>(
 where
     F: Fn(usize, u64) -> Request + Send + Sync + 'static,
 {
+    closed_loop_over(&[target], connections, duration, make).await
+}
+
+/// [`closed_loop`] with connection `c` to `targets[c % len]` (several edges).
+pub async fn closed_loop_over<F>(
+    targets: &[SocketAddr],
+    connections: usize,
+    duration: Duration,
+    make: F,
+) -> anyhow::Result<(f64, Recorder)>
+where
+    F: Fn(usize, u64) -> Request + Send + Sync + 'static,
+{
     let make = std::sync::Arc::new(make);
     let started = Instant::now();
     let deadline = started + duration;
     let mut tasks = Vec::with_capacity(connections);
     for c in 0..connections {
-        let make = make.clone();
+        let (make, target) = (make.clone(), targets[c % targets.len()]);
         tasks.push(tokio::spawn(async move {
             let mut conn = Conn::new(target, c);
             let mut rec = Recorder::new(started);

@@ -8,6 +8,7 @@ mod compare;
 mod cpu;
 mod fault;
 mod load;
+mod nodes;
 mod payrace;
 mod record;
 mod report;

@@ -80,7 +80,7 @@ pub async fn run(
         })
         .to_string();
         let signature = pay::sign(secret.as_bytes(), body.as_bytes());
-        let edge = stack.edge;
+        let edge = stack.edge_for(i);
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
             let req = Request {
@@ -124,8 +124,8 @@ pub async fn run(
     };
     let keys =
         stampede_core::keys::Keys::new(&stampede_core::Settings::defaults().redis.key_prefix);
-    let mut redis = redis::Client::open(stack.redis_url.as_str())?
-        .get_multiplexed_async_connection()
+    let mut redis = stack
+        .redis()
         .await
         .context("Redis, for the restocked orders")?;
     loop {
@@ -156,7 +156,7 @@ pub async fn run(
 }
 
 async fn check(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut stampede_core::infra::redis::Redis,
     keys: &stampede_core::keys::Keys,
     conn: &mut mysql_async::Conn,
     shards: u32,

@@ -43,6 +43,21 @@ pub fn print_sale(r: &sale::SaleReport) {
         );
     }
     println!(
+        "  Redis: {:.1} µs of CPU per admission (every node){}",
+        r.redis_cpu_us_per_admission,
+        r.masters_spread
+            .map(|s| format!("; masters' EVALSHA spread {:.0} % of the mean", s * 100.0))
+            .unwrap_or_default()
+    );
+    if r.redis_nodes.len() > 1 {
+        for n in &r.redis_nodes {
+            println!(
+                "    {:<20} {:<7} {:>9} EVALSHA  {:>7.2} s CPU",
+                n.node, n.role, n.evalsha_calls, n.cpu_s
+            );
+        }
+    }
+    println!(
         "  audit: {}",
         if r.audit.ok {
             "every invariant held"

@@ -15,6 +15,7 @@ use tokio::sync::Mutex;
 use crate::audit::{self, Audit};
 use crate::fault::{FaultReport, inject};
 use crate::load::{Conn, Request};
+use crate::nodes::{self, NodeUse};
 use crate::payrace::{self, PayRace};
 use crate::record::{Latency, Recorder};
 use crate::stack::{Stack, event_body};
@@ -135,6 +136,12 @@ pub struct SaleReport {
     pub fault: Option<FaultReport>,
     /// The payments raced against their orders' timeout, if asked (--pay-race).
     pub pay_race: Option<PayRace>,
+    /// Each Redis node's EVALSHA calls and CPU over the sale (one node, or a cluster's six).
+    pub redis_nodes: Vec<NodeUse>,
+    /// Redis CPU (every node) per admitted purchase, µs, from the open until settled.
+    pub redis_cpu_us_per_admission: f64,
+    /// (most − fewest) ÷ mean of the masters' EVALSHA calls; null with one master.
+    pub masters_spread: Option<f64>,
     /// (bucket start s, admitted, rejected) per 100 ms.
     #[serde(skip)]
     pub timeline: Vec<(f64, u64, u64)>,
@@ -210,6 +217,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
     let queue = Arc::new(Mutex::new(queue));
     let admitted_ids = Arc::new(std::sync::Mutex::new(Vec::<(u64, u64)>::new()));
 
+    let redis_before = nodes::snapshot(stack).await?;
     tokio::time::sleep_until(opens_at.into()).await;
     let started = Instant::now();
     let fault = a.fault.clone().map(|command| {
@@ -242,7 +250,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
             repeaters.clone(),
             admitted_ids.clone(),
         );
-        let (bar, answered, edge) = (bar.clone(), answered.clone(), stack.edge);
+        let (bar, answered, edge) = (bar.clone(), answered.clone(), stack.edge_for(c));
         let first_answered = first_answered.clone();
         let sent = sent.clone();
         let max_retries = a.max_retries;
@@ -353,6 +361,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
     let (created_at, settled_at) = stack
         .wait_settled(event, Duration::from_secs(a.settle_timeout_s))
         .await?;
+    let redis_nodes = nodes::between(&redis_before, &nodes::snapshot(stack).await?);
     let settle_s = (settled_at - last).as_secs_f64();
     let created_s = (created_at.max(last) - last).as_secs_f64();
     let mut admitted = admitted_ids.lock().expect("not poisoned").clone();
@@ -391,5 +400,9 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         audit,
         fault,
         pay_race,
+        redis_cpu_us_per_admission: redis_nodes.iter().map(|n| n.cpu_s).sum::<f64>() * 1e6
+            / admitted.len().max(1) as f64,
+        masters_spread: nodes::spread(&redis_nodes),
+        redis_nodes,
     })
 }

@@ -9,6 +9,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::Value;
 
+use stampede_core::config::{RedisMode, RedisSettings};
+
 use crate::load::{self, Request};
 
 /// The stack under test; defaults are `make up`'s, and the same variables as
@@ -26,17 +28,38 @@ pub struct StackArgs {
     pub mysql_port: u16,
     #[arg(long, env = "REDIS_PORT", default_value_t = 6379)]
     pub redis_port: u16,
+    /// `cluster`: the stack of `STACK_MODE=cluster make up` — a Redis Cluster on
+    /// REDIS_CLUSTER_PORT … +5 and a second edge on EDGE2_PORT; connections are spread
+    /// over both edges and Redis is read through the cluster.
+    #[arg(long, env = "STACK_MODE", default_value = "single")]
+    pub stack_mode: StackMode,
+    #[arg(long, env = "REDIS_CLUSTER_PORT", default_value_t = 7001)]
+    pub redis_cluster_port: u16,
+    #[arg(long, env = "EDGE2_PORT", default_value_t = 8084)]
+    pub edge2_port: u16,
     #[arg(long, env = "MYSQL_DATABASE", default_value = "stampede")]
     pub mysql_database: String,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StackMode {
+    Single,
+    Cluster,
+}
+
 pub struct Stack {
     pub dir: PathBuf,
+    /// The first edge (the only one of a single stack).
     pub edge: SocketAddr,
+    /// Every edge: connections are spread over them.
+    pub edges: Vec<SocketAddr>,
     pub admin: SocketAddr,
     pub admin_token: String,
     pub mysql: mysql_async::Pool,
-    pub redis_url: String,
+    /// How the core reaches Redis (single or cluster).
+    pub redis: RedisSettings,
+    /// Every Redis node, for what each must be asked itself (CONFIG, INFO).
+    pub redis_nodes: Vec<String>,
 }
 
 impl Stack {
@@ -48,14 +71,49 @@ impl Stack {
             .user(Some("stampede"))
             .pass(Some(password))
             .db_name(Some(a.mysql_database.clone()));
+        let edge = SocketAddr::from(([127, 0, 0, 1], a.edge_port));
+        let mut redis = stampede_core::Settings::defaults().redis;
+        redis.url = format!("redis://127.0.0.1:{}/", a.redis_port);
+        let (edges, redis_nodes) = match a.stack_mode {
+            StackMode::Single => (vec![edge], vec![redis.url.clone()]),
+            StackMode::Cluster => {
+                redis.mode = RedisMode::Cluster;
+                redis.nodes = (a.redis_cluster_port..a.redis_cluster_port + 6)
+                    .map(|p| format!("redis://127.0.0.1:{p}/"))
+                    .collect();
+                (
+                    vec![edge, SocketAddr::from(([127, 0, 0, 1], a.edge2_port))],
+                    redis.nodes.clone(),
+                )
+            }
+        };
         Ok(Stack {
             dir: a.stack_dir.clone(),
-            edge: SocketAddr::from(([127, 0, 0, 1], a.edge_port)),
+            edge,
+            edges,
             admin: SocketAddr::from(([127, 0, 0, 1], a.admin_port)),
             admin_token: read_secret(&a.stack_dir, "admin.token")?,
             mysql: mysql_async::Pool::new(opts),
-            redis_url: format!("redis://127.0.0.1:{}/", a.redis_port),
+            redis,
+            redis_nodes,
         })
+    }
+
+    /// The edge connection `c` goes through: the edges in turn.
+    pub fn edge_for(&self, c: usize) -> SocketAddr {
+        self.edges[c % self.edges.len()]
+    }
+
+    /// A connection to the stack's Redis as the core makes it (single or cluster).
+    pub async fn redis(&self) -> anyhow::Result<stampede_core::infra::redis::Redis> {
+        stampede_core::infra::redis::connect(&self.redis, Duration::from_secs(10)).await
+    }
+
+    /// A connection to one node by itself (CONFIG and INFO are per node).
+    pub async fn redis_node(&self, url: &str) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+        Ok(redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?)
     }
 
     /// One of the secrets `scripts/stack.sh` generated (admin.token, provider.secret, …).
