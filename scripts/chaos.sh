@@ -48,6 +48,11 @@ if [ ${#wanted[@]} -eq 0 ]; then
   fi
 fi
 
+# The experiments kill the single stack's parts by their pid files.
+if [ "$(cat "$STACK_DIR/mode" 2>/dev/null || echo single)" != single ]; then
+  echo "chaos: the stack in $STACK_DIR runs STACK_MODE=cluster; the chaos rows are the single stack's (make test-cluster kills a Redis master and a core on the cluster)" >&2
+  exit 1
+fi
 [ -x "$BENCH" ] || { echo "chaos: $BENCH is missing (cargo build --release -p stampede-bench)" >&2; exit 1; }
 "$STACK" status >/dev/null || { echo "chaos: the stack in $STACK_DIR is not all up (make up)" >&2; exit 1; }
 

@@ -164,10 +164,10 @@ check_install() {
   status=0
   out=$(on_fresh_machine env PATH="$fresh/root:$GUARD:$GUARD_CARGO:$PATH" STACK_APT_PACKAGES=$absent \
     scripts/stack.sh install 2>&1) || status=$?
-  local re='stack: failed while "[^"]+" \(exit ([0-9]+), scripts/stack.sh line ([0-9]+): ([^ )]+)'
+  local re='stack: failed while "[^"]+" \(exit ([0-9]+), (scripts/[a-z/._-]+) line ([0-9]+): ([^ )]+)'
   if ! [[ $out =~ $re ]] || [ "${BASH_REMATCH[1]}" != "$status" ] ||
-    ! sed -n "${BASH_REMATCH[2]}p" scripts/stack.sh | grep -qF -- "${BASH_REMATCH[3]}"; then
-    fail "a failing install step (apt-get exits 100) must be named by the ERR trap:"$'\n'"  stack: failed while \"<step>\" (exit $status, scripts/stack.sh line <n>: <the command on line n>)"$'\n'"got exit $status:"$'\n'"$out"
+    ! sed -n "${BASH_REMATCH[3]}p" "${BASH_REMATCH[2]}" | grep -qF -- "${BASH_REMATCH[4]}"; then
+    fail "a failing install step (apt-get exits 100) must be named by the ERR trap:"$'\n'"  stack: failed while \"<step>\" (exit $status, <script> line <n>: <the command on line n>)"$'\n'"got exit $status:"$'\n'"$out"
   fi
   ok "a failing install step is named: ${out##*$'\n'}"
 }

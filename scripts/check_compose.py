@@ -322,7 +322,10 @@ def check_health(services, stack_text, settings):
 def main():
     compose = YAML(typ="safe", pure=True).load((ROOT / COMPOSE).read_text())
     services = compose.get("services") or {}
-    stack_text = (ROOT / "scripts/stack.sh").read_text()
+    # stack.sh and the files it sources (scripts/stack/*.sh: the parts' functions).
+    stack_text = "\n".join(
+        p.read_text() for p in [ROOT / "scripts/stack.sh", *sorted((ROOT / "scripts/stack").glob("*.sh"))]
+    )
     settings = stack_settings(stack_text)
     ports_of_part = part_ports(stack_text, settings)
     core_env = dict(re.findall(r"^\s*export (STAMPEDE_\w+)=(.*)$", shell_function(stack_text, "core_env") or "", re.M))

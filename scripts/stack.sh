@@ -19,17 +19,20 @@
 set -Eeuo pipefail
 # Never a silent exit: a failing command names the step it was part of and its line.
 step="read the settings"
-on_err() {
+on_err() { # on_err STATUS LINE COMMAND FILE
   [ "$BASH_SUBSHELL" -eq 0 ] || return 0 # reported once, by the shell that runs the step
-  printf 'stack: failed while "%s" (exit %s, scripts/stack.sh line %s: %s)\n' "$step" "$1" "$2" "$3" >&2
+  printf 'stack: failed while "%s" (exit %s, %s line %s: %s)\n' "$step" "$1" "${4#"$ROOT"/}" "$2" "$3" >&2
 }
-trap 'on_err $? $LINENO "$BASH_COMMAND"' ERR
+trap 'on_err $? $LINENO "$BASH_COMMAND" "${BASH_SOURCE[0]}"' ERR
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STACK_DIR=${STACK_DIR:-$ROOT/.stack}
 PARTS_DEFAULT="redis mysql namesrv broker core paysim edge"
 # single (one Redis) or cluster (a Redis Cluster, two cores, two edges).
-STACK_MODE=${STACK_MODE:-single}
+# The mode `up` last started the state dir in is remembered, so `make status` and
+# `make down` without STACK_MODE speak of the stack that runs.
+MODE_FILE=$STACK_DIR/mode
+STACK_MODE=${STACK_MODE:-$(cat "$MODE_FILE" 2>/dev/null || echo single)}
 
 EDGE_PORT=${EDGE_PORT:-8080}
 CORE_PORT=${CORE_PORT:-8081}
@@ -111,6 +114,15 @@ pid_of() { cat "$PIDS/$1.pid" 2>/dev/null || true; } # no pid file: nothing
 
 alive() { local pid; pid=$(pid_of "$1"); [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
 
+any_alive() { # any part of this state dir running
+  local f
+  for f in "$PIDS"/*.pid; do
+    [ -e "$f" ] || continue
+    alive "$(basename "$f" .pid)" && return 0
+  done
+  return 1
+}
+
 # wait_for PART SECONDS: until PART's health check passes.
 wait_for() {
   local part=$1 secs=$2 i
@@ -140,184 +152,16 @@ secret_file() { # secret_file NAME: generated once, then reused.
   printf '%s' "$f"
 }
 
-# ---------------------------------------------------------------- install
-# What a fresh machine lacks, decided without changing anything: the Debian packages not
-# installed, and whether the RocketMQ binaries must be built. `install --dry-run` prints it.
-missing_packages() {
-  local p
-  for p in $APT_PACKAGES; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || printf '%s\n' "$p"
-  done
-  return 0
-}
-rocketmq_missing() { # 0 = the name server or the broker must be built
-  local b
-  for b in rocketmq-namesrv-rust rocketmq-broker-rust; do
-    [ -x "$CARGO_BIN/$b" ] || return 0
-  done
-  # Binaries from another version count as missing. `cargo install --list` prints nothing
-  # at all on a machine that never installed a crate: no match is an answer, not a failure.
-  local listed
-  listed=$(cargo install --list 2>/dev/null || true)
-  [ "$(grep -cE "^rocketmq-(namesrv|broker) v$ROCKETMQ_VERSION:" <<<"$listed" || true)" -lt 2 ]
-}
-install() {
-  local dry=${1:-} missing
-  missing=$(missing_packages | tr '\n' ' ')
-  missing=${missing% }
-  if [ "$dry" = --dry-run ]; then
-    say "install plan (--dry-run: nothing is changed)"
-    if [ -n "$missing" ]; then say "  apt-get install: $missing"; else say "  apt-get: nothing to install"; fi
-    if rocketmq_missing; then
-      say "  cargo install: rocketmq-namesrv@$ROCKETMQ_VERSION rocketmq-broker@$ROCKETMQ_VERSION into $CARGO_BIN (build kept in $ROCKETMQ_BUILD_DIR)"
-    else
-      say "  cargo install: nothing to build (RocketMQ $ROCKETMQ_VERSION in $CARGO_BIN)"
-    fi
-    command -v cargo >/dev/null 2>&1 || say "  note: cargo is not on PATH; install a Rust toolchain first"
-    return 0
-  fi
-  if [ -n "$missing" ]; then
-    step="apt-get install $missing"
-    say "installing Debian packages: $missing"
-    [ "$(id -u)" = 0 ] || die "installing packages needs root (apt-get): $missing"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    # shellcheck disable=SC2086 # one word per package
-    apt-get install -y -qq --no-install-recommends $missing >/dev/null
-  fi
-  if rocketmq_missing; then
-    step="cargo install rocketmq $ROCKETMQ_VERSION"
-    say "building the RocketMQ name server and broker $ROCKETMQ_VERSION (cargo install, ~16 min on 2 cores the first time)"
-    mkdir -p "$ROCKETMQ_BUILD_DIR"
-    CARGO_TARGET_DIR=$ROCKETMQ_BUILD_DIR cargo install --locked --quiet \
-      "rocketmq-namesrv@$ROCKETMQ_VERSION" "rocketmq-broker@$ROCKETMQ_VERSION"
-  fi
-  step=install
-}
-
-build_core() {
-  # cargo decides whether anything changed; a no-op build takes a second.
-  (cd "$ROOT" && cargo build --profile "$CORE_PROFILE" --quiet -p stampede-core)
-}
-
-# ---------------------------------------------------------------- redis
-health_redis() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
-start_redis() {
-  before_start redis "$REDIS_PORT" REDIS_PORT || return 0
-  case $REDIS_APPENDFSYNC in
-    always | everysec) ;;
-    *) die "REDIS_APPENDFSYNC must be always or everysec, not $REDIS_APPENDFSYNC" ;;
-  esac
-  mkdir -p "$STACK_DIR/redis"
-  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$STACK_DIR/redis" \
-    --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" \
-    --daemonize yes --pidfile "$PIDS/redis.pid" --logfile "$LOGS/redis.log"
-  wait_for redis 20 || die "Redis did not come up; see $LOGS/redis.log"
-  say "  redis: started on 127.0.0.1:$REDIS_PORT"
-}
-
-# ---------------------------------------------------------------- redis cluster
-cluster_cli() { redis-cli -h 127.0.0.1 -p "$REDIS_CLUSTER_PORT" "$@" 2>/dev/null; }
-# Up: every node answers and the cluster's state is ok (every slot served).
-health_rediscluster() {
-  local p
-  for p in $CLUSTER_PORTS; do
-    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] || return 1
-  done
-  cluster_cli cluster info | grep -q '^cluster_state:ok'
-}
-start_rediscluster() {
-  if health_rediscluster; then
-    say "  rediscluster: already running on 127.0.0.1:${CLUSTER_PORTS// /,}"
-    return 0
-  fi
-  local p dir i
-  for p in $CLUSTER_PORTS; do
-    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] && continue
-    port_open "$p" && die "port $p is taken by something that is not a node of the stack's Redis Cluster; free it or set REDIS_CLUSTER_PORT"
-    dir=$STACK_DIR/redis-cluster/$p
-    mkdir -p "$dir"
-    redis-server --bind 127.0.0.1 --port "$p" --dir "$dir" \
-      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
-      --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" \
-      --daemonize yes --pidfile "$PIDS/rediscluster-$p.pid" --logfile "$LOGS/rediscluster-$p.log"
-  done
-  for p in $CLUSTER_PORTS; do
-    for ((i = 0; i < 200; i++)); do
-      [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] && break
-      sleep 0.1
-    done
-    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] \
-      || die "Redis Cluster node $p did not come up; see $LOGS/rediscluster-$p.log"
-  done
-  # Created once; afterwards every node finds the others through its nodes.conf.
-  if [ "$(cluster_cli cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" = 1 ]; then
-    say "  rediscluster: creating the cluster (3 masters, a replica each)"
-    # shellcheck disable=SC2046 # one argument per node
-    redis-cli --cluster create $(for p in $CLUSTER_PORTS; do printf '127.0.0.1:%s ' "$p"; done) \
-      --cluster-replicas 1 --cluster-yes >>"$LOGS/rediscluster-create.log" 2>&1 \
-      || die "redis-cli --cluster create failed; see $LOGS/rediscluster-create.log"
-  fi
-  wait_for rediscluster 60 || die "the Redis Cluster did not reach state ok; see $LOGS/rediscluster-*.log"
-  say "  rediscluster: started on 127.0.0.1:${CLUSTER_PORTS// /,} (masters and replicas: redis-cli -p $REDIS_CLUSTER_PORT cluster nodes)"
-}
-
-# ---------------------------------------------------------------- mysql
-MYSQL_SOCK=$STACK_DIR/mysql.sock
-mysql_root() { mariadb --no-defaults --socket="$MYSQL_SOCK" -uroot "$@"; }
-health_mysql() {
-  MYSQL_PWD=$(cat "$STACK_DIR/mysql.password" 2>/dev/null) mariadb --no-defaults -h127.0.0.1 \
-    -P"$MYSQL_PORT" -u"$MYSQL_USER" -e 'SELECT 1' "$MYSQL_DATABASE" >/dev/null 2>&1
-}
-provision_mysql() { # the database and an account of Stampede's own
-  local pw; pw=$(cat "$(secret_file mysql.password)")
-  "$@" <<SQL
-CREATE DATABASE IF NOT EXISTS \`$MYSQL_DATABASE\`;
-CREATE USER IF NOT EXISTS '$MYSQL_USER'@'127.0.0.1' IDENTIFIED BY '$pw';
-ALTER USER '$MYSQL_USER'@'127.0.0.1' IDENTIFIED BY '$pw';
-GRANT ALL PRIVILEGES ON \`${MYSQL_DATABASE}%\`.* TO '$MYSQL_USER'@'127.0.0.1';
-SQL
-}
-start_mysql() {
-  secret_file mysql.password >/dev/null
-  before_start_mysql || return 0
-  local data=$STACK_DIR/mysql
-  if [ ! -d "$data/mysql" ]; then
-    mkdir -p "$data"
-    mariadb-install-db --no-defaults --datadir="$data" --user="$(id -un)" \
-      --auth-root-authentication-method=socket --skip-test-db >"$LOGS/mysql-install.log" 2>&1 \
-      || die "mariadb-install-db failed; see $LOGS/mysql-install.log"
-  fi
-  nohup mariadbd --no-defaults --datadir="$data" --socket="$MYSQL_SOCK" \
-    --bind-address=127.0.0.1 --port="$MYSQL_PORT" --user="$(id -un)" \
-    --pid-file="$PIDS/mysql.pid" --log-error="$LOGS/mysql.log" --skip-name-resolve \
-    --innodb-buffer-pool-size=512M --innodb-log-file-size=256M --max-connections=1000 \
-    --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
-    >/dev/null 2>&1 &
-  local i
-  for ((i = 0; i < 300; i++)); do
-    mysql_root -e 'SELECT 1' >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  provision_mysql mysql_root || die "MariaDB did not come up; see $LOGS/mysql.log"
-  wait_for mysql 10 || die "MariaDB answers but not for $MYSQL_USER; see $LOGS/mysql.log"
-  say "  mysql: started on 127.0.0.1:$MYSQL_PORT (database $MYSQL_DATABASE)"
-}
-before_start_mysql() {
-  if health_mysql; then
-    say "  mysql: already running on 127.0.0.1:$MYSQL_PORT"
-    return 1
-  fi
-  if port_open "$MYSQL_PORT"; then
-    # The machine's own server: give Stampede a database and account there, if root may.
-    if ! alive mysql && mariadb --no-defaults -uroot -e 'SELECT 1' >/dev/null 2>&1; then
-      provision_mysql mariadb --no-defaults -uroot
-      health_mysql && say "  mysql: using the machine's server on 127.0.0.1:$MYSQL_PORT" && return 1
-    fi
-    die "port $MYSQL_PORT is taken by something that is not a MariaDB Stampede can use; free it or set MYSQL_PORT"
-  fi
-  return 0
-}
+# ---------------------------------------------------------------- the parts
+# One file per kind of part, each defining its health_<part> and start_<part>.
+# shellcheck source=scripts/stack/install.sh
+. "$ROOT/scripts/stack/install.sh"
+# shellcheck source=scripts/stack/redis.sh
+. "$ROOT/scripts/stack/redis.sh"
+# shellcheck source=scripts/stack/mysql.sh
+. "$ROOT/scripts/stack/mysql.sh"
+# shellcheck source=scripts/stack/edge.sh
+. "$ROOT/scripts/stack/edge.sh"
 
 # ---------------------------------------------------------------- rocketmq
 health_namesrv() { port_open "$NAMESRV_PORT" && alive_or_foreign namesrv; }
@@ -408,63 +252,6 @@ start_paysim() {
   say "  paysim: started on 127.0.0.1:$PAYSIM_PORT (the provider's page, /paysim/pay; loopback only)"
 }
 
-# ---------------------------------------------------------------- edge
-health_edge() { health_an_edge "$EDGE_PORT"; }
-health_edge2() { health_an_edge "$EDGE2_PORT"; }
-health_an_edge() { [ "$(curl -fsS -m 1 "http://127.0.0.1:$1/edge/health" 2>/dev/null)" = ok ]; }
-EDGE_PREFIX=$STACK_DIR/nginx
-render_edge_conf() { # render_edge_conf DIR EDGE_PORT OPS_PORT: openresty/conf/, filled in → DIR
-  mkdir -p "$1"
-  local f core2=""
-  [ "$CORES" = 1 ] || core2="s|# \${CORE2_SERVER}.*|server 127.0.0.1:$CORE2_PORT;|"
-  for f in "$ROOT"/openresty/conf/*; do
-    sed -e "s#\${EDGE_PORT}#$2#g" -e "s#\${CORE_PORT}#$CORE_PORT#g" \
-      -e "s#\${REDIS_PORT}#$REDIS_PORT#g" -e "s#\${STAMPEDE_ROOT}#$ROOT#g" \
-      -e "s#\${ADMIN_PORT}#$ADMIN_PORT#g" -e "s#\${OPS_PORT}#$3#g" \
-      -e "s#\${TOKEN_SECRET_FILE}#$STACK_DIR/token.secret#g" \
-      -e "s#\${REDIS_CLUSTER_NODES}#$REDIS_CLUSTER_NODES#g" \
-      -e "$core2" \
-      "$f" >"$1/$(basename "$f")"
-  done
-  # Not read by nginx: makes an edited Lua module, or a rotated token secret, count
-  # as a changed conf (a reload).
-  cat "$ROOT"/lua/edge/stampede/*.lua "$STACK_DIR/token.secret" | sha256sum >"$1/lua.sha256"
-}
-start_edge() { start_an_edge edge "$EDGE_PREFIX" "$EDGE_PORT" "$OPS_PORT" EDGE_PORT; }
-start_edge2() { start_an_edge edge2 "$STACK_DIR/nginx2" "$EDGE2_PORT" "$OPS2_PORT" EDGE2_PORT; }
-# start_an_edge PART PREFIX EDGE_PORT OPS_PORT (and the name of the port's variable)
-start_an_edge() {
-  local part=$1 prefix=$2 port=$3 ops=$4
-  if alive "$part" && "health_$part"; then
-    # Running: pick up an edited openresty/conf with a graceful reload, else leave it be.
-    rm -rf "$prefix/conf.new"
-    render_edge_conf "$prefix/conf.new" "$port" "$ops"
-    if diff -rq "$prefix/conf.new" "$prefix/conf" >/dev/null; then
-      rm -rf "$prefix/conf.new"
-      say "  $part: already running on 127.0.0.1:$port"
-    else
-      nginx -p "$prefix/" -c conf.new/nginx.conf -t -q \
-        || die "nginx rejected openresty/conf/nginx.conf"
-      rm -rf "$prefix/conf.old" && mv "$prefix/conf" "$prefix/conf.old"
-      mv "$prefix/conf.new" "$prefix/conf" && rm -rf "$prefix/conf.old"
-      kill -HUP "$(pid_of "$part")"
-      say "  $part: openresty/conf or lua/edge changed; reloaded"
-    fi
-    return 0
-  fi
-  before_start "$part" "$port" "$5" || return 0
-  secret_file token.secret >/dev/null
-  mkdir -p "$prefix/logs" "$prefix/temp"
-  chmod 0777 "$prefix/temp" # workers run as nobody and buffer request bodies here
-  rm -rf "$prefix/conf"
-  render_edge_conf "$prefix/conf" "$port" "$ops"
-  nginx -p "$prefix/" -c conf/nginx.conf -t -q || die "nginx rejected openresty/conf/nginx.conf"
-  nginx -p "$prefix/" -c conf/nginx.conf
-  wait_for "$part" 20 || die "the edge did not come up; see $prefix/logs/error.log"
-  cp "$prefix/logs/nginx.pid" "$PIDS/$part.pid"
-  say "  $part: started on 127.0.0.1:$port (ops dashboard on 127.0.0.1:$ops)"
-}
-
 # ---------------------------------------------------------------- secrets
 # A new token secret, the previous one still accepted: the core re-reads the keyring
 # within a second, the edge on a graceful reload; nobody is logged out.
@@ -550,8 +337,15 @@ case $cmd in
     esac
     ;;
   up)
+    # A stack is one mode: cores on a cluster and edges on a single Redis see nothing
+    # of each other's sales.
+    running=$(cat "$MODE_FILE" 2>/dev/null || true)
+    if [ -n "$running" ] && [ "$running" != "$STACK_MODE" ] && any_alive; then
+      die "the stack in $STACK_DIR runs in STACK_MODE=$running; stop it first (make down), or use STACK_MODE=$running"
+    fi
     install
     mkdir -p "$PIDS" "$LOGS"
+    printf '%s\n' "$STACK_MODE" >"$MODE_FILE"
     say "starting the stack (state in $STACK_DIR)"
     for part in $parts; do
       step="start $part"
@@ -566,6 +360,7 @@ case $cmd in
       step="stop $part"
       stop_part "$part"
     done
+    [ -n "$*" ] || rm -f "$MODE_FILE"
     ;;
   status) status ;;
   rotate-token-secret)

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::sale;
 use crate::stack::StackArgs;
@@ -94,4 +94,78 @@ pub enum Baseline {
         #[arg(long, default_value_t = 8)]
         seconds: u64,
     },
+}
+
+/// The options of `sale` (and the sale of `compare`).
+#[derive(Debug, Clone, Args)]
+pub struct SaleArgs {
+    /// Buyers in the burst (each a user with a token).
+    #[arg(long, default_value_t = 20_000)]
+    pub buyers: u64,
+    /// Unseated units, split over --categories.
+    #[arg(long, default_value_t = 1_000)]
+    pub units: u64,
+    #[arg(long, default_value_t = 1)]
+    pub categories: u32,
+    /// A seated block ROWSxCOLS as well (e.g. 10x20); buyers who pick seats buy there.
+    #[arg(long, value_parser = parse_grid)]
+    pub seats: Option<(u32, u32)>,
+    #[arg(long, default_value_t = 1)]
+    pub per_user_limit: u32,
+    /// Concurrent connections, each from a loopback source address of its own.
+    #[arg(long, default_value_t = 256)]
+    pub connections: usize,
+    /// Share of buyers who submit again: once with the same Idempotency-Key, once with a new one.
+    #[arg(long, default_value_t = 0.05)]
+    pub repeat_share: f64,
+    /// Share of buyers who act as bots: --bot-attempts rapid submissions, a new key each.
+    #[arg(long, default_value_t = 0.02)]
+    pub bot_share: f64,
+    #[arg(long, default_value_t = 10)]
+    pub bot_attempts: u32,
+    /// Share of buyers who choose seats (needs --seats).
+    #[arg(long, default_value_t = 0.3)]
+    pub seat_share: f64,
+    /// Most retries of one submission after 429 / 503.
+    #[arg(long, default_value_t = 3)]
+    pub max_retries: u32,
+    /// Submissions per second at most, over all connections (0: as fast as they go).
+    /// A paced burst keeps admissions running for a while (the chaos suite's rewind).
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// The burst stops after this long whatever is left.
+    #[arg(long, default_value_t = 120)]
+    pub max_seconds: u64,
+    /// How long to wait for everything to settle after the burst.
+    #[arg(long, default_value_t = 120)]
+    pub settle_timeout_s: u64,
+    /// Seconds from creating the event to its sale opening (tokens are fetched meanwhile).
+    #[arg(long, default_value_t = 3)]
+    pub open_in_s: u64,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// A fault to inject mid-sale: a shell command (`sh -c`) run once, --fault-after-ms
+    /// after the open, while the burst goes on (the chaos suite's; see scripts/chaos.sh).
+    #[arg(long)]
+    pub fault: Option<String>,
+    #[arg(long, default_value_t = 500)]
+    pub fault_after_ms: u64,
+    /// The event's payment window in seconds (short for --pay-race).
+    #[arg(long, default_value_t = 900)]
+    pub pay_timeout_s: u64,
+    /// After the sale settles, pay this many unpaid orders each around its payment deadline,
+    /// racing the timeout's cancellation; the audit then checks each ended paid or
+    /// cancelled, never both (the chaos suite's pay-race).
+    #[arg(long, default_value_t = 0)]
+    pub pay_race: u64,
+}
+
+fn parse_grid(s: &str) -> Result<(u32, u32), String> {
+    let (r, c) = s.split_once('x').ok_or("ROWSxCOLS, e.g. 10x20")?;
+    let rows: u32 = r.parse().map_err(|_| "rows must be a number")?;
+    let cols: u32 = c.parse().map_err(|_| "cols must be a number")?;
+    if rows == 0 || cols == 0 {
+        return Err("rows and cols must be at least 1".into());
+    }
+    Ok((rows, cols))
 }

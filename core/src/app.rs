@@ -95,13 +95,10 @@ impl App {
         let redis = infra::redis::connect(&s.redis, timeout)
             .await
             .map_err(BuildError::Dependency)?;
-        // A connection of its own: the replica barrier's WAIT holds the one it is sent on.
+        // Connections of its own, one per event: its WAIT holds the one it is sent on.
         let replicas = if s.redis.wait_replicas > 0 {
-            let own = infra::redis::connect(&s.redis, timeout)
-                .await
-                .map_err(BuildError::Dependency)?;
             Some(ReplicaBarrier::new(
-                own,
+                s.redis.clone(),
                 Keys::new(&s.redis.key_prefix),
                 s.redis.wait_replicas,
                 Duration::from_millis(s.redis.wait_timeout_ms),

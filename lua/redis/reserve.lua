@@ -4,7 +4,8 @@
 -- reservation for the order workers, and flags the category sold out at 0.
 --
 -- KEYS[1] meta     hash   status, sale_start_ms, sale_end_ms, per_user_limit, epoch,
---                         seq (the admissions' number, only ever grows; see stock_log.seq)
+--                         seq (the admissions' number: grows with each; a rebuild sets it
+--                         from MySQL's largest stock_log.seq)
 -- KEYS[2] stock    hash   category id → units available
 -- KEYS[3] soldout  hash   category id → 1 once stock reached 0
 -- KEYS[4] held     hash   user id → units the user holds in this event
@@ -24,8 +25,8 @@
 -- ARGV[9] most reservations the stream may hold before admission pauses
 -- ARGV[10..] chosen seats "row:col" (mode "pick"), distinct
 --
--- Returns {code, request id, seats "r:c,r:c"}, and for QUEUED the admission's number
--- seq as a fourth element (mirrored by ReserveCode in core/src/admission/reserve.rs):
+-- Returns {code, request id, seats "r:c,r:c"} (mirrored by ReserveCode in
+-- core/src/admission/reserve.rs):
 --    1 QUEUED            reserved now
 --    2 REPLAYED          same key, same request before: its request id and seats
 --   -1 NOT_LOADED        the event is not in Redis (not published)
@@ -146,4 +147,4 @@ rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)
 local seq = rcall('HINCRBY', KEYS[1], 'seq', 1)
 rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now,
   'e', meta[5] or '0', 'n', seq)
-return {1, rid, seat_list, seq}
+return {1, rid, seat_list}

@@ -138,12 +138,24 @@ impl Admission {
             other => other?,
         };
         if let Some(replicas) = &self.replicas {
-            match replicas.confirm(EventId(event_id), reserved.seq).await? {
-                replicated::Replicated::Yes => {}
-                replicated::Replicated::TimedOut { acks } => {
-                    replicas.warn_timed_out(acks);
+            let confirmed = replicas
+                .confirm(
+                    EventId(event_id),
+                    UserId(user_id),
+                    idempotency_key,
+                    reserved.request_id,
+                )
+                .await;
+            match confirmed {
+                Ok(replicated::Replicated::Yes) => {}
+                Ok(replicated::Replicated::TimedOut { acks }) => replicas.warn_timed_out(acks),
+                Ok(replicated::Replicated::Lost) => return Err(AdmissionError::Unconfirmed),
+                // Admitted, and not known to be kept: never a 202, never an error that
+                // reads as "not admitted".
+                Err(e) => {
+                    tracing::warn!(error = format!("{e:#}"), "replica barrier failed");
+                    return Err(AdmissionError::Unconfirmed);
                 }
-                replicated::Replicated::Lost => return Err(AdmissionError::Unconfirmed),
             }
         }
         Ok(reserved)

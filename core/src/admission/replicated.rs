@@ -1,24 +1,26 @@
 //! A 202 that survives its Redis master: with `redis.wait_replicas = N` (N > 0), an
 //! admission is answered only once N replicas have its writes (README "What a 202
-//! survives"; docs/scaling.md). Redis's `WAIT` gives that, but it blocks the connection
+//! survives"; docs/scaling.md). Redis's `WAIT` gives that, but it holds the connection
 //! that sends it and covers only that connection's own writes; so each event's
-//! admissions are committed in groups on a connection of their own: a round writes one
-//! counter in the event's slot (a write ordered after every admission already answered
-//! by that master), then waits for the replicas; every admission that finished before
-//! the round began is covered by it. One round at a time per event; whoever arrives
-//! during a round rides the next.
+//! admissions are committed in groups, on a connection of the event's own: a round
+//! writes one counter in the event's slot (ordered after every admission that master
+//! has answered), reads the Idempotency-Key records of the admissions it covers, and
+//! waits for the replicas. One round at a time per event; whoever arrives during a
+//! round rides the next.
 //!
-//! The round also reads the event's admission counter `seq`: an admission whose number
-//! is above it was lost on the way (the master failed over between the script and the
-//! round, to a replica that had not received it), and its buyer is told the outcome is
-//! unknown rather than 202.
+//! An admission whose record the round does not find was lost on the way (its master
+//! failed over, between the script and the round, to a replica that had not received
+//! it): its buyer is told the outcome is unknown, never 202.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::domain::EventId;
+use tokio::sync::OnceCell;
+
+use crate::config::RedisSettings;
+use crate::domain::{EventId, OrderNo, UserId};
 use crate::infra::redis::Redis;
 use crate::keys::Keys;
 
@@ -30,14 +32,13 @@ pub enum Replicated {
     /// Fewer replicas answered within the timeout (a replica down or far behind): the
     /// admission stands on its master alone.
     TimedOut { acks: u32 },
-    /// The master that answered the round no longer has it.
+    /// The master the round reached does not have it.
     Lost,
 }
 
 /// The group commit of admissions to the replicas, per event.
 pub struct ReplicaBarrier {
-    /// A connection of its own: WAIT holds the connection it is sent on.
-    redis: Redis,
+    settings: RedisSettings,
     keys: Keys,
     replicas: u32,
     timeout: Duration,
@@ -48,29 +49,115 @@ pub struct ReplicaBarrier {
 
 #[derive(Default)]
 struct EventRounds {
-    /// Admissions that asked to be covered so far (tickets).
-    asked: AtomicU64,
-    /// The last round: the tickets it covered, its acks and the `seq` it read.
-    last: tokio::sync::Mutex<Round>,
+    /// The event's own connection (WAIT holds it), made at its first admission.
+    redis: OnceCell<Redis>,
+    /// Admissions waiting for a round. A ticket is taken and its entry pushed under this
+    /// lock, so a round that takes the list takes exactly the tickets up to the last
+    /// one issued.
+    waiting: Mutex<Waiting>,
+    /// What the rounds found: the tickets covered so far, the last round's acks, and
+    /// whether each covered admission's record was there (taken by its admission).
+    rounds: tokio::sync::Mutex<Rounds>,
 }
 
-#[derive(Default, Clone, Copy)]
-struct Round {
+/// The last ticket issued, and the admissions no round has taken yet.
+#[derive(Default)]
+struct Waiting {
+    issued: u64,
+    /// (ticket, Idempotency-Key field, request id)
+    entries: Vec<(u64, String, OrderNo)>,
+}
+
+#[derive(Default)]
+struct Rounds {
     covered: u64,
     acks: u32,
-    seq: u64,
+    found: HashMap<u64, bool>,
 }
 
 impl ReplicaBarrier {
-    pub fn new(redis: Redis, keys: Keys, replicas: u32, timeout: Duration) -> ReplicaBarrier {
+    pub fn new(
+        settings: RedisSettings,
+        keys: Keys,
+        replicas: u32,
+        timeout: Duration,
+    ) -> ReplicaBarrier {
         ReplicaBarrier {
-            redis,
+            settings,
             keys,
             replicas,
             timeout,
             events: Mutex::new(HashMap::new()),
             warned_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Waits until a round that began after this admission (request `rid` of `user` with
+    /// `idempotency_key`) has reached the replicas.
+    pub async fn confirm(
+        &self,
+        event_id: EventId,
+        user: UserId,
+        idempotency_key: &str,
+        rid: OrderNo,
+    ) -> anyhow::Result<Replicated> {
+        let event = {
+            let mut events = self.events.lock().expect("barrier map");
+            events.entry(event_id).or_default().clone()
+        };
+        let ticket = {
+            let mut waiting = event.waiting.lock().expect("barrier queue");
+            waiting.issued += 1;
+            let ticket = waiting.issued;
+            waiting
+                .entries
+                .push((ticket, format!("{user}:{idempotency_key}"), rid));
+            ticket
+        };
+        let mut rounds = event.rounds.lock().await;
+        if rounds.covered < ticket {
+            let (covers, batch) = {
+                let mut waiting = event.waiting.lock().expect("barrier queue");
+                (waiting.issued, std::mem::take(&mut waiting.entries))
+            };
+            if batch.is_empty() {
+                // Every waiting entry went with a round that failed: nothing to look for.
+                rounds.covered = covers;
+                return Ok(Replicated::Lost);
+            }
+            let redis = event
+                .redis
+                .get_or_try_init(|| {
+                    crate::infra::redis::connect(&self.settings, Duration::from_secs(2))
+                })
+                .await?;
+            let fields: Vec<&str> = batch.iter().map(|(_, f, _)| f.as_str()).collect();
+            let (_, records, acks): (u64, Vec<Option<String>>, u32) = redis::pipe()
+                .incr(self.keys.replication_barrier(event_id), 1)
+                .cmd("HMGET")
+                .arg(self.keys.idempotency(event_id))
+                .arg(&fields)
+                .cmd("WAIT")
+                .arg(self.replicas)
+                .arg(self.timeout.as_millis() as u64)
+                .query_async(&mut redis.clone())
+                .await?;
+            for ((t, _, rid), record) in batch.iter().zip(records) {
+                // The record is "<request id>|<fingerprint>|<seats>".
+                let found = record.is_some_and(|r| r.split('|').next() == Some(&rid.to_string()));
+                rounds.found.insert(*t, found);
+            }
+            rounds.covered = covers;
+            rounds.acks = acks;
+        }
+        // Absent: its round failed before it could look (the next one did not carry it).
+        Ok(if !rounds.found.remove(&ticket).unwrap_or(false) {
+            Replicated::Lost
+        } else if rounds.acks < self.replicas {
+            Replicated::TimedOut { acks: rounds.acks }
+        } else {
+            Replicated::Yes
+        })
     }
 
     /// Logs, at most every 10 s, that admissions stand on their master alone.
@@ -91,41 +178,5 @@ impl ReplicaBarrier {
                  answering 202 on the master's word (a replica is down or far behind)"
             );
         }
-    }
-
-    /// Waits until a round that began after this admission (number `seq`, 0 when the
-    /// answer is a replay) has reached the replicas.
-    pub async fn confirm(&self, event_id: EventId, seq: u64) -> redis::RedisResult<Replicated> {
-        let rounds = {
-            let mut events = self.events.lock().expect("barrier map");
-            events.entry(event_id).or_default().clone()
-        };
-        let ticket = rounds.asked.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut last = rounds.last.lock().await;
-        if last.covered < ticket {
-            // Every ticket up to here belongs to an admission whose script had answered
-            // before this round's write is sent.
-            let covers = rounds.asked.load(Ordering::SeqCst);
-            let (_, seq_now, acks): (u64, Option<u64>, u32) = redis::pipe()
-                .incr(self.keys.replication_barrier(event_id), 1)
-                .hget(self.keys.event_meta(event_id), "seq")
-                .cmd("WAIT")
-                .arg(self.replicas)
-                .arg(self.timeout.as_millis() as u64)
-                .query_async(&mut self.redis.clone())
-                .await?;
-            *last = Round {
-                covered: covers,
-                acks,
-                seq: seq_now.unwrap_or(0),
-            };
-        }
-        Ok(if seq > last.seq {
-            Replicated::Lost
-        } else if last.acks < self.replicas {
-            Replicated::TimedOut { acks: last.acks }
-        } else {
-            Replicated::Yes
-        })
     }
 }

@@ -77,8 +77,6 @@ pub struct Reserved {
     pub replayed: bool,
     /// Seats taken, `"row:col"`.
     pub seats: Vec<String>,
-    /// The admission's number in the event (`seq`); 0 for a replay.
-    pub seq: u64,
 }
 
 /// Runs the script; Ok(Err(refusal)) for a buyer's answer, Err for Redis trouble.
@@ -101,8 +99,7 @@ pub async fn reserve(
         ),
     };
     let e = p.event_id;
-    // {code, request id, seats} and, for a new admission, its number.
-    let reply: Vec<redis::Value> = RESERVE
+    let (code, rid, seats): (i64, String, String) = RESERVE
         .key(keys.event_meta(e))
         .key(keys.stock(e))
         .key(keys.sold_out(e))
@@ -124,11 +121,6 @@ pub async fn reserve(
         .arg(chosen)
         .invoke_async(redis)
         .await?;
-    let field = |i: usize| reply.get(i).unwrap_or(&redis::Value::Nil);
-    let code: i64 = redis::from_redis_value(field(0))?;
-    let rid: String = redis::from_redis_value(field(1))?;
-    let seats: String = redis::from_redis_value(field(2))?;
-    let seq: Option<u64> = redis::from_redis_value(field(3))?;
     let code = ReserveCode::from_code(code)?;
     if let Some(refusal) = code.refusal() {
         return Ok(Err(refusal));
@@ -136,7 +128,6 @@ pub async fn reserve(
     Ok(Ok(Reserved {
         request_id: OrderNo(rid.parse()?),
         replayed: code == ReserveCode::Replayed,
-        seq: seq.unwrap_or(0),
         seats: if seats.is_empty() {
             Vec::new()
         } else {

@@ -36,6 +36,13 @@ impl Settings {
                 "redis.key_prefix must be non-empty, without braces or spaces".into(),
             ));
         }
+        if self.redis.wait_timeout_ms == 0 || self.redis.wait_timeout_ms > 1000 {
+            return Err(ConfigError(
+                "redis.wait_timeout_ms must be 1 … 1000 (a round waits that long on a \
+                 connection whose calls time out after 2 s)"
+                    .into(),
+            ));
+        }
         match self.redis.mode {
             super::RedisMode::Single => {
                 redis::Client::open(self.redis.url.as_str())
@@ -280,6 +287,11 @@ mod tests {
             cluster(&["redis://127.0.0.1:7001/", "", "redis://127.0.0.1:7002/"]),
             Ok(())
         );
+        for bad in [0, 1001] {
+            let mut s = with_secrets();
+            s.redis.wait_timeout_ms = bad;
+            assert!(s.resolve().unwrap_err().0.contains("wait_timeout_ms"), "{bad}");
+        }
         // Single mode reads only `url`: seed nodes left in the file change nothing.
         let mut s = with_secrets();
         s.redis.nodes = vec!["not a url".into()];

@@ -9,7 +9,7 @@ use anyhow::Context;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 use super::retry_until;
 use crate::config::{RedisMode, RedisSettings};
@@ -26,7 +26,9 @@ impl ConnectionLike for Redis {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Redis::Single(c) => c.req_packed_command(cmd),
-            Redis::Cluster(c) => c.req_packed_command(cmd),
+            Redis::Cluster(c) => {
+                Box::pin(async move { c.req_packed_command(cmd).await.map_err(after_retries) })
+            }
         }
     }
 
@@ -38,7 +40,11 @@ impl ConnectionLike for Redis {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Redis::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Redis::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Redis::Cluster(c) => Box::pin(async move {
+                c.req_packed_commands(cmd, offset, count)
+                    .await
+                    .map_err(after_retries)
+            }),
         }
     }
 
@@ -47,6 +53,21 @@ impl ConnectionLike for Redis {
             Redis::Single(c) => c.get_db(),
             Redis::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// The cluster client retries a call that met an I/O error, so a refused connection at
+/// the end says nothing of an earlier attempt that may have run: it is reported as a
+/// connection lost after sending (the caller then answers "outcome unknown", not "not
+/// done").
+fn after_retries(e: RedisError) -> RedisError {
+    if e.is_connection_refusal() {
+        RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            format!("{e} (after retries: an earlier attempt may have run)"),
+        ))
+    } else {
+        e
     }
 }
 
@@ -88,8 +109,9 @@ async fn connect_cluster(nodes: &[String], timeout: Duration) -> anyhow::Result<
         // A call that meets a moved slot or a shard being failed over retries a few
         // times, 0.1–1 s apart, then fails like a single Redis that is down (the crate's
         // default, 16 retries from 1.3 s apart, would hold a buyer for minutes). Every
-        // script is safe to run twice (an Idempotency-Key, a stream entry or an order
-        // number makes the second run a no-op), so a retried call never counts twice.
+        // script is safe to run twice (an Idempotency-Key, a stream entry, an order
+        // number or the stock it was measured against makes the second run a no-op),
+        // so a retried call never counts twice.
         .retries(4)
         .min_retry_wait(100)
         .max_retry_wait(1000)

@@ -18,7 +18,8 @@ use crate::order_tables::{self, OrderStatus};
 static ADJUST: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/adjust_stock.lua")));
 
-/// `adjust_stock.lua`'s answer: the category's stock after the change.
+/// `adjust_stock.lua`'s answer: the category's stock after the change, or -1 when it was
+/// no longer the stock measured (nothing changed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Adjusted(pub i64);
 
@@ -55,15 +56,22 @@ impl Reconciler {
             let lower = gap < 0 && c.redis_available.is_some_and(|a| a > 0);
             let raise = gap > 0 && !running;
             if lower || raise {
+                let Some(measured) = c.redis_available else {
+                    continue;
+                };
                 let Adjusted(left) = ADJUST
                     .key(self.keys.stock(event.id))
                     .key(self.keys.sold_out(event.id))
                     .arg(c.category_id)
                     .arg(gap)
+                    .arg(measured)
                     .invoke_async(&mut redis)
                     .await
                     .map(Adjusted)
                     .context("Failed to adjust the stock")?;
+                if left < 0 {
+                    continue; // It moved since the measurement: the next pass looks again.
+                }
                 actions.push(format!(
                     "category {}: Redis stock {} by {} to {left}",
                     c.category_id,

@@ -1,0 +1,63 @@
+# shellcheck shell=bash
+# Sourced by scripts/stack.sh (its settings and helpers are in scope). The install decision and the install: Debian packages, the RocketMQ build, the core.
+
+# ---------------------------------------------------------------- install
+# What a fresh machine lacks, decided without changing anything: the Debian packages not
+# installed, and whether the RocketMQ binaries must be built. `install --dry-run` prints it.
+missing_packages() {
+  local p
+  for p in $APT_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || printf '%s\n' "$p"
+  done
+  return 0
+}
+rocketmq_missing() { # 0 = the name server or the broker must be built
+  local b
+  for b in rocketmq-namesrv-rust rocketmq-broker-rust; do
+    [ -x "$CARGO_BIN/$b" ] || return 0
+  done
+  # Binaries from another version count as missing. `cargo install --list` prints nothing
+  # at all on a machine that never installed a crate: no match is an answer, not a failure.
+  local listed
+  listed=$(cargo install --list 2>/dev/null || true)
+  [ "$(grep -cE "^rocketmq-(namesrv|broker) v$ROCKETMQ_VERSION:" <<<"$listed" || true)" -lt 2 ]
+}
+install() {
+  local dry=${1:-} missing
+  missing=$(missing_packages | tr '\n' ' ')
+  missing=${missing% }
+  if [ "$dry" = --dry-run ]; then
+    say "install plan (--dry-run: nothing is changed)"
+    if [ -n "$missing" ]; then say "  apt-get install: $missing"; else say "  apt-get: nothing to install"; fi
+    if rocketmq_missing; then
+      say "  cargo install: rocketmq-namesrv@$ROCKETMQ_VERSION rocketmq-broker@$ROCKETMQ_VERSION into $CARGO_BIN (build kept in $ROCKETMQ_BUILD_DIR)"
+    else
+      say "  cargo install: nothing to build (RocketMQ $ROCKETMQ_VERSION in $CARGO_BIN)"
+    fi
+    command -v cargo >/dev/null 2>&1 || say "  note: cargo is not on PATH; install a Rust toolchain first"
+    return 0
+  fi
+  if [ -n "$missing" ]; then
+    step="apt-get install $missing"
+    say "installing Debian packages: $missing"
+    [ "$(id -u)" = 0 ] || die "installing packages needs root (apt-get): $missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086 # one word per package
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  fi
+  if rocketmq_missing; then
+    step="cargo install rocketmq $ROCKETMQ_VERSION"
+    say "building the RocketMQ name server and broker $ROCKETMQ_VERSION (cargo install, ~16 min on 2 cores the first time)"
+    mkdir -p "$ROCKETMQ_BUILD_DIR"
+    CARGO_TARGET_DIR=$ROCKETMQ_BUILD_DIR cargo install --locked --quiet \
+      "rocketmq-namesrv@$ROCKETMQ_VERSION" "rocketmq-broker@$ROCKETMQ_VERSION"
+  fi
+  # shellcheck disable=SC2034 # read by the ERR trap in scripts/stack.sh
+  step=install
+}
+
+build_core() {
+  # cargo decides whether anything changed; a no-op build takes a second.
+  (cd "$ROOT" && cargo build --profile "$CORE_PROFILE" --quiet -p stampede-core)
+}

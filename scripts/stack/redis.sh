@@ -1,0 +1,64 @@
+# shellcheck shell=bash
+# Sourced by scripts/stack.sh (its settings and helpers are in scope). Redis: one server (part redis), or a Redis Cluster of six (part rediscluster).
+
+# ---------------------------------------------------------------- redis
+health_redis() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+start_redis() {
+  before_start redis "$REDIS_PORT" REDIS_PORT || return 0
+  case $REDIS_APPENDFSYNC in
+    always | everysec) ;;
+    *) die "REDIS_APPENDFSYNC must be always or everysec, not $REDIS_APPENDFSYNC" ;;
+  esac
+  mkdir -p "$STACK_DIR/redis"
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$STACK_DIR/redis" \
+    --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" \
+    --daemonize yes --pidfile "$PIDS/redis.pid" --logfile "$LOGS/redis.log"
+  wait_for redis 20 || die "Redis did not come up; see $LOGS/redis.log"
+  say "  redis: started on 127.0.0.1:$REDIS_PORT"
+}
+
+# ---------------------------------------------------------------- redis cluster
+cluster_cli() { redis-cli -h 127.0.0.1 -p "$REDIS_CLUSTER_PORT" "$@" 2>/dev/null; }
+# Up: every node answers and the cluster's state is ok (every slot served).
+health_rediscluster() {
+  local p
+  for p in $CLUSTER_PORTS; do
+    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] || return 1
+  done
+  cluster_cli cluster info | grep -q '^cluster_state:ok'
+}
+start_rediscluster() {
+  if health_rediscluster; then
+    say "  rediscluster: already running on 127.0.0.1:${CLUSTER_PORTS// /,}"
+    return 0
+  fi
+  local p dir i
+  for p in $CLUSTER_PORTS; do
+    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] && continue
+    port_open "$p" && die "port $p is taken by something that is not a node of the stack's Redis Cluster; free it or set REDIS_CLUSTER_PORT"
+    dir=$STACK_DIR/redis-cluster/$p
+    mkdir -p "$dir"
+    redis-server --bind 127.0.0.1 --port "$p" --dir "$dir" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" \
+      --daemonize yes --pidfile "$PIDS/rediscluster-$p.pid" --logfile "$LOGS/rediscluster-$p.log"
+  done
+  for p in $CLUSTER_PORTS; do
+    for ((i = 0; i < 200; i++)); do
+      [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] && break
+      sleep 0.1
+    done
+    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] \
+      || die "Redis Cluster node $p did not come up; see $LOGS/rediscluster-$p.log"
+  done
+  # Created once; afterwards every node finds the others through its nodes.conf.
+  if [ "$(cluster_cli cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" = 1 ]; then
+    say "  rediscluster: creating the cluster (3 masters, a replica each)"
+    # shellcheck disable=SC2046 # one argument per node
+    redis-cli --cluster create $(for p in $CLUSTER_PORTS; do printf '127.0.0.1:%s ' "$p"; done) \
+      --cluster-replicas 1 --cluster-yes >>"$LOGS/rediscluster-create.log" 2>&1 \
+      || die "redis-cli --cluster create failed; see $LOGS/rediscluster-create.log"
+  fi
+  wait_for rediscluster 60 || die "the Redis Cluster did not reach state ok; see $LOGS/rediscluster-*.log"
+  say "  rediscluster: started on 127.0.0.1:${CLUSTER_PORTS// /,} (masters and replicas: redis-cli -p $REDIS_CLUSTER_PORT cluster nodes)"
+}

@@ -1,0 +1,253 @@
+//! A Redis master killed mid-sale, and a 202 that waits for the master's replica.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde_json::json;
+use stampede_core::order_tables::OrderStatus;
+use stampede_e2e::{
+    Buyer, Stack, TestApp, eventually, heavy, over_shards, scalar, small_sale, spawn_app_with,
+};
+
+use super::{cluster_port, master_of, replica_in_sync, replica_of, stack_sh};
+
+/// Each buyer's one purchase (GA), retried with the same Idempotency-Key while the core
+/// answers 503 (a shard failing over: OUTCOME_UNKNOWN or unavailable), within `deadline`.
+/// Every 202 is recorded with its request id and the moment it came.
+async fn buy_until_answered(
+    app: &TestApp,
+    event: u64,
+    category: u64,
+    buyer: &Buyer,
+    deadline: Instant,
+    admitted: &Mutex<Vec<(u64, u64, Instant)>>,
+) {
+    let key = format!("u{}", buyer.user_id);
+    while Instant::now() < deadline {
+        let (status, body) = app
+            .buy(
+                event,
+                buyer,
+                &key,
+                json!({"category_id": category, "quantity": 1}),
+            )
+            .await;
+        match status {
+            202 => {
+                let rid = body["request_id"].as_str().unwrap().parse().unwrap();
+                admitted
+                    .lock()
+                    .unwrap()
+                    .push((buyer.user_id, rid, Instant::now()));
+                return;
+            }
+            503 => tokio::time::sleep(Duration::from_millis(50)).await,
+            409 => return,
+            other => panic!("unexpected answer {other}: {body}"),
+        }
+    }
+}
+
+/// The 202s (user, request id) that ended neither as an order, nor decided in stock_log,
+/// nor released in Redis with FAILED: promises nobody kept.
+async fn unkept(app: &TestApp, event: u64, admitted: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut kept = stampede_e2e::order_numbers(&app.mysql, event).await;
+    let mut conn = app.mysql.get_conn().await.unwrap();
+    use mysql_async::prelude::Queryable;
+    kept.extend(
+        conn.query::<u64, _>(format!(
+            "SELECT order_no FROM stock_log WHERE event_id = {event} \
+             AND status IN ('EXPIRED', 'REFUSED')"
+        ))
+        .await
+        .unwrap(),
+    );
+    let mut redis = app.redis.clone();
+    let mut left = Vec::new();
+    for &(user, rid) in admitted {
+        if kept.contains(&rid) {
+            continue;
+        }
+        let status: Option<String> = redis
+            .hget(app.keys().purchase_status(event), user)
+            .await
+            .unwrap();
+        if !status.is_some_and(|s| s.starts_with("FAILED:")) {
+            left.push((user, rid));
+        }
+    }
+    left
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_lost() {
+    let _heavy = heavy().await;
+    let stack = Stack::from_env();
+    let first = cluster_port(&stack);
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    const UNITS: i64 = 400;
+    let (event, categories) = app.create_event(small_sale(UNITS as u32, 1, 1, 1)).await;
+    app.publish(event).await;
+    let ga = categories[0];
+    let buyers = app.buyers(700).await;
+    let master = master_of(first, &app.keys().stock(event));
+    // A replica that is still syncing (a node restarted by an earlier run) cannot take
+    // over: wait until the master's replica is in sync.
+    let replica = replica_of(first, master);
+    let synced = eventually(Duration::from_secs(30), || async {
+        replica_in_sync(replica)
+    })
+    .await;
+    assert!(synced, "the replica {replica} of {master} is not in sync");
+    let pid_file = stack.dir.join(format!("pids/rediscluster-{master}.pid"));
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+
+    let admitted = Arc::new(Mutex::new(Vec::new()));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let gate = Arc::new(tokio::sync::Semaphore::new(16));
+    let app = Arc::new(app);
+    let mut tasks = tokio::task::JoinSet::new();
+    for b in buyers {
+        let (app, admitted, gate) = (app.clone(), admitted.clone(), gate.clone());
+        tasks.spawn(async move {
+            let _permit = gate.acquire().await.unwrap();
+            buy_until_answered(&app, event, ga, &b, deadline, &admitted).await;
+        });
+    }
+    // Kill the event's master once a quarter of the units are taken.
+    let midway = eventually(Duration::from_secs(30), || async {
+        app.stock(event, ga).await <= UNITS * 3 / 4
+    })
+    .await;
+    assert!(midway, "the sale did not get going");
+    let killed_at = Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args(["-9", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "kill -9 {pid}");
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    // The killed node comes back as a replica of the one that took over.
+    stack_sh(&["up", "rediscluster"]);
+    let demoted = eventually(Duration::from_secs(30), || async {
+        replica_in_sync(master)
+    })
+    .await;
+    assert!(
+        demoted,
+        "the killed master did not come back as an in-sync replica"
+    );
+
+    let admitted = admitted.lock().unwrap().clone();
+    let after_kill = admitted.iter().filter(|a| a.2 > killed_at).count();
+    assert!(
+        after_kill > 0,
+        "no purchase was admitted after the failover ({} before)",
+        admitted.len()
+    );
+    let promised: Vec<(u64, u64)> = admitted.iter().map(|a| (a.0, a.1)).collect();
+    let settled = eventually(Duration::from_secs(90), || async {
+        app.stream_len(event).await == 0 && unkept(&app, event, &promised).await.is_empty()
+    })
+    .await;
+    let left = unkept(&app, event, &promised).await;
+    assert!(
+        settled,
+        "{} of {} 202s never became an order nor a FAILED status: {:?}",
+        left.len(),
+        promised.len(),
+        &left[..left.len().min(10)]
+    );
+    // No oversell: live units within the stock, and Redis agreeing with MySQL.
+    let live = scalar(
+        &app.mysql,
+        &format!(
+            "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({}) o",
+            over_shards(&format!(
+                "SELECT quantity FROM {{orders}} WHERE category_id = {ga} AND status IN {}",
+                OrderStatus::LIVE_SQL
+            ))
+        ),
+    )
+    .await;
+    assert!(live <= UNITS, "{live} units sold of {UNITS}");
+    let conserved = eventually(Duration::from_secs(60), || async {
+        let (_, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
+        stats["categories"][0]["gap"] == 0 && stats["categories"][0]["remain_gap"] == 0
+    })
+    .await;
+    let (_, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
+    assert!(conserved, "the books do not balance: {stats:#}");
+    eprintln!(
+        "master {master} killed: {} 202s ({after_kill} after the kill), {live} units in live orders",
+        promised.len()
+    );
+    Arc::try_unwrap(app).ok().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_202_waits_until_the_masters_replica_has_the_admission() {
+    let stack = Stack::from_env();
+    let first = cluster_port(&stack);
+    let app = spawn_app_with(|s| {
+        s.redis.wait_replicas = 1;
+        s.redis.wait_timeout_ms = 1_000;
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 1, 1)).await;
+    app.publish(event).await;
+    let buyers = app.buyers(2).await;
+    let ga = json!({"category_id": categories[0], "quantity": 1});
+    assert_eq!(app.buy(event, &buyers[0], "a", ga.clone()).await.0, 202);
+
+    // The event's replica stops for 600 ms: the next 202 waits for it.
+    let master = master_of(first, &app.keys().stock(event));
+    let replica = replica_of(first, master);
+    let synced = eventually(Duration::from_secs(30), || async {
+        replica_in_sync(replica)
+    })
+    .await;
+    assert!(synced, "the replica {replica} of {master} is not in sync");
+    let pid = std::fs::read_to_string(stack.dir.join(format!("pids/rediscluster-{replica}.pid")))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let signal = |sig: &'static str, pid: String| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP", pid.clone());
+    let paused = Instant::now();
+    let resume = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        signal("-CONT", pid);
+    });
+    let (status, body) = app.buy(event, &buyers[1], "b", ga).await;
+    let waited = paused.elapsed();
+    resume.await.unwrap();
+    assert_eq!(status, 202, "{body}");
+    assert!(
+        waited >= Duration::from_millis(550),
+        "answered 202 after {waited:?}, while the replica was stopped"
+    );
+    // And the replica has it: the buyer's status, read from the replica itself.
+    let read = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "printf 'READONLY\\nHGET {} {}\\n' | redis-cli -h 127.0.0.1 -p {replica}",
+            app.keys().purchase_status(event),
+            buyers[1].user_id
+        ))
+        .output()
+        .unwrap();
+    let read = String::from_utf8_lossy(&read.stdout).into_owned();
+    assert!(read.contains("QUEUED:"), "the replica has: {read:?}");
+    app.stop().await;
+}

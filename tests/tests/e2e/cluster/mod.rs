@@ -1,0 +1,61 @@
+//! On the cluster stack only (`make test-cluster`: STACK_MODE=cluster, a Redis Cluster of
+//! three masters with a replica each, two cores, two edges): a master killed mid-sale, a
+//! 202 waiting for its replica, one of two cores killed mid-sale, two edges agreeing.
+//! `make test` runs this module through `scripts/test-cluster.sh --short`; its own stack
+//! skips it.
+
+mod cores;
+mod failover;
+
+use stampede_e2e::{Stack, root};
+
+/// The first port of the stack's Redis Cluster (its six nodes follow it).
+pub(crate) fn cluster_port(stack: &Stack) -> u16 {
+    stack
+        .redis_cluster_port
+        .expect("the cluster tests need the cluster stack: make test-cluster")
+}
+
+pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The node that serves `key`'s slot as master: it answers a read of the key, where
+/// every other node (a replica too) redirects.
+pub(crate) fn master_of(first: u16, key: &str) -> u16 {
+    (first..first + 6)
+        .find(|p| redis_cli(*p, &["exists", key]).parse::<u8>().is_ok())
+        .unwrap_or_else(|| panic!("no master serves {key}"))
+}
+
+/// Whether the node at `port` is a replica whose link to its master is up (in sync: it
+/// could take over now).
+pub(crate) fn replica_in_sync(port: u16) -> bool {
+    let info = redis_cli(port, &["info", "replication"]);
+    info.contains("role:slave") && info.contains("master_link_status:up")
+}
+
+/// `scripts/stack.sh ARGS` on the test's stack (its settings are in the environment).
+pub(crate) fn stack_sh(args: &[&str]) {
+    let status = std::process::Command::new(root().join("scripts/stack.sh"))
+        .args(args)
+        .status()
+        .expect("scripts/stack.sh");
+    assert!(status.success(), "scripts/stack.sh {args:?} failed");
+}
+
+/// The replica of the master at `master` (its `ROLE` names that master).
+pub(crate) fn replica_of(first: u16, master: u16) -> u16 {
+    (first..first + 6)
+        .find(|p| {
+            let role = redis_cli(*p, &["role"]);
+            let lines: Vec<&str> = role.lines().collect();
+            lines.first() == Some(&"slave") && lines.get(2) == Some(&master.to_string().as_str())
+        })
+        .unwrap_or_else(|| panic!("no replica of {master}"))
+}
