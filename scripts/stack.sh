@@ -201,8 +201,9 @@ core_env() { # core_env [PUBLIC_PORT ADMIN_PORT]: the settings of a core (the fi
   export STAMPEDE_REDIS__URL=redis://127.0.0.1:$REDIS_PORT/
   if [ "$STACK_MODE" = cluster ]; then
     export STAMPEDE_REDIS__MODE=cluster
-    # A 202 once the admission's master has passed it to its replica (redis.wait_replicas).
-    export STAMPEDE_REDIS__WAIT_REPLICAS=1
+    # A 202 once the admission's master has passed it to its replica (redis.wait_replicas;
+    # REDIS_WAIT_REPLICAS=0 answers on the master's word, to measure what it costs).
+    export STAMPEDE_REDIS__WAIT_REPLICAS=${REDIS_WAIT_REPLICAS:-1}
     STAMPEDE_REDIS__NODES=$(cluster_nodes redis:// /)
     export STAMPEDE_REDIS__NODES
   fi

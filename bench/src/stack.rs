@@ -30,9 +30,10 @@ pub struct StackArgs {
     pub redis_port: u16,
     /// `cluster`: the stack of `STACK_MODE=cluster make up` — a Redis Cluster on
     /// REDIS_CLUSTER_PORT … +5 and a second edge on EDGE2_PORT; connections are spread
-    /// over both edges and Redis is read through the cluster.
-    #[arg(long, env = "STACK_MODE", default_value = "single")]
-    pub stack_mode: StackMode,
+    /// over both edges and Redis is read through the cluster. By default, the mode the
+    /// stack in --stack-dir was started in (its `mode` file), else single.
+    #[arg(long, env = "STACK_MODE")]
+    pub stack_mode: Option<StackMode>,
     #[arg(long, env = "REDIS_CLUSTER_PORT", default_value_t = 7001)]
     pub redis_cluster_port: u16,
     #[arg(long, env = "EDGE2_PORT", default_value_t = 8084)]
@@ -74,7 +75,13 @@ impl Stack {
         let edge = SocketAddr::from(([127, 0, 0, 1], a.edge_port));
         let mut redis = stampede_core::Settings::defaults().redis;
         redis.url = format!("redis://127.0.0.1:{}/", a.redis_port);
-        let (edges, redis_nodes) = match a.stack_mode {
+        let mode = a.stack_mode.unwrap_or_else(|| {
+            match std::fs::read_to_string(a.stack_dir.join("mode")).as_deref() {
+                Ok("cluster\n") | Ok("cluster") => StackMode::Cluster,
+                _ => StackMode::Single,
+            }
+        });
+        let (edges, redis_nodes) = match mode {
             StackMode::Single => (vec![edge], vec![redis.url.clone()]),
             StackMode::Cluster => {
                 redis.mode = RedisMode::Cluster;

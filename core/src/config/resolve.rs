@@ -290,7 +290,10 @@ mod tests {
         for bad in [0, 1001] {
             let mut s = with_secrets();
             s.redis.wait_timeout_ms = bad;
-            assert!(s.resolve().unwrap_err().0.contains("wait_timeout_ms"), "{bad}");
+            assert!(
+                s.resolve().unwrap_err().0.contains("wait_timeout_ms"),
+                "{bad}"
+            );
         }
         // Single mode reads only `url`: seed nodes left in the file change nothing.
         let mut s = with_secrets();
