@@ -37,6 +37,9 @@ teardown() {
   rm -rf "$STACK_DIR"
 }
 teardown # whatever an interrupted run left behind
+# make test's single stack shares these ports: a core of it still answering would be
+# taken for this stack's own.
+STACK_DIR=$ROOT/.stack-test STACK_MODE=single scripts/stack.sh down >/dev/null 2>&1 || true
 trap teardown EXIT
 scripts/stack.sh up
 

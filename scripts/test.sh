@@ -29,6 +29,8 @@ teardown() {
   rm -rf "$STACK_DIR"
 }
 teardown # whatever an interrupted run left behind
+# The cluster test stack shares these ports (scripts/test-cluster.sh).
+STACK_DIR=$ROOT/.stack-cluster-test STACK_MODE=cluster scripts/stack.sh down >/dev/null 2>&1 || true
 trap teardown EXIT
 scripts/stack.sh up
 
