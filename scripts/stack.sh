@@ -271,7 +271,10 @@ rotate_token_secret() {
 stop_part() {
   local part=$1 pid p
   if [ "$part" = rediscluster ]; then
-    for p in $CLUSTER_PORTS; do stop_part "rediscluster-$p"; done
+    # Every node this state dir started, whatever REDIS_CLUSTER_PORT says now.
+    for p in "$PIDS"/rediscluster-*.pid; do
+      [ -e "$p" ] && stop_part "$(basename "$p" .pid)"
+    done
     return 0
   fi
   pid=$(pid_of "$part")

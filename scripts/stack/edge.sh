@@ -22,6 +22,23 @@ render_edge_conf() { # render_edge_conf DIR EDGE_PORT OPS_PORT: openresty/conf/,
   # as a changed conf (a reload).
   cat "$ROOT"/lua/edge/stampede/*.lua "$STACK_DIR/token.secret" | sha256sum >"$1/lua.sha256"
 }
+# reload_edge MASTER_PID: a graceful reload, done once no worker of the old configuration
+# accepts connections any more (each is "shutting down" or gone), so what follows — a
+# request with a token of a rotated key — meets the new one.
+reload_edge() {
+  local master=$1 old p i serving
+  old=$(pgrep -P "$master" -f 'worker process$' || true)
+  kill -HUP "$master"
+  for ((i = 0; i < 100; i++)); do
+    serving=0
+    for p in $old; do
+      if { tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -q 'worker process *$'; then serving=1; fi
+    done
+    [ "$serving" = 0 ] && return 0
+    sleep 0.1
+  done
+  say "  edge: workers of the old configuration still serving after 10 s"
+}
 start_edge() { start_an_edge edge "$EDGE_PREFIX" "$EDGE_PORT" "$OPS_PORT" EDGE_PORT; }
 start_edge2() { start_an_edge edge2 "$STACK_DIR/nginx2" "$EDGE2_PORT" "$OPS2_PORT" EDGE2_PORT; }
 # start_an_edge PART PREFIX EDGE_PORT OPS_PORT (and the name of the port's variable)
@@ -39,7 +56,7 @@ start_an_edge() {
         || die "nginx rejected openresty/conf/nginx.conf"
       rm -rf "$prefix/conf.old" && mv "$prefix/conf" "$prefix/conf.old"
       mv "$prefix/conf.new" "$prefix/conf" && rm -rf "$prefix/conf.old"
-      kill -HUP "$(pid_of "$part")"
+      reload_edge "$(pid_of "$part")"
       say "  $part: openresty/conf or lua/edge changed; reloaded"
     fi
     return 0
