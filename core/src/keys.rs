@@ -4,7 +4,7 @@
 //! generated from this file (a test checks that it is up to date), and the seat states
 //! the scripts write are [`SeatState`]'s.
 
-use crate::domain::{CategoryId, EventId, OrderNo};
+use crate::domain::{CategoryId, EventId, OrderNo, UserId};
 
 /// Builds keys under the configured prefix.
 #[derive(Debug, Clone)]
@@ -65,7 +65,9 @@ impl Keys {
         self.event_key(event_id, "held")
     }
 
-    /// Hash: `<user id>:<Idempotency-Key>` → `<request id>|<fingerprint>|<seats>`.
+    /// Hash: `<user id>:<Idempotency-Key>` ([`idempotency_field`]) →
+    /// `<request id>|<fingerprint>|<seats>` ([`idempotency_request`]), as reserve.lua
+    /// writes them.
     pub fn idempotency(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "idem")
     }
@@ -131,6 +133,16 @@ impl Keys {
     pub fn sales_index(&self) -> String {
         format!("{}sales", self.prefix)
     }
+}
+
+/// The field of one buyer's Idempotency-Key in [`Keys::idempotency`].
+pub fn idempotency_field(user: UserId, key: &str) -> String {
+    format!("{user}:{key}")
+}
+
+/// The request id an Idempotency-Key record names (the admission it answered first).
+pub fn idempotency_request(record: &str) -> Option<OrderNo> {
+    record.split('|').next()?.parse().ok().map(OrderNo)
 }
 
 fn hex(text: &str) -> String {
@@ -223,6 +235,17 @@ mod tests {
             "t:login:fail:{616e6e}:3132372e302e302e31"
         );
         assert_eq!(k.login_failures_all("ann"), "t:login:fail:{616e6e}");
+    }
+
+    /// reserve.lua writes the Idempotency-Key field and record these two read.
+    #[test]
+    fn idempotency_records_are_reserve_luas() {
+        let script = include_str!("../../lua/redis/reserve.lua");
+        assert!(script.contains("local idem_field = user .. ':' .. key"));
+        assert!(script.contains("rid .. '|' .. fingerprint .. '|' .. seat_list"));
+        assert_eq!(idempotency_field(UserId(7), "k-1"), "7:k-1");
+        assert_eq!(idempotency_request("42|3:1:none:|"), Some(OrderNo(42)));
+        assert_eq!(idempotency_request("x|y"), None);
     }
 
     #[test]

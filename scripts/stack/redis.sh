@@ -19,12 +19,11 @@ start_redis() {
 
 # ---------------------------------------------------------------- redis cluster
 cluster_cli() { redis-cli -h 127.0.0.1 -p "$REDIS_CLUSTER_PORT" "$@" 2>/dev/null; }
+node_up() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]; }
 # Up: every node answers and the cluster's state is ok (every slot served).
 health_rediscluster() {
   local p
-  for p in $CLUSTER_PORTS; do
-    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] || return 1
-  done
+  for p in $CLUSTER_PORTS; do node_up "$p" || return 1; done
   cluster_cli cluster info | grep -q '^cluster_state:ok'
 }
 start_rediscluster() {
@@ -34,7 +33,7 @@ start_rediscluster() {
   fi
   local p dir i
   for p in $CLUSTER_PORTS; do
-    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] && continue
+    node_up "$p" && continue
     port_open "$p" && die "port $p is taken by something that is not a node of the stack's Redis Cluster; free it or set REDIS_CLUSTER_PORT"
     dir=$STACK_DIR/redis-cluster/$p
     mkdir -p "$dir"
@@ -44,12 +43,8 @@ start_rediscluster() {
       --daemonize yes --pidfile "$PIDS/rediscluster-$p.pid" --logfile "$LOGS/rediscluster-$p.log"
   done
   for p in $CLUSTER_PORTS; do
-    for ((i = 0; i < 200; i++)); do
-      [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] && break
-      sleep 0.1
-    done
-    [ "$(redis-cli -h 127.0.0.1 -p "$p" ping 2>/dev/null)" = PONG ] \
-      || die "Redis Cluster node $p did not come up; see $LOGS/rediscluster-$p.log"
+    for ((i = 0; i < 200; i++)); do node_up "$p" && break; sleep 0.1; done
+    node_up "$p" || die "Redis Cluster node $p did not come up; see $LOGS/rediscluster-$p.log"
   done
   # Created once; afterwards every node finds the others through its nodes.conf.
   if [ "$(cluster_cli cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" = 1 ]; then

@@ -215,6 +215,27 @@ impl TestApp {
         .await
     }
 
+    /// [`TestApp::buy`] again with the same Idempotency-Key while the core answers 503
+    /// (busy, reloading its keys, a shard failing over), until `deadline`: the first
+    /// other answer, or None if every one before the deadline was 503.
+    pub async fn buy_while_busy(
+        &self,
+        event_id: u64,
+        buyer: &Buyer,
+        key: &str,
+        body: Value,
+        deadline: std::time::Instant,
+    ) -> Option<(u16, Value)> {
+        while std::time::Instant::now() < deadline {
+            let answer = self.buy(event_id, buyer, key, body.clone()).await;
+            if answer.0 != 503 {
+                return Some(answer);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     /// The buyer's latest purchase in the event, as `GET …/orders/status` answers it
     /// (`{"status": …}`, or the 404 error body).
     pub async fn purchase_status(&self, event_id: u64, buyer: &Buyer) -> Value {

@@ -20,7 +20,7 @@ mod wait;
 
 pub use admin::AdminClient;
 pub use app::{TestApp, spawn_app, spawn_app_on, spawn_app_with, spawn_faulty_app, test_settings};
-pub use buyers::{Buyer, purchase};
+pub use buyers::{Buyer, purchase, try_purchase};
 pub use fixtures::{concert, small_sale};
 pub use http::{RawAnswer, raw_request};
 pub use own_stack::{OwnBroker, OwnRedis, free_port};

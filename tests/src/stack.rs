@@ -40,18 +40,17 @@ pub fn root() -> PathBuf {
 
 impl Stack {
     pub fn from_env() -> Stack {
+        let cluster = std::env::var("STACK_MODE").as_deref() == Ok("cluster");
         Stack {
             dir: std::env::var("STACK_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|_| root().join(".stack-test")),
             redis_port: env_port("REDIS_PORT", 16379),
-            redis_cluster_port: (std::env::var("STACK_MODE").as_deref() == Ok("cluster"))
-                .then(|| env_port("REDIS_CLUSTER_PORT", 17001)),
+            redis_cluster_port: cluster.then(|| env_port("REDIS_CLUSTER_PORT", 17001)),
             mysql_port: env_port("MYSQL_PORT", 13306),
             namesrv_port: env_port("NAMESRV_PORT", 19876),
             edge_port: env_port("EDGE_PORT", 18080),
-            edge2_port: (std::env::var("STACK_MODE").as_deref() == Ok("cluster"))
-                .then(|| env_port("EDGE2_PORT", 18084)),
+            edge2_port: cluster.then(|| env_port("EDGE2_PORT", 18084)),
             admin_port: env_port("ADMIN_PORT", 19091),
             core_port: env_port("CORE_PORT", 18081),
             ops_port: env_port("OPS_PORT", 18082),

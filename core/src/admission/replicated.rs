@@ -22,7 +22,7 @@ use tokio::sync::OnceCell;
 use crate::config::RedisSettings;
 use crate::domain::{EventId, OrderNo, UserId};
 use crate::infra::redis::Redis;
-use crate::keys::Keys;
+use crate::keys::{self, Keys};
 
 /// What the replicas confirmed for one admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +111,7 @@ impl ReplicaBarrier {
             let ticket = waiting.issued;
             waiting
                 .entries
-                .push((ticket, format!("{user}:{idempotency_key}"), rid));
+                .push((ticket, keys::idempotency_field(user, idempotency_key), rid));
             ticket
         };
         let mut rounds = event.rounds.lock().await;
@@ -143,8 +143,7 @@ impl ReplicaBarrier {
                 .query_async(&mut redis.clone())
                 .await?;
             for ((t, _, rid), record) in batch.iter().zip(records) {
-                // The record is "<request id>|<fingerprint>|<seats>".
-                let found = record.is_some_and(|r| r.split('|').next() == Some(&rid.to_string()));
+                let found = record.is_some_and(|r| keys::idempotency_request(&r) == Some(*rid));
                 rounds.found.insert(*t, found);
             }
             rounds.covered = covers;

@@ -12,14 +12,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::domain::EventId;
-use crate::infra::redis::Redis;
 use anyhow::Context;
 use mysql_async::Pool;
 use mysql_async::prelude::Queryable;
 use tokio::sync::Notify;
 
 use crate::catalog::{self, EventRecord, EventStatus};
+use crate::domain::EventId;
+use crate::infra::redis::Redis;
 use crate::keys::{Keys, SeatState};
 use crate::lock::{Lock, Owned};
 use crate::shutdown::Shutdown;

@@ -59,28 +59,14 @@ async fn buy_twice(
     admitted: &AtomicU64,
 ) {
     for (i, category) in categories.iter().enumerate() {
-        while Instant::now() < deadline {
-            let key = format!("u{}-{i}", buyer.user_id);
-            let (status, body) = app
-                .buy(
-                    event,
-                    buyer,
-                    &key,
-                    json!({"category_id": category, "quantity": 1}),
-                )
-                .await;
-            match status {
-                202 => {
-                    admitted.fetch_add(1, Ordering::SeqCst);
-                }
-                503 => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                409 => {}
-                other => panic!("unexpected answer {other}: {body}"),
+        let key = format!("u{}-{i}", buyer.user_id);
+        let body = json!({"category_id": category, "quantity": 1});
+        match app.buy_while_busy(event, buyer, &key, body, deadline).await {
+            Some((202, _)) => {
+                admitted.fetch_add(1, Ordering::SeqCst);
             }
-            break;
+            Some((409, _)) | None => {}
+            Some((other, body)) => panic!("unexpected answer {other}: {body}"),
         }
     }
 }

@@ -74,19 +74,11 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
         let (http, url, gate) = (http.clone(), core.public_url.clone(), gate.clone());
         tasks.spawn(async move {
             let _permit = gate.acquire().await.unwrap();
-            let resp = http
-                .post(format!("{url}/api/events/{event}/orders"))
-                .bearer_auth(&b.token)
-                .header("Idempotency-Key", "k")
-                .json(&json!({"category_id": ga, "quantity": 1}))
-                .send()
-                .await
-                .ok()?;
-            if resp.status() != 202 {
-                return None;
+            let body = json!({"category_id": ga, "quantity": 1});
+            match stampede_e2e::try_purchase(&http, &url, event, &b.token, "k", body).await? {
+                (202, body) => body["request_id"].as_str()?.parse::<u64>().ok(),
+                _ => None,
             }
-            let body: serde_json::Value = resp.json().await.ok()?;
-            body["request_id"].as_str()?.parse::<u64>().ok()
         });
     }
     // Kill once a couple of thousand units are taken: mid-sale, with purchases in flight.

@@ -39,24 +39,12 @@ async fn one_of_two_cores_killed_mid_sale_and_the_other_settles_its_reservations
         tasks.spawn(async move {
             let _permit = gate.acquire().await.unwrap();
             for url in [&urls[i % 2], &urls[1]] {
-                let Ok(resp) = http
-                    .post(format!("{url}/api/events/{event}/orders"))
-                    .bearer_auth(&b.token)
-                    .header("Idempotency-Key", "k")
-                    .json(&json!({"category_id": ga, "quantity": 1}))
-                    .send()
-                    .await
-                else {
-                    continue; // no answer: the core died under it
-                };
-                match resp.status().as_u16() {
-                    202 => {
-                        let body: serde_json::Value = resp.json().await.ok()?;
-                        return body["request_id"].as_str()?.parse::<u64>().ok();
-                    }
-                    // Unavailable: the other core.
-                    502 | 503 => continue,
-                    _ => return None,
+                let body = json!({"category_id": ga, "quantity": 1});
+                match stampede_e2e::try_purchase(&http, url, event, &b.token, "k", body).await {
+                    Some((202, body)) => return body["request_id"].as_str()?.parse::<u64>().ok(),
+                    // No answer (the core died under it), or unavailable: the other core.
+                    None | Some((502 | 503, _)) => continue,
+                    Some(_) => return None,
                 }
             }
             None

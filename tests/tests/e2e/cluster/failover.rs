@@ -10,7 +10,7 @@ use stampede_e2e::{
     Buyer, Stack, TestApp, eventually, heavy, over_shards, scalar, small_sale, spawn_app_with,
 };
 
-use super::{cluster_port, master_of, replica_in_sync, replica_of, stack_sh};
+use super::{cluster_port, in_sync_replica_of, master_of, replica_in_sync, signal_node, stack_sh};
 
 /// Each buyer's one purchase (GA), retried with the same Idempotency-Key while the core
 /// answers 503 (a shard failing over: OUTCOME_UNKNOWN or unavailable), within `deadline`.
@@ -24,28 +24,17 @@ async fn buy_until_answered(
     admitted: &Mutex<Vec<(u64, u64, Instant)>>,
 ) {
     let key = format!("u{}", buyer.user_id);
-    while Instant::now() < deadline {
-        let (status, body) = app
-            .buy(
-                event,
-                buyer,
-                &key,
-                json!({"category_id": category, "quantity": 1}),
-            )
-            .await;
-        match status {
-            202 => {
-                let rid = body["request_id"].as_str().unwrap().parse().unwrap();
-                admitted
-                    .lock()
-                    .unwrap()
-                    .push((buyer.user_id, rid, Instant::now()));
-                return;
-            }
-            503 => tokio::time::sleep(Duration::from_millis(50)).await,
-            409 => return,
-            other => panic!("unexpected answer {other}: {body}"),
+    let body = json!({"category_id": category, "quantity": 1});
+    match app.buy_while_busy(event, buyer, &key, body, deadline).await {
+        Some((202, body)) => {
+            let rid = body["request_id"].as_str().unwrap().parse().unwrap();
+            admitted
+                .lock()
+                .unwrap()
+                .push((buyer.user_id, rid, Instant::now()));
         }
+        Some((409, _)) | None => {}
+        Some((other, body)) => panic!("unexpected answer {other}: {body}"),
     }
 }
 
@@ -92,16 +81,8 @@ async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_los
     let ga = categories[0];
     let buyers = app.buyers(700).await;
     let master = master_of(first, &app.keys().stock(event));
-    // A replica that is still syncing (a node restarted by an earlier run) cannot take
-    // over: wait until the master's replica is in sync.
-    let replica = replica_of(first, master);
-    let synced = eventually(Duration::from_secs(30), || async {
-        replica_in_sync(replica)
-    })
-    .await;
-    assert!(synced, "the replica {replica} of {master} is not in sync");
-    let pid_file = stack.dir.join(format!("pids/rediscluster-{master}.pid"));
-    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    // Its replica must be able to take over.
+    in_sync_replica_of(first, master).await;
 
     let admitted = Arc::new(Mutex::new(Vec::new()));
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -122,11 +103,7 @@ async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_los
     .await;
     assert!(midway, "the sale did not get going");
     let killed_at = Instant::now();
-    let killed = std::process::Command::new("kill")
-        .args(["-9", pid.trim()])
-        .status()
-        .unwrap();
-    assert!(killed.success(), "kill -9 {pid}");
+    signal_node(&stack, master, "-9");
     while let Some(done) = tasks.join_next().await {
         done.unwrap();
     }
@@ -205,29 +182,12 @@ async fn a_202_waits_until_the_masters_replica_has_the_admission() {
 
     // The event's replica stops for 600 ms: the next 202 waits for it.
     let master = master_of(first, &app.keys().stock(event));
-    let replica = replica_of(first, master);
-    let synced = eventually(Duration::from_secs(30), || async {
-        replica_in_sync(replica)
-    })
-    .await;
-    assert!(synced, "the replica {replica} of {master} is not in sync");
-    let pid = std::fs::read_to_string(stack.dir.join(format!("pids/rediscluster-{replica}.pid")))
-        .unwrap()
-        .trim()
-        .to_owned();
-    let signal = |sig: &'static str, pid: String| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
-    signal("-STOP", pid.clone());
+    let replica = in_sync_replica_of(first, master).await;
+    signal_node(&stack, replica, "-STOP");
     let paused = Instant::now();
     let resume = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(600)).await;
-        signal("-CONT", pid);
+        signal_node(&Stack::from_env(), replica, "-CONT");
     });
     let (status, body) = app.buy(event, &buyers[1], "b", ga).await;
     let waited = paused.elapsed();

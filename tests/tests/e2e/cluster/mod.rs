@@ -59,3 +59,27 @@ pub(crate) fn replica_of(first: u16, master: u16) -> u16 {
         })
         .unwrap_or_else(|| panic!("no replica of {master}"))
 }
+
+/// The replica of `master`, once it is in sync (a node restarted by an earlier test may
+/// still be syncing, and such a replica cannot take over).
+pub(crate) async fn in_sync_replica_of(first: u16, master: u16) -> u16 {
+    let replica = replica_of(first, master);
+    let synced = stampede_e2e::eventually(std::time::Duration::from_secs(30), || async {
+        replica_in_sync(replica)
+    })
+    .await;
+    assert!(synced, "the replica {replica} of {master} is not in sync");
+    replica
+}
+
+/// `kill SIGNAL` to the cluster node on `port` (its pid file in the stack's state dir).
+pub(crate) fn signal_node(stack: &Stack, port: u16, signal: &str) {
+    let pid = std::fs::read_to_string(stack.dir.join(format!("pids/rediscluster-{port}.pid")))
+        .unwrap_or_else(|e| panic!("the pid of cluster node {port}: {e}"));
+    let ok = std::process::Command::new("kill")
+        .args([signal, pid.trim()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {signal} {} (node {port})", pid.trim());
+}
