@@ -165,7 +165,7 @@ pub async fn run(
         let mut redis = stack.redis().await?;
         for (user, rid) in unknown {
             let status: Option<String> = redis::cmd("HGET")
-                .arg(keys.purchase_status(event))
+                .arg(keys.purchase_status(stack.bucket_of(event, *user).await?))
                 .arg(user)
                 .query_async(&mut redis)
                 .await?;

@@ -237,11 +237,11 @@ pub async fn redis_reserve(
     duration: Duration,
 ) -> anyhow::Result<f64> {
     let keys = stampede_core::keys::Keys::new("stampede-bench:");
-    let event = 1;
+    let event = stampede_core::keys::Bucket::only(1);
     let names = [
-        keys.event_meta(event),
+        keys.meta(event),
         keys.stock(event),
-        keys.sold_out(event),
+        keys.dry(event),
         keys.held(event),
         keys.idempotency(event),
         keys.purchase_status(event),

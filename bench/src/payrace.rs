@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use mysql_async::prelude::*;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -122,12 +121,6 @@ pub async fn run(
             )
         )
     };
-    let keys =
-        stampede_core::keys::Keys::new(&stampede_core::Settings::defaults().redis.key_prefix);
-    let mut redis = stack
-        .redis()
-        .await
-        .context("Redis, for the restocked orders")?;
     loop {
         let unpaid: u64 = conn
             .query_first(count_of(OrderStatus::Unpaid))
@@ -137,10 +130,7 @@ pub async fn run(
             .query_first(count_of(OrderStatus::Cancelled))
             .await?
             .unwrap_or(0);
-        let given_back: u64 = redis::cmd("SCARD")
-            .arg(keys.restocked(event))
-            .query_async(&mut redis)
-            .await?;
+        let given_back = stack.restocked(event).await?.len() as u64;
         if unpaid == 0 && given_back >= cancelled {
             break;
         }
@@ -152,15 +142,14 @@ pub async fn run(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    check(&mut redis, &keys, &mut conn, shards, event, raced).await
+    let restocked = stack.restocked(event).await?;
+    check(&mut conn, shards, restocked, raced).await
 }
 
 async fn check(
-    redis: &mut stampede_core::infra::redis::Redis,
-    keys: &stampede_core::keys::Keys,
     conn: &mut mysql_async::Conn,
     shards: u32,
-    event: u64,
+    restocked: std::collections::HashSet<u64>,
     raced: Vec<Raced>,
 ) -> anyhow::Result<PayRace> {
     let mut report = PayRace {
@@ -187,12 +176,7 @@ async fn check(
         .await?
         .into_iter()
         .collect();
-    let restocked: std::collections::HashSet<u64> = redis::cmd("SMEMBERS")
-        .arg(keys.restocked(event))
-        .query_async::<Vec<u64>>(redis)
-        .await?
-        .into_iter()
-        .collect();
+
     for r in raced {
         *report.answers.entry(r.answer.clone()).or_default() += 1;
         let status = statuses

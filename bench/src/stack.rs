@@ -1,6 +1,8 @@
 //! Where the running stack is (the ports and secrets `scripts/stack.sh` uses), and
 //! its admin API.
 
+use stampede_core::domain::UserId;
+use stampede_core::keys::Bucket;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -114,6 +116,41 @@ impl Stack {
     /// A connection to the stack's Redis as the core makes it (single or cluster).
     pub async fn redis(&self) -> anyhow::Result<stampede_core::infra::redis::Redis> {
         stampede_core::infra::redis::connect(&self.redis, Duration::from_secs(10)).await
+    }
+
+    /// The event's Redis bucket count (its keys' layout).
+    pub async fn buckets(&self, event: u64) -> anyhow::Result<u16> {
+        use mysql_async::prelude::Queryable;
+        let mut conn = self.mysql.get_conn().await?;
+        let n: Option<u16> = conn
+            .exec_first("SELECT buckets FROM event WHERE id = ?", (event,))
+            .await?;
+        Ok(n.unwrap_or(1))
+    }
+
+    /// The buyer's bucket of the event.
+    pub async fn bucket_of(&self, event: u64, user: u64) -> anyhow::Result<Bucket> {
+        Ok(Bucket::of_buyer(
+            event,
+            self.buckets(event).await?,
+            UserId(user),
+        ))
+    }
+
+    /// Order numbers whose units are back in Redis (every bucket's restocked set).
+    pub async fn restocked(&self, event: u64) -> anyhow::Result<std::collections::HashSet<u64>> {
+        let keys =
+            stampede_core::keys::Keys::new(&stampede_core::Settings::defaults().redis.key_prefix);
+        let mut redis = self.redis().await?;
+        let mut all = std::collections::HashSet::new();
+        for b in Bucket::all(event, self.buckets(event).await?) {
+            let members: Vec<u64> = redis::cmd("SMEMBERS")
+                .arg(keys.restocked(b))
+                .query_async(&mut redis)
+                .await?;
+            all.extend(members);
+        }
+        Ok(all)
     }
 
     /// A connection to one node by itself (CONFIG and INFO are per node).

@@ -256,6 +256,17 @@ impl App {
             ));
         }
         tasks.push((
+            "the bucket sweeper",
+            tokio::spawn(crate::buckets::run_sweeper(
+                crate::buckets::Mover {
+                    redis: state.redis.clone(),
+                    keys: state.keys.clone(),
+                },
+                state.admission.events.clone(),
+                stopper.subscribe(),
+            )),
+        ));
+        tasks.push((
             "the worker lease",
             tokio::spawn(ids::keep_lease(
                 worker_lease,

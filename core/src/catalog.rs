@@ -100,6 +100,8 @@ pub struct EventRecord {
     pub sale_end: DateTime<Utc>,
     pub per_user_limit: u32,
     pub pay_timeout_s: u32,
+    /// Redis buckets the stock is split over (docs/scaling.md); 1 for most events.
+    pub buckets: u16,
     pub status: EventStatus,
     pub categories: Vec<CategoryRecord>,
 }
@@ -129,8 +131,8 @@ pub async fn insert(pool: &Pool, e: &NewEvent) -> anyhow::Result<u64> {
         .context("Failed to get a MySQL connection")?;
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
     tx.exec_drop(
-        "INSERT INTO event (title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s) \
-         VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO event (title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, buckets) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (
             &e.title,
             &e.venue,
@@ -139,6 +141,7 @@ pub async fn insert(pool: &Pool, e: &NewEvent) -> anyhow::Result<u64> {
             e.sale_end.naive_utc(),
             e.per_user_limit,
             e.pay_timeout_s,
+            e.buckets,
         ),
     )
     .await
@@ -193,11 +196,11 @@ type EventRow = (
     NaiveDateTime,
     u32,
     u32,
+    u16,
     String,
 );
 
-const EVENT_COLUMNS: &str =
-    "id, title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, status";
+const EVENT_COLUMNS: &str = "id, title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, buckets, status";
 
 /// The event with its categories, or None.
 pub async fn load(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventRecord>> {
@@ -258,7 +261,18 @@ pub async fn list(pool: &Pool, limit: u32) -> anyhow::Result<Vec<EventRecord>> {
 }
 
 fn event_from_row(
-    (id, title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, status): EventRow,
+    (
+        id,
+        title,
+        venue,
+        show_time,
+        sale_start,
+        sale_end,
+        per_user_limit,
+        pay_timeout_s,
+        buckets,
+        status,
+    ): EventRow,
 ) -> anyhow::Result<EventRecord> {
     Ok(EventRecord {
         id,
@@ -269,6 +283,7 @@ fn event_from_row(
         sale_end: sale_end.and_utc(),
         per_user_limit,
         pay_timeout_s,
+        buckets: buckets.max(1),
         status: EventStatus::parse(&status)?,
         categories: Vec::new(),
     })

@@ -23,76 +23,126 @@ impl Keys {
         &self.prefix
     }
 
-    fn event_key(&self, event_id: impl Into<EventId>, suffix: &str) -> String {
-        format!("{}{{ev:{}}}:{suffix}", self.prefix, event_id.into())
+    fn tagged(&self, tag: &str, suffix: &str) -> String {
+        format!("{}{{{tag}}}:{suffix}", self.prefix)
     }
 
-    /// Hash: what the hot path needs to know about the event (window, status, limits).
+    fn event_key(&self, event_id: impl Into<EventId>, suffix: &str) -> String {
+        self.tagged(&format!("ev:{}", event_id.into()), suffix)
+    }
+
+    /// Hash: the event's settings (window, status, limits, key generation) as the edge
+    /// and the core read them. For an event of one bucket it is also that bucket's
+    /// [`Keys::meta`].
     pub fn event_meta(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "meta")
     }
 
-    /// Hash: category id → units still available.
-    pub fn stock(&self, event_id: impl Into<EventId>) -> String {
-        self.event_key(event_id, "stock")
-    }
-
-    /// Hash: category id → 1 once the category is sold out.
+    /// Hash: category id → 1 once the category is sold out: the edge's flag. For an
+    /// event of one bucket it is that bucket's [`Keys::dry`]; with more, the core sets it
+    /// only after the pool and every bucket were found empty (`admission::buckets`).
     pub fn sold_out(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "soldout")
     }
 
-    /// Hash: `row:col` → seat state, one per seated category.
-    pub fn seats(
+    /// Hash: category id → units not yet dealt to any bucket (events of several
+    /// buckets only).
+    pub fn pool(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "pool")
+    }
+
+    /// Hash: move id → `<to>|<category>|<units>|<ms>`, units taken out of the pool and
+    /// not yet known to be credited where they go.
+    pub fn pool_moves(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "moves")
+    }
+
+    /// Set: the move ids the pool has been credited with (each once).
+    pub fn pool_credited(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "credited")
+    }
+
+    /// String: the lock of one drain of a category's buckets into the pool.
+    pub fn drain_lock(
         &self,
         event_id: impl Into<EventId>,
         category_id: impl Into<CategoryId>,
     ) -> String {
-        self.event_key(event_id, &format!("seats:{}", category_id.into()))
+        self.event_key(event_id, &format!("drain:{}", category_id.into()))
+    }
+
+    /// Hash: the bucket's copy of what reserve.lua reads (status, window, limit,
+    /// generation, `buckets`) and its admission counter `seq`.
+    pub fn meta(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "meta")
+    }
+
+    /// Hash: category id → units available in the bucket.
+    pub fn stock(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "stock")
+    }
+
+    /// Hash: category id → 1 once the bucket's stock of it reached 0.
+    pub fn dry(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "soldout")
+    }
+
+    /// Hash: move id → `<to>|<category>|<units>|<ms>`, units taken out of the bucket
+    /// and not yet known to be credited to the pool.
+    pub fn moves(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "moves")
+    }
+
+    /// Set: the move ids the bucket has been credited with (each once).
+    pub fn credited(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "credited")
+    }
+
+    /// Hash: `row:col` → seat state, one per seated category (seated events have one
+    /// bucket).
+    pub fn seats(&self, b: Bucket, category_id: impl Into<CategoryId>) -> String {
+        self.tagged(&b.tag(), &format!("seats:{}", category_id.into()))
     }
 
     /// Hash: row → free seats in that row, so seat picking need not read every seat.
-    pub fn row_free(
-        &self,
-        event_id: impl Into<EventId>,
-        category_id: impl Into<CategoryId>,
-    ) -> String {
-        self.event_key(event_id, &format!("rowfree:{}", category_id.into()))
+    pub fn row_free(&self, b: Bucket, category_id: impl Into<CategoryId>) -> String {
+        self.tagged(&b.tag(), &format!("rowfree:{}", category_id.into()))
     }
 
     /// Hash: user id → units the user holds in this event (reserved, unpaid or paid).
-    pub fn held(&self, event_id: impl Into<EventId>) -> String {
-        self.event_key(event_id, "held")
+    /// A buyer's units are all in their own bucket.
+    pub fn held(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "held")
     }
 
     /// Hash: `<user id>:<Idempotency-Key>` ([`idempotency_field`]) →
     /// `<request id>|<fingerprint>|<seats>` ([`idempotency_request`]), as reserve.lua
     /// writes them.
-    pub fn idempotency(&self, event_id: impl Into<EventId>) -> String {
-        self.event_key(event_id, "idem")
+    pub fn idempotency(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "idem")
     }
 
     /// Hash: user id → the user's latest purchase: `QUEUED:<request id>`,
     /// `CREATED:<order no>`, `PAID:<order no>`, `CANCELLED:<order no>` or
     /// `FAILED:<reason>` (parsed by `admission::status::PurchaseStatus`).
-    pub fn purchase_status(&self, event_id: impl Into<EventId>) -> String {
-        self.event_key(event_id, "status")
+    pub fn purchase_status(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "status")
     }
 
-    /// Stream: admitted reservations, read by the order workers.
-    pub fn order_stream(&self, event_id: impl Into<EventId>) -> String {
-        self.event_key(event_id, "orders")
+    /// Stream: admitted reservations, read by the order workers; one per bucket.
+    pub fn order_stream(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "orders")
     }
 
     /// Set: order numbers whose units were given back after a cancellation.
-    pub fn restocked(&self, event_id: impl Into<EventId>) -> String {
-        self.event_key(event_id, "restocked")
+    pub fn restocked(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "restocked")
     }
 
     /// Counter: written by each round of the replica barrier (`redis.wait_replicas`),
-    /// so the round's WAIT covers every admission the event's master answered before.
-    pub fn replication_barrier(&self, event_id: impl Into<EventId>) -> String {
-        self.event_key(event_id, "replicated")
+    /// so the round's WAIT covers every admission the bucket's master answered before.
+    pub fn replication_barrier(&self, b: Bucket) -> String {
+        self.tagged(&b.tag(), "replicated")
     }
 
     /// String: the preload lock, holding its owner's token.
@@ -133,6 +183,83 @@ impl Keys {
     pub fn sales_index(&self) -> String {
         format!("{}sales", self.prefix)
     }
+}
+
+/// One of an event's Redis buckets: the hash tag its buyers' keys live under
+/// (docs/scaling.md "Key layout"). An event of one bucket keeps every key under
+/// `{ev:<id>}`; with B > 1, bucket k's tag `ev:<id>:b<k>.<n>` is the first n whose slot
+/// falls in the k-th of B equal slot ranges, so on a cluster whose masters own equal
+/// slot ranges the buckets are dealt over the masters evenly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Bucket {
+    pub event: EventId,
+    pub index: u16,
+    pub count: u16,
+}
+
+/// Redis Cluster's slot count.
+const SLOTS: u32 = 16_384;
+
+impl Bucket {
+    /// The bucket of an event that has one.
+    pub fn only(event: impl Into<EventId>) -> Bucket {
+        Bucket {
+            event: event.into(),
+            index: 0,
+            count: 1,
+        }
+    }
+
+    /// The buyer's bucket: a multiplicative hash of the whole id (not its low bits,
+    /// which carry the order-shard gene), so buckets and order shards are independent.
+    pub fn of_buyer(event: impl Into<EventId>, count: u16, user: UserId) -> Bucket {
+        let count = count.max(1);
+        let mixed = (user.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % u64::from(count);
+        Bucket {
+            event: event.into(),
+            index: mixed as u16,
+            count,
+        }
+    }
+
+    /// Every bucket of an event of `count`.
+    pub fn all(event: impl Into<EventId>, count: u16) -> impl Iterator<Item = Bucket> {
+        let event = event.into();
+        let count = count.max(1);
+        (0..count).map(move |index| Bucket {
+            event,
+            index,
+            count,
+        })
+    }
+
+    /// The hash tag, without braces.
+    pub fn tag(self) -> String {
+        if self.count <= 1 {
+            return format!("ev:{}", self.event);
+        }
+        let (index, count) = (u32::from(self.index), u32::from(self.count));
+        (0u32..)
+            .map(|n| format!("ev:{}:b{}.{n}", self.event, self.index))
+            .find(|tag| u32::from(slot(tag.as_bytes())) * count / SLOTS == index)
+            .expect("some suffix lands in every slot range")
+    }
+}
+
+/// The Redis Cluster slot of a hash tag: CRC16 (XMODEM) mod 16384.
+pub fn slot(tag: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in tag {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS as u16
 }
 
 /// The field of one buyer's Idempotency-Key in [`Keys::idempotency`].
@@ -220,21 +347,62 @@ mod tests {
     #[test]
     fn event_keys_share_one_hash_tag() {
         let k = Keys::new("t:");
+        let one = Bucket::only(7);
         for key in [
             k.event_meta(7),
-            k.stock(7),
+            k.stock(one),
             k.sold_out(7),
-            k.seats(7, 3),
-            k.row_free(7, 3),
+            k.seats(one, 3),
+            k.row_free(one, 3),
+            k.held(one),
+            k.order_stream(one),
         ] {
             assert!(key.starts_with("t:{ev:7}:"), "{key}");
         }
+        // One bucket is the layout of every event before buckets.
+        assert_eq!(k.meta(one), k.event_meta(7));
+        assert_eq!(k.dry(one), k.sold_out(7));
         // One account's two failure counters share a slot, whatever the address.
         assert_eq!(
             k.login_failures("ann", "127.0.0.1"),
             "t:login:fail:{616e6e}:3132372e302e302e31"
         );
         assert_eq!(k.login_failures_all("ann"), "t:login:fail:{616e6e}");
+    }
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"bar"), 5061);
+    }
+
+    #[test]
+    fn buckets_fall_in_their_own_slot_range_and_buyers_spread() {
+        for count in [2u16, 3, 4, 16] {
+            for b in Bucket::all(99, count) {
+                let tag = b.tag();
+                assert!(tag.starts_with(&format!("ev:99:b{}.", b.index)), "{tag}");
+                let range = u32::from(slot(tag.as_bytes())) * u32::from(count) / SLOTS;
+                assert_eq!(range, u32::from(b.index), "{tag}");
+            }
+        }
+        let mut per_bucket = [0u32; 3];
+        for user in 1..=30_000u64 {
+            let b = Bucket::of_buyer(5, 3, UserId(user));
+            per_bucket[usize::from(b.index)] += 1;
+            assert_eq!(b, Bucket::of_buyer(5, 3, UserId(user)));
+        }
+        for n in per_bucket {
+            assert!((9_000..=11_000).contains(&n), "{per_bucket:?}");
+        }
+        // Users of one order shard (same low 6 bits) still spread over the buckets.
+        let mut seen = std::collections::HashSet::new();
+        for user in (0..64u64).map(|i| (i << 6) | 5) {
+            seen.insert(Bucket::of_buyer(5, 3, UserId(user)).index);
+        }
+        assert_eq!(seen.len(), 3);
     }
 
     /// reserve.lua writes the Idempotency-Key field and record these two read.

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod admission;
 pub mod app;
 pub mod auth;
+pub mod buckets;
 pub mod catalog;
 pub mod config;
 pub mod domain;

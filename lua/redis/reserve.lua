@@ -3,11 +3,16 @@
 -- the units (and seats), records the buyer and the request status, queues the
 -- reservation for the order workers, and flags the category sold out at 0.
 --
+-- The keys are one bucket's (docs/scaling.md): an event of one bucket has all its keys
+-- under {ev:<id>}; with more, the buyer's bucket, whose stock the core refills.
+--
 -- KEYS[1] meta     hash   status, sale_start_ms, sale_end_ms, per_user_limit, epoch,
---                         seq (the admissions' number: grows with each; a rebuild sets it
---                         from MySQL's largest stock_log.seq)
+--                         buckets (B, absent = 1), seq (the admissions' number: grows by
+--                         B with each, so bucket k's are ≡ k mod B; a rebuild sets it
+--                         from MySQL's largest stock_log.seq of the bucket)
 -- KEYS[2] stock    hash   category id → units available
--- KEYS[3] soldout  hash   category id → 1 once stock reached 0
+-- KEYS[3] soldout  hash   category id → 1 once stock reached 0 (with one bucket the
+--                         edge's flag; with more, the bucket's own)
 -- KEYS[4] held     hash   user id → units the user holds in this event
 -- KEYS[5] idem     hash   "<user>:<key>" → "<request id>|<fingerprint>|<seats>"
 -- KEYS[6] status   hash   user id → "QUEUED:<request id>"
@@ -38,6 +43,8 @@
 --   -7 UNKNOWN_SEAT      a chosen seat is not in the category
 --   -8 KEY_REUSED        the Idempotency-Key was used for a different request
 --   -9 SALE_BUSY         the order workers are this far behind: try again shortly
+--  -10 REFILL            (B > 1) the bucket has fewer units than asked for: the core
+--                        moves units into it, or finds the category sold out
 local rcall = redis.call
 local tonumber, concat, unpack = tonumber, table.concat, unpack
 
@@ -58,7 +65,7 @@ if seen then
 end
 
 -- 2. The sale must be open now.
-local meta = rcall('HMGET', KEYS[1], 'status', 'sale_start_ms', 'sale_end_ms', 'per_user_limit', 'epoch')
+local meta = rcall('HMGET', KEYS[1], 'status', 'sale_start_ms', 'sale_end_ms', 'per_user_limit', 'epoch', 'buckets')
 if not meta[1] then return {-1, '', ''} end
 if meta[1] ~= 'open' or now < tonumber(meta[2]) or now >= tonumber(meta[3]) then
   return {-2, '', ''}
@@ -70,7 +77,11 @@ if rcall('XLEN', KEYS[7]) >= max_depth then return {-9, '', ''} end
 -- 4. Stock, then the user's limit across everything held in this event.
 local stock = rcall('HGET', KEYS[2], cid)
 if not stock then return {-6, '', ''} end
-if tonumber(stock) < qty then return {-3, '', ''} end
+local buckets = tonumber(meta[6] or '1')
+if tonumber(stock) < qty then
+  if buckets > 1 then return {-10, '', ''} end
+  return {-3, '', ''}
+end
 local held = tonumber(rcall('HGET', KEYS[4], user) or '0')
 if held + qty > tonumber(meta[4]) then return {-4, '', ''} end
 
@@ -144,7 +155,7 @@ if rcall('HINCRBY', KEYS[2], cid, -qty) == 0 then rcall('HSET', KEYS[3], cid, 1)
 rcall('HINCRBY', KEYS[4], user, qty)
 rcall('HSET', KEYS[5], idem_field, rid .. '|' .. fingerprint .. '|' .. seat_list)
 rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)
-local seq = rcall('HINCRBY', KEYS[1], 'seq', 1)
+local seq = rcall('HINCRBY', KEYS[1], 'seq', buckets)
 rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now,
   'e', meta[5] or '0', 'n', seq)
 return {1, rid, seat_list}

@@ -6,7 +6,7 @@ use mysql_async::prelude::*;
 use rand::Rng;
 use serde_json::Value;
 use stampede_core::config::RedisSettings;
-use stampede_core::keys::Keys;
+use stampede_core::keys::{Bucket, Keys};
 use stampede_core::{App, Settings, Stopper, TestFaults};
 
 use crate::admin::AdminClient;
@@ -184,14 +184,19 @@ impl TestApp {
             .unwrap_or_default()
     }
 
-    /// Units Redis still has for a category.
+    /// Units Redis still has for a category (of an event of one bucket).
     pub async fn stock(&self, event_id: u64, category_id: u64) -> i64 {
-        stock_in(&self.redis, self.keys().stock(event_id), category_id).await
+        stock_in(
+            &self.redis,
+            self.keys().stock(Bucket::only(event_id)),
+            category_id,
+        )
+        .await
     }
 
     /// Reservations in the event's stream, not yet settled.
     pub async fn stream_len(&self, event_id: u64) -> u64 {
-        let key = self.keys().order_stream(event_id);
+        let key = self.keys().order_stream(Bucket::only(event_id));
         redis::AsyncCommands::xlen(&mut self.redis.clone(), key)
             .await
             .unwrap()

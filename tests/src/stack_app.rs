@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use stampede_core::Settings;
-use stampede_core::keys::Keys;
+use stampede_core::keys::{Bucket, Keys};
 
 use crate::admin::AdminClient;
 use crate::app::stock_in;
@@ -52,9 +52,14 @@ impl StackApp {
         Keys::new(&Settings::defaults().redis.key_prefix)
     }
 
-    /// Units Redis still has for a category.
+    /// Units Redis still has for a category (of an event of one bucket).
     pub async fn stock(&self, event_id: u64, category_id: u64) -> i64 {
-        stock_in(&self.redis, self.keys().stock(event_id), category_id).await
+        stock_in(
+            &self.redis,
+            self.keys().stock(Bucket::only(event_id)),
+            category_id,
+        )
+        .await
     }
 
     /// A purchase through the edge.

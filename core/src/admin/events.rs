@@ -4,7 +4,6 @@ use http::StatusCode;
 use serde_json::json;
 
 use crate::catalog::{self, EventRecord, EventStatus};
-use crate::domain::EventId;
 use crate::domain::event::{EventRequest, NewEvent};
 use crate::http::{ApiError, Request, Response, json, read_json};
 use crate::preload::{PreloadError, PreloadReport};
@@ -84,7 +83,7 @@ pub async fn reopen(state: &AppState, id: u64) -> Result<Response, ApiError> {
         EventStatus::Published,
     )
     .await?;
-    if state.preloader.is_loaded(EventId(id)).await? {
+    if state.preloader.is_loaded(&event).await? {
         state.preloader.set_sale_status(&event).await?;
     } else {
         preload(state, &event).await?;

@@ -57,6 +57,8 @@ pub struct Purchase {
     pub user_id: u64,
     pub quantity: u32,
     pub seats: Seats,
+    /// The buyer's Redis bucket of the event (the event's only one for most events).
+    pub bucket: crate::keys::Bucket,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,16 +120,9 @@ impl Admission {
             tracing::warn!("order-number lease not renewed in time; admission paused");
             return Err(Refusal::Busy.into());
         };
-        let outcome = reserve::reserve(
-            &mut self.redis.clone(),
-            &self.keys,
-            &purchase,
-            request_id,
-            idempotency_key,
-            Utc::now().timestamp_millis(),
-            self.max_stream_depth,
-        )
-        .await?;
+        let outcome = self
+            .reserve_refilling(&purchase, request_id, idempotency_key)
+            .await?;
         let reserved = match outcome {
             // Not a repeat of an admitted key: the answer the window gives.
             Err(_) if window_closed => return Err(Refusal::NotOpen.into()),
@@ -140,7 +135,7 @@ impl Admission {
         if let Some(replicas) = &self.replicas {
             let confirmed = replicas
                 .confirm(
-                    EventId(event_id),
+                    purchase.bucket,
                     UserId(user_id),
                     idempotency_key,
                     reserved.request_id,
@@ -161,6 +156,55 @@ impl Admission {
         Ok(reserved)
     }
 }
+
+impl Admission {
+    /// reserve.lua, and for an event of several buckets the refill of a bucket that ran
+    /// dry (docs/scaling.md): at most [`REFILLS`] refills, then SALE_BUSY.
+    async fn reserve_refilling(
+        &self,
+        purchase: &Purchase,
+        request_id: crate::domain::OrderNo,
+        idempotency_key: &str,
+    ) -> anyhow::Result<Result<Reserved, Refusal>> {
+        let mut redis = self.redis.clone();
+        for _ in 0..=REFILLS {
+            let outcome = reserve::reserve(
+                &mut redis,
+                &self.keys,
+                purchase,
+                request_id,
+                idempotency_key,
+                Utc::now().timestamp_millis(),
+                self.max_stream_depth,
+            )
+            .await?;
+            let reserve::Outcome::Refill = outcome else {
+                return Ok(outcome.into_result());
+            };
+            let mover = crate::buckets::Mover {
+                redis: redis.clone(),
+                keys: self.keys.clone(),
+            };
+            let refill = mover
+                .refill(
+                    purchase.bucket,
+                    crate::domain::CategoryId(purchase.category_id),
+                    purchase.quantity,
+                )
+                .await?;
+            match refill {
+                crate::buckets::Refill::Retry => {}
+                crate::buckets::Refill::SoldOut => return Ok(Err(Refusal::SoldOut)),
+                crate::buckets::Refill::Busy => return Ok(Err(Refusal::Busy)),
+            }
+        }
+        Ok(Err(Refusal::Busy))
+    }
+}
+
+/// Refills one purchase may cause before it is answered SALE_BUSY (others' purchases
+/// took the units moved in for it each time).
+const REFILLS: usize = 4;
 
 /// A refusal for the buyer, or an infrastructure failure.
 #[derive(Debug, thiserror::Error)]

@@ -20,9 +20,9 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 
 use crate::config::RedisSettings;
-use crate::domain::{EventId, OrderNo, UserId};
+use crate::domain::{OrderNo, UserId};
 use crate::infra::redis::Redis;
-use crate::keys::{self, Keys};
+use crate::keys::{self, Bucket, Keys};
 
 /// What the replicas confirmed for one admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct ReplicaBarrier {
     keys: Keys,
     replicas: u32,
     timeout: Duration,
-    events: Mutex<HashMap<EventId, Arc<EventRounds>>>,
+    events: Mutex<HashMap<Bucket, Arc<EventRounds>>>,
     /// When the last "fewer replicas" warning was logged (ms since the epoch).
     warned_ms: AtomicU64,
 }
@@ -93,17 +93,18 @@ impl ReplicaBarrier {
     }
 
     /// Waits until a round that began after this admission (request `rid` of `user` with
-    /// `idempotency_key`) has reached the replicas.
+    /// `idempotency_key`, in `bucket`) has reached the replicas (rounds are per bucket: the
+    /// bucket is the slot, so the master, its admission reached).
     pub async fn confirm(
         &self,
-        event_id: EventId,
+        bucket: Bucket,
         user: UserId,
         idempotency_key: &str,
         rid: OrderNo,
     ) -> anyhow::Result<Replicated> {
         let event = {
             let mut events = self.events.lock().expect("barrier map");
-            events.entry(event_id).or_default().clone()
+            events.entry(bucket).or_default().clone()
         };
         let ticket = {
             let mut waiting = event.waiting.lock().expect("barrier queue");
@@ -133,9 +134,9 @@ impl ReplicaBarrier {
                 .await?;
             let fields: Vec<&str> = batch.iter().map(|(_, f, _)| f.as_str()).collect();
             let (_, records, acks): (u64, Vec<Option<String>>, u32) = redis::pipe()
-                .incr(self.keys.replication_barrier(event_id), 1)
+                .incr(self.keys.replication_barrier(bucket), 1)
                 .cmd("HMGET")
-                .arg(self.keys.idempotency(event_id))
+                .arg(self.keys.idempotency(bucket))
                 .arg(&fields)
                 .cmd("WAIT")
                 .arg(self.replicas)

@@ -26,6 +26,7 @@ pub enum ReserveCode {
     UnknownSeat = -7,
     KeyReused = -8,
     SaleBusy = -9,
+    Refill = -10,
 }
 
 impl crate::script_codes::ScriptCode for ReserveCode {
@@ -42,6 +43,7 @@ impl crate::script_codes::ScriptCode for ReserveCode {
         ReserveCode::UnknownSeat,
         ReserveCode::KeyReused,
         ReserveCode::SaleBusy,
+        ReserveCode::Refill,
     ];
 
     fn code(self) -> i64 {
@@ -50,10 +52,11 @@ impl crate::script_codes::ScriptCode for ReserveCode {
 }
 
 impl ReserveCode {
-    /// The buyer's answer for a refusing code; None for the two admitting ones.
+    /// The buyer's answer for a refusing code; None for the two admitting ones and for
+    /// REFILL (the core refills the bucket and tries again).
     pub fn refusal(self) -> Option<Refusal> {
         Some(match self {
-            ReserveCode::Queued | ReserveCode::Replayed => return None,
+            ReserveCode::Queued | ReserveCode::Replayed | ReserveCode::Refill => return None,
             // Validation found the event on sale and the category in it: keys missing in
             // Redis mean they were lost and are being rebuilt.
             ReserveCode::NotLoaded | ReserveCode::UnknownCategory => Refusal::Loading,
@@ -79,7 +82,28 @@ pub struct Reserved {
     pub seats: Vec<String>,
 }
 
-/// Runs the script; Ok(Err(refusal)) for a buyer's answer, Err for Redis trouble.
+/// What the script answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Reserved(Reserved),
+    Refused(Refusal),
+    /// The buyer's bucket has fewer units than asked for (events of several buckets).
+    Refill,
+}
+
+impl Outcome {
+    /// The buyer's answer; REFILL, which the core acts on before answering, as
+    /// SOLD_OUT.
+    pub fn into_result(self) -> Result<Reserved, Refusal> {
+        match self {
+            Outcome::Reserved(r) => Ok(r),
+            Outcome::Refused(refusal) => Err(refusal),
+            Outcome::Refill => Err(Refusal::SoldOut),
+        }
+    }
+}
+
+/// Runs the script on the buyer's bucket; Err for Redis trouble.
 pub async fn reserve(
     redis: &mut Redis,
     keys: &Keys,
@@ -88,7 +112,7 @@ pub async fn reserve(
     idempotency_key: &str,
     now_ms: i64,
     max_stream_depth: u64,
-) -> anyhow::Result<Result<Reserved, Refusal>> {
+) -> anyhow::Result<Outcome> {
     let (mode, cols, chosen): (&str, u32, Vec<String>) = match &p.seats {
         Seats::None => ("none", 0, Vec::new()),
         Seats::Best { cols } => ("auto", *cols, Vec::new()),
@@ -98,17 +122,17 @@ pub async fn reserve(
             seats.iter().map(|(r, c)| format!("{r}:{c}")).collect(),
         ),
     };
-    let e = p.event_id;
+    let b = p.bucket;
     let (code, rid, seats): (i64, String, String) = RESERVE
-        .key(keys.event_meta(e))
-        .key(keys.stock(e))
-        .key(keys.sold_out(e))
-        .key(keys.held(e))
-        .key(keys.idempotency(e))
-        .key(keys.purchase_status(e))
-        .key(keys.order_stream(e))
-        .key(keys.seats(e, p.category_id))
-        .key(keys.row_free(e, p.category_id))
+        .key(keys.meta(b))
+        .key(keys.stock(b))
+        .key(keys.dry(b))
+        .key(keys.held(b))
+        .key(keys.idempotency(b))
+        .key(keys.purchase_status(b))
+        .key(keys.order_stream(b))
+        .key(keys.seats(b, p.category_id))
+        .key(keys.row_free(b, p.category_id))
         .arg(p.category_id)
         .arg(p.user_id)
         .arg(p.quantity)
@@ -122,10 +146,13 @@ pub async fn reserve(
         .invoke_async(redis)
         .await?;
     let code = ReserveCode::from_code(code)?;
-    if let Some(refusal) = code.refusal() {
-        return Ok(Err(refusal));
+    if code == ReserveCode::Refill {
+        return Ok(Outcome::Refill);
     }
-    Ok(Ok(Reserved {
+    if let Some(refusal) = code.refusal() {
+        return Ok(Outcome::Refused(refusal));
+    }
+    Ok(Outcome::Reserved(Reserved {
         request_id: OrderNo(rid.parse()?),
         replayed: code == ReserveCode::Replayed,
         seats: if seats.is_empty() {
@@ -146,7 +173,10 @@ mod tests {
             "../../../lua/redis/reserve.lua"
         ));
         for &code in <ReserveCode as ScriptCode>::ALL {
-            let admits = matches!(code, ReserveCode::Queued | ReserveCode::Replayed);
+            let admits = matches!(
+                code,
+                ReserveCode::Queued | ReserveCode::Replayed | ReserveCode::Refill
+            );
             assert_eq!(code.refusal().is_none(), admits, "{code:?}");
         }
     }

@@ -51,9 +51,14 @@ impl Admission {
         event_id: EventId,
         user_id: UserId,
     ) -> anyhow::Result<Option<PurchaseStatus>> {
+        let buckets = match self.events.get(event_id.0).await? {
+            Some(event) => event.buckets,
+            None => 1,
+        };
+        let bucket = crate::keys::Bucket::of_buyer(event_id, buckets, user_id);
         let mut redis = self.redis.clone();
         let value: Option<String> = redis::cmd("HGET")
-            .arg(self.keys.purchase_status(event_id))
+            .arg(self.keys.purchase_status(bucket))
             .arg(user_id)
             .query_async(&mut redis)
             .await?;

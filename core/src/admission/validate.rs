@@ -106,6 +106,7 @@ fn checked(
         user_id,
         quantity,
         seats,
+        bucket: crate::keys::Bucket::of_buyer(event.id, event.buckets, UserId(user_id)),
     })
 }
 
@@ -199,6 +200,7 @@ mod tests {
             sale_end: t("2030-01-01T12:00:00Z"),
             per_user_limit: 4,
             pay_timeout_s: 60,
+            buckets: 1,
             status: EventStatus::Published,
             categories: vec![
                 CategoryRecord {

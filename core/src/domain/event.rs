@@ -9,6 +9,8 @@ pub const MAX_CATEGORIES: usize = 64;
 pub const MAX_SEAT_SIDE: u32 = 1_000;
 pub const MAX_SEATS_PER_CATEGORY: u32 = 100_000;
 pub const MAX_UNITS_PER_CATEGORY: u32 = 10_000_000;
+/// Most Redis buckets one event's stock may be split over (docs/scaling.md).
+pub const MAX_BUCKETS: u32 = 16;
 
 /// `POST /admin/events` as received.
 #[derive(Debug, Deserialize)]
@@ -21,6 +23,8 @@ pub struct EventRequest {
     pub sale_end: String,
     pub per_user_limit: i64,
     pub pay_timeout_s: i64,
+    /// Redis buckets the stock is split over (1 when absent: one hash tag).
+    pub buckets: Option<i64>,
     pub categories: Vec<CategoryRequest>,
 }
 
@@ -50,6 +54,7 @@ pub struct NewEvent {
     pub sale_end: DateTime<Utc>,
     pub per_user_limit: u32,
     pub pay_timeout_s: u32,
+    pub buckets: u32,
     pub categories: Vec<NewCategory>,
 }
 
@@ -90,6 +95,7 @@ impl TryFrom<EventRequest> for NewEvent {
         }
         let per_user_limit = within("per_user_limit", r.per_user_limit, 1, 1_000)?;
         let pay_timeout_s = within("pay_timeout_s", r.pay_timeout_s, 1, 86_400)?;
+        let buckets = within("buckets", r.buckets.unwrap_or(1), 1, MAX_BUCKETS.into())?;
         if r.categories.is_empty() {
             return Err("an event needs at least one category".into());
         }
@@ -144,6 +150,15 @@ impl TryFrom<EventRequest> for NewEvent {
                 stock,
             });
         }
+        if buckets > 1
+            && categories
+                .iter()
+                .any(|c| matches!(c.stock, Stock::Seats { .. }))
+        {
+            return Err(format!(
+                "buckets {buckets} is for events without seated categories (a seated event has 1)"
+            ));
+        }
         Ok(NewEvent {
             title,
             venue,
@@ -152,6 +167,7 @@ impl TryFrom<EventRequest> for NewEvent {
             sale_end,
             per_user_limit,
             pay_timeout_s,
+            buckets,
             categories,
         })
     }
@@ -277,5 +293,35 @@ mod tests {
                 "{out_of_range}"
             );
         }
+    }
+
+    #[test]
+    fn buckets_default_to_one_and_stay_in_range_and_off_seats() {
+        let units = serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 9}]);
+        assert_eq!(
+            NewEvent::try_from(request(units.clone())).unwrap().buckets,
+            1
+        );
+        for (value, ok) in [
+            (1, true),
+            (3, true),
+            (16, true),
+            (0, false),
+            (17, false),
+            (-1, false),
+        ] {
+            let mut r = request(units.clone());
+            r.buckets = Some(value);
+            match NewEvent::try_from(r) {
+                Ok(e) => assert!(ok && e.buckets == value as u32, "{value}"),
+                Err(e) => assert!(!ok && e.contains("buckets"), "{value}: {e}"),
+            }
+        }
+        let mut r = request(serde_json::json!([
+            {"name": "GA", "price_cents": 1, "quantity": 9},
+            {"name": "S", "price_cents": 1, "seats": {"rows": 2, "cols": 2}},
+        ]));
+        r.buckets = Some(2);
+        assert!(NewEvent::try_from(r).unwrap_err().contains("seated"));
     }
 }

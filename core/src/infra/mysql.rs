@@ -56,6 +56,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V13__drop_consumed_message",
         include_str!("../../../sql/V13__drop_consumed_message.sql"),
     ),
+    (
+        "V14__event_buckets",
+        include_str!("../../../sql/V14__event_buckets.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

@@ -15,7 +15,8 @@ use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
 use serde::Serialize;
 
-use crate::domain::{CategoryId, EventId, OrderNo, UserId};
+use crate::domain::{CategoryId, OrderNo, UserId};
+use crate::keys::Bucket;
 use crate::keys::Keys;
 use crate::order_tables::{self, OrderStatus, shard_of_order};
 use restock::GiveBack;
@@ -44,6 +45,9 @@ pub struct OrderView {
     pub pay_deadline: chrono::DateTime<chrono::Utc>,
     /// Seats as `"row:col"`; empty for unseated tickets.
     pub seats: Vec<String>,
+    /// The event's Redis bucket count (its keys' layout), not shown.
+    #[serde(skip)]
+    pub buckets: u16,
 }
 
 impl OrderView {
@@ -52,7 +56,7 @@ impl OrderView {
         GiveBack {
             order_no,
             user_id: UserId(self.user_id),
-            event_id: EventId(self.event_id),
+            bucket: self.bucket(),
             category_id: CategoryId(self.category_id),
             quantity: self.quantity,
             seats: &self.seats,
@@ -60,7 +64,14 @@ impl OrderView {
     }
 }
 
-type OrderRow = (u64, u64, u64, u32, u64, String, NaiveDateTime);
+impl OrderView {
+    /// The buyer's Redis bucket of the order's event.
+    pub fn bucket(&self) -> Bucket {
+        Bucket::of_buyer(self.event_id, self.buckets, UserId(self.user_id))
+    }
+}
+
+type OrderRow = (u64, u64, u64, u32, u64, String, NaiveDateTime, u16);
 
 /// Reads the order (with `FOR UPDATE` when `lock`) and its seats.
 pub(crate) async fn load_in<Q: Queryable>(
@@ -73,15 +84,17 @@ pub(crate) async fn load_in<Q: Queryable>(
     let row: Option<OrderRow> = conn
         .exec_first(
             format!(
-                "SELECT user_id, event_id, category_id, quantity, amount_cents, status, pay_deadline \
-                 FROM {} WHERE order_no = ?{}",
+                "SELECT o.user_id, o.event_id, o.category_id, o.quantity, o.amount_cents, o.status, o.pay_deadline, \
+                 COALESCE((SELECT e.buckets FROM event e WHERE e.id = o.event_id), 1) \
+                 FROM {} o WHERE o.order_no = ?{}",
                 order_tables::orders(n),
                 if lock { " FOR UPDATE" } else { "" }
             ),
             (order_no,),
         )
         .await?;
-    let Some((user_id, event_id, category_id, quantity, amount_cents, status, deadline)) = row
+    let Some((user_id, event_id, category_id, quantity, amount_cents, status, deadline, buckets)) =
+        row
     else {
         return Ok(None);
     };
@@ -104,6 +117,7 @@ pub(crate) async fn load_in<Q: Queryable>(
         status: OrderStatus::parse(&status)?,
         pay_deadline: deadline.and_utc(),
         seats: seats.into_iter().map(|(r, c)| format!("{r}:{c}")).collect(),
+        buckets,
     }))
 }
 

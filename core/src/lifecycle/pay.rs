@@ -250,8 +250,8 @@ async fn apply_once(
 
 async fn sold(redis: &mut Redis, keys: &Keys, o: &OrderView) -> anyhow::Result<Sold> {
     let moved: u64 = SOLD
-        .key(keys.seats(o.event_id, o.category_id))
-        .key(keys.purchase_status(o.event_id))
+        .key(keys.seats(o.bucket(), o.category_id))
+        .key(keys.purchase_status(o.bucket()))
         .arg(&o.order_no)
         .arg(o.user_id)
         .arg(o.seats.join(","))

@@ -5,8 +5,8 @@ use std::sync::LazyLock;
 
 use crate::infra::redis::Redis;
 
-use crate::domain::{CategoryId, EventId, OrderNo, UserId};
-use crate::keys::Keys;
+use crate::domain::{CategoryId, OrderNo, UserId};
+use crate::keys::{Bucket, Keys};
 use crate::script_codes::ScriptCode;
 
 static RESTOCK: LazyLock<redis::Script> =
@@ -32,24 +32,27 @@ impl crate::script_codes::ScriptCode for Restocked {
 pub struct GiveBack<'a> {
     pub order_no: OrderNo,
     pub user_id: UserId,
-    pub event_id: EventId,
+    /// The buyer's bucket of the event, where the units go back.
+    pub bucket: Bucket,
     pub category_id: CategoryId,
     pub quantity: u32,
     /// `"row:col"`, empty for unseated tickets.
     pub seats: &'a [String],
 }
 
-/// Gives a cancelled order's units and seats back in Redis, once.
+/// Gives a cancelled order's units and seats back in Redis, once: into the buyer's
+/// bucket (for an event of several buckets the sweeper then clears the edge's sold-out
+/// flag, within a second, and the next drain finds the units).
 pub async fn restock(redis: &mut Redis, keys: &Keys, o: GiveBack<'_>) -> anyhow::Result<Restocked> {
-    let e = o.event_id;
+    let b = o.bucket;
     let code: i64 = RESTOCK
-        .key(keys.restocked(e))
-        .key(keys.stock(e))
-        .key(keys.sold_out(e))
-        .key(keys.held(e))
-        .key(keys.purchase_status(e))
-        .key(keys.seats(e, o.category_id))
-        .key(keys.row_free(e, o.category_id))
+        .key(keys.restocked(b))
+        .key(keys.stock(b))
+        .key(keys.dry(b))
+        .key(keys.held(b))
+        .key(keys.purchase_status(b))
+        .key(keys.seats(b, o.category_id))
+        .key(keys.row_free(b, o.category_id))
         .arg(o.order_no)
         .arg(o.user_id)
         .arg(o.category_id)

@@ -12,7 +12,8 @@ use super::redis::{self, Dropped};
 use super::reservation::{Batch, Reservation};
 use super::tx::LocalTx;
 use crate::catalog::EventRecord;
-use crate::domain::{EventId, OrderNo};
+use crate::domain::OrderNo;
+use crate::keys::Bucket;
 use crate::messaging::BatchMessage;
 
 /// What a buyer whose reservation a rebuild of the event's keys dropped is told.
@@ -24,7 +25,7 @@ impl Pipeline {
     /// Redis, and returns the others, with the stale ones too while it is not yet.
     pub(super) async fn drop_stale(
         &self,
-        event_id: EventId,
+        bucket: Bucket,
         reservations: Vec<Reservation>,
         stale: &[OrderNo],
     ) -> (Vec<Reservation>, Dropped) {
@@ -37,7 +38,7 @@ impl Pipeline {
         let outcome = redis::drop_stale(
             &mut self.redis.clone(),
             &self.keys,
-            event_id,
+            bucket,
             &dropped,
             STALE_REASON,
         )
@@ -45,7 +46,7 @@ impl Pipeline {
         match outcome {
             Ok(Dropped::Dropped) => {
                 tracing::warn!(
-                    %event_id,
+                    event_id = %bucket.event,
                     dropped = dropped.len(),
                     "dropped reservations taken before the event's keys were rebuilt from MySQL"
                 );
@@ -71,7 +72,7 @@ impl Pipeline {
     /// while it is down, overdue reservations wait with the rest.
     pub(super) async fn expire_overdue(
         &self,
-        event_id: EventId,
+        bucket: Bucket,
         reservations: Vec<Reservation>,
     ) -> Vec<Reservation> {
         let cutoff =
@@ -81,15 +82,15 @@ impl Pipeline {
             .partition(|r| r.admitted_ms < cutoff);
         let reason = format!("not persisted within {} s", self.settings.deadline_s);
         for r in overdue {
-            match persist::expire(&self.mysql, self.shards, event_id, &r).await {
+            match persist::expire(&self.mysql, self.shards, bucket.event, &r).await {
                 Ok(persist::Expiry::Created) => keep.push(r),
                 Ok(persist::Expiry::Stale) => {
                     let order_no = r.order_no;
-                    keep.extend(self.drop_stale(event_id, vec![r], &[order_no]).await.0);
+                    keep.extend(self.drop_stale(bucket, vec![r], &[order_no]).await.0);
                 }
                 Ok(persist::Expiry::Expired) => {
                     // Expired in MySQL already; a retry releases it (release is idempotent).
-                    if !self.release(event_id, &r, &reason).await {
+                    if !self.release(bucket, &r, &reason).await {
                         keep.push(r);
                     }
                 }
@@ -100,8 +101,8 @@ impl Pipeline {
     }
 
     /// Gives the reservation back in Redis with `reason`; false if Redis did not answer.
-    async fn release(&self, event_id: EventId, r: &Reservation, reason: &str) -> bool {
-        match redis::release(&mut self.redis.clone(), &self.keys, event_id, r, reason).await {
+    async fn release(&self, bucket: Bucket, r: &Reservation, reason: &str) -> bool {
+        match redis::release(&mut self.redis.clone(), &self.keys, bucket, r, reason).await {
             Ok(_) => {
                 self.released.inc();
                 tracing::warn!(order_no = %r.order_no, reason, "reservation released");
@@ -118,9 +119,10 @@ impl Pipeline {
     pub(super) async fn create(
         &self,
         event: &Arc<EventRecord>,
+        bucket: Bucket,
         reservations: &[Reservation],
     ) -> Result<(), PersistError> {
-        let event_id = EventId(event.id);
+        let event_id = bucket.event;
         let first = reservations[0].order_no;
         let batch = Arc::new(Batch {
             event_id,
@@ -176,13 +178,13 @@ impl Pipeline {
         };
         let (refused, made): (Vec<Reservation>, Vec<Reservation>) =
             reservations.iter().cloned().partition(turned_away);
-        self.turn_away(event_id, &created, &refused).await;
+        self.turn_away(bucket, &created, &refused).await;
         if made.is_empty() {
             return Ok(());
         }
         self.orders_created.inc_by(made.len() as u64);
         let mut redis = self.redis.clone();
-        if let Err(e) = redis::settle(&mut redis, &self.keys, event_id, &made).await {
+        if let Err(e) = redis::settle(&mut redis, &self.keys, bucket, &made).await {
             // The orders exist; the entries stay pending and a replay settles them.
             tracing::warn!(
                 error = format!("{e:#}"),
@@ -207,7 +209,7 @@ impl Pipeline {
     /// turned away are refused in Redis (FAILED, nothing given back, the stock capped at
     /// what MySQL has left when sold out), those expired before are given back. A
     /// failure here leaves the entry pending; the replay decides the same way.
-    async fn turn_away(&self, event_id: EventId, created: &Created, refused: &[Reservation]) {
+    async fn turn_away(&self, bucket: Bucket, created: &Created, refused: &[Reservation]) {
         for r in refused {
             let done = match created.declined.iter().find(|(no, _)| *no == r.order_no) {
                 Some((_, why)) => {
@@ -218,7 +220,7 @@ impl Pipeline {
                     redis::refuse(
                         &mut self.redis.clone(),
                         &self.keys,
-                        event_id,
+                        bucket,
                         r,
                         why.reason(),
                         cap,
@@ -228,7 +230,7 @@ impl Pipeline {
                 }
                 None => {
                     let reason = format!("not persisted within {} s", self.settings.deadline_s);
-                    self.release(event_id, r, &reason).await;
+                    self.release(bucket, r, &reason).await;
                     Ok(())
                 }
             };
@@ -240,15 +242,15 @@ impl Pipeline {
 
     /// Redis went back in time: fences the event for a rebuild from MySQL (whose new
     /// epoch makes the reservations queued meanwhile stale).
-    pub(super) async fn fence(&self, event_id: EventId, seq: u64) {
+    pub(super) async fn fence(&self, bucket: Bucket, seq: u64) {
         tracing::error!(
-            %event_id,
+            event_id = %bucket.event,
             seq,
             "ALARM: Redis handed out an admission number an order has already: it went back in time; fencing the event for a rebuild from MySQL"
         );
         self.rewinds.inc();
-        if let Err(e) = self.preloader.fence(event_id).await {
-            tracing::warn!(%event_id, error = format!("{e:#}"), "cannot fence the event; will retry");
+        if let Err(e) = self.preloader.fence(bucket.event, bucket.count).await {
+            tracing::warn!(event_id = %bucket.event, error = format!("{e:#}"), "cannot fence the event; will retry");
         }
     }
 
@@ -256,28 +258,29 @@ impl Pipeline {
     /// Returns the reservations still to retry (MySQL unavailable meanwhile).
     pub(super) async fn create_one_by_one(
         &self,
-        event_id: EventId,
+        bucket: Bucket,
         reservations: Vec<Reservation>,
     ) -> Vec<Reservation> {
         let mut retry = Vec::new();
-        let event = match self.events.get(event_id.0).await {
+        let event = match self.events.get(bucket.event.0).await {
             Ok(Some(event)) => Some(event),
             _ => None,
         };
         for r in reservations {
             let outcome = match &event {
-                Some(event) => self.create(event, std::slice::from_ref(&r)).await,
+                Some(event) => self.create(event, bucket, std::slice::from_ref(&r)).await,
                 None => Err(PersistError::Rejected(format!(
-                    "event {event_id} is not in MySQL"
+                    "event {} is not in MySQL",
+                    bucket.event
                 ))),
             };
             match outcome {
                 Ok(()) => {}
                 Err(PersistError::Stale(stale)) => {
-                    retry.extend(self.drop_stale(event_id, vec![r], &stale).await.0);
+                    retry.extend(self.drop_stale(bucket, vec![r], &stale).await.0);
                 }
                 Err(PersistError::Rewound(seq)) => {
-                    self.fence(event_id, seq).await;
+                    self.fence(bucket, seq).await;
                     retry.push(r);
                 }
                 Err(PersistError::Rejected(why)) => {
@@ -287,7 +290,7 @@ impl Pipeline {
                         "order refused by MySQL; releasing its reservation"
                     );
                     if !self
-                        .release(event_id, &r, "the order could not be created")
+                        .release(bucket, &r, "the order could not be created")
                         .await
                     {
                         retry.push(r);

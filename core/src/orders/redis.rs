@@ -10,8 +10,8 @@ use redis::streams::{
 };
 
 use super::reservation::Reservation;
-use crate::domain::EventId;
-use crate::keys::Keys;
+
+use crate::keys::{Bucket, Keys};
 use crate::script_codes::ScriptCode;
 
 /// The consumer group every core instance's workers share.
@@ -48,14 +48,14 @@ impl crate::script_codes::ScriptCode for Dropped {
 pub async fn drop_stale(
     redis: &mut Redis,
     keys: &Keys,
-    event_id: EventId,
+    bucket: Bucket,
     stale: &[Reservation],
     reason: &str,
 ) -> anyhow::Result<Dropped> {
     let newest = stale.iter().map(|r| r.epoch).max().unwrap_or(0);
-    let mut call = DROP_STALE.key(keys.order_stream(event_id));
-    call.key(keys.purchase_status(event_id))
-        .key(keys.event_meta(event_id))
+    let mut call = DROP_STALE.key(keys.order_stream(bucket));
+    call.key(keys.purchase_status(bucket))
+        .key(keys.meta(bucket))
         .arg(GROUP)
         .arg(reason)
         .arg(newest);
@@ -105,11 +105,11 @@ impl crate::script_codes::ScriptCode for Released {
 pub async fn ensure_group(
     redis: &mut Redis,
     keys: &Keys,
-    event_id: EventId,
+    bucket: Bucket,
 ) -> redis::RedisResult<()> {
     let created: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
-        .arg(keys.order_stream(event_id))
+        .arg(keys.order_stream(bucket))
         .arg(GROUP)
         .arg("0")
         .arg("MKSTREAM")
@@ -136,7 +136,7 @@ pub enum Entries {
 pub async fn read(
     redis: &mut Redis,
     keys: &Keys,
-    event_id: EventId,
+    bucket: Bucket,
     consumer: &str,
     count: usize,
     which: Entries,
@@ -149,7 +149,7 @@ pub async fn read(
         .group(GROUP, consumer)
         .count(count);
     let reply: Option<StreamReadReply> =
-        redis::AsyncCommands::xread_options(redis, &[keys.order_stream(event_id)], &[from], &opts)
+        redis::AsyncCommands::xread_options(redis, &[keys.order_stream(bucket)], &[from], &opts)
             .await?;
     Ok(reply
         .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
@@ -160,14 +160,14 @@ pub async fn read(
 pub async fn claim_stale(
     redis: &mut Redis,
     keys: &Keys,
-    event_id: EventId,
+    bucket: Bucket,
     consumer: &str,
     idle: Duration,
     count: usize,
 ) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
     let reply: StreamAutoClaimReply = redis::AsyncCommands::xautoclaim_options(
         redis,
-        keys.order_stream(event_id),
+        keys.order_stream(bucket),
         GROUP,
         consumer,
         idle.as_millis() as u64,
@@ -182,11 +182,11 @@ pub async fn claim_stale(
 pub async fn settle(
     redis: &mut Redis,
     keys: &Keys,
-    event_id: EventId,
+    bucket: Bucket,
     reservations: &[Reservation],
 ) -> anyhow::Result<Settled> {
-    let mut call = SETTLE.key(keys.order_stream(event_id));
-    call.key(keys.purchase_status(event_id)).arg(GROUP);
+    let mut call = SETTLE.key(keys.order_stream(bucket));
+    call.key(keys.purchase_status(bucket)).arg(GROUP);
     for r in reservations {
         call.arg(&r.entry_id).arg(r.user_id).arg(r.order_no);
     }
@@ -198,13 +198,13 @@ pub async fn settle(
 pub async fn drop_entries(
     redis: &mut Redis,
     keys: &Keys,
-    event_id: EventId,
+    bucket: Bucket,
     entry_ids: &[&str],
 ) -> anyhow::Result<()> {
     if entry_ids.is_empty() {
         return Ok(());
     }
-    let stream = keys.order_stream(event_id);
+    let stream = keys.order_stream(bucket);
     ::redis::pipe()
         .xack(&stream, GROUP, entry_ids)
         .ignore()
@@ -219,18 +219,18 @@ pub async fn drop_entries(
 pub async fn release(
     redis: &mut Redis,
     keys: &Keys,
-    event_id: EventId,
+    bucket: Bucket,
     r: &Reservation,
     reason: &str,
 ) -> anyhow::Result<Released> {
     let code: i64 = RELEASE
-        .key(keys.order_stream(event_id))
-        .key(keys.purchase_status(event_id))
-        .key(keys.stock(event_id))
-        .key(keys.sold_out(event_id))
-        .key(keys.held(event_id))
-        .key(keys.seats(event_id, r.category_id))
-        .key(keys.row_free(event_id, r.category_id))
+        .key(keys.order_stream(bucket))
+        .key(keys.purchase_status(bucket))
+        .key(keys.stock(bucket))
+        .key(keys.dry(bucket))
+        .key(keys.held(bucket))
+        .key(keys.seats(bucket, r.category_id))
+        .key(keys.row_free(bucket, r.category_id))
         .arg(GROUP)
         .arg(&r.entry_id)
         .arg(r.order_no)
@@ -249,16 +249,16 @@ pub async fn release(
 pub async fn refuse(
     redis: &mut Redis,
     keys: &Keys,
-    event_id: EventId,
+    bucket: Bucket,
     r: &Reservation,
     reason: &str,
     cap: Option<i64>,
 ) -> anyhow::Result<Refused> {
     let code: i64 = REFUSE
-        .key(keys.order_stream(event_id))
-        .key(keys.purchase_status(event_id))
-        .key(keys.stock(event_id))
-        .key(keys.sold_out(event_id))
+        .key(keys.order_stream(bucket))
+        .key(keys.purchase_status(bucket))
+        .key(keys.stock(bucket))
+        .key(keys.dry(bucket))
         .arg(GROUP)
         .arg(&r.entry_id)
         .arg(r.order_no)

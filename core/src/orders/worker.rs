@@ -13,27 +13,37 @@ use super::redis::{self, Dropped};
 use super::reservation::Reservation;
 use crate::domain::EventId;
 use crate::infra::backoff;
+use crate::keys::Bucket;
 use crate::shutdown::Shutdown;
 
 /// The longest a worker waits between retries of a batch MySQL did not take.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 impl Pipeline {
-    /// Every event that has a sale (open or not: a closed sale may still hold work).
-    async fn events_with_sales(&self) -> anyhow::Result<Vec<EventId>> {
+    /// Every bucket of every event that has a sale (open or not: a closed sale may
+    /// still hold work); each bucket has its stream.
+    async fn events_with_sales(&self) -> anyhow::Result<Vec<Bucket>> {
         let ids: Vec<u64> = ::redis::cmd("HKEYS")
             .arg(self.keys.sales_index())
             .query_async(&mut self.redis.clone())
             .await?;
-        Ok(ids.into_iter().map(EventId).collect())
+        let mut buckets = Vec::new();
+        for id in ids {
+            let count = match self.events.get(id).await? {
+                Some(event) => event.buckets,
+                None => 1,
+            };
+            buckets.extend(Bucket::all(EventId(id), count));
+        }
+        Ok(buckets)
     }
 
     /// One worker: until `stop`, reads batches from every event's stream and creates them.
     pub async fn run_worker(self: Arc<Self>, index: usize, mut stop: Shutdown) {
         let consumer = format!("{}-{index}", self.instance);
         let mut redis = self.redis.clone();
-        let mut grouped: HashSet<EventId> = HashSet::new();
-        let mut events: Vec<EventId> = Vec::new();
+        let mut grouped: HashSet<Bucket> = HashSet::new();
+        let mut events: Vec<Bucket> = Vec::new();
         let mut events_read = Instant::now() - Duration::from_secs(60);
         let mut claimed = Instant::now();
         let claim_idle = Duration::from_millis(self.settings.claim_idle_ms);
@@ -61,14 +71,14 @@ impl Pipeline {
                 claimed = Instant::now();
             }
             let mut busy = false;
-            for &event_id in &events {
-                if !grouped.contains(&event_id) {
-                    match redis::ensure_group(&mut redis, &self.keys, event_id).await {
+            for &bucket in &events {
+                if !grouped.contains(&bucket) {
+                    match redis::ensure_group(&mut redis, &self.keys, bucket).await {
                         Ok(()) => {
-                            grouped.insert(event_id);
+                            grouped.insert(bucket);
                         }
                         Err(e) => {
-                            tracing::warn!(%event_id, error = %e, "cannot create the consumer group");
+                            tracing::warn!(event_id = %bucket.event, error = %e, "cannot create the consumer group");
                             own_pending = true;
                             continue;
                         }
@@ -79,7 +89,7 @@ impl Pipeline {
                     match redis::read(
                         &mut redis,
                         &self.keys,
-                        event_id,
+                        bucket,
                         &consumer,
                         self.settings.batch_size,
                         redis::Entries::OwnPending,
@@ -88,7 +98,7 @@ impl Pipeline {
                     {
                         Ok(found) if !found.is_empty() => {
                             tracing::warn!(
-                                %event_id,
+                                event_id = %bucket.event,
                                 entries = found.len(),
                                 "resuming reservations this worker had not finished"
                             );
@@ -100,7 +110,7 @@ impl Pipeline {
                         Err(e) => {
                             own_pending = true;
                             if e.code() != Some("NOGROUP") {
-                                tracing::warn!(%event_id, error = %e, "reading this worker's pending entries failed");
+                                tracing::warn!(event_id = %bucket.event, error = %e, "reading this worker's pending entries failed");
                             }
                         }
                     }
@@ -109,7 +119,7 @@ impl Pipeline {
                     match redis::claim_stale(
                         &mut redis,
                         &self.keys,
-                        event_id,
+                        bucket,
                         &consumer,
                         claim_idle,
                         self.settings.batch_size,
@@ -118,7 +128,7 @@ impl Pipeline {
                     {
                         Ok(found) if !found.is_empty() => {
                             tracing::warn!(
-                                %event_id,
+                                event_id = %bucket.event,
                                 entries = found.len(),
                                 "took over reservations a stopped worker left"
                             );
@@ -126,7 +136,7 @@ impl Pipeline {
                         }
                         Ok(_) => {}
                         Err(e) => {
-                            tracing::warn!(%event_id, error = %e, "XAUTOCLAIM failed");
+                            tracing::warn!(event_id = %bucket.event, error = %e, "XAUTOCLAIM failed");
                             own_pending = true;
                         }
                     }
@@ -135,7 +145,7 @@ impl Pipeline {
                     match redis::read(
                         &mut redis,
                         &self.keys,
-                        event_id,
+                        bucket,
                         &consumer,
                         self.settings.batch_size,
                         redis::Entries::New,
@@ -145,12 +155,12 @@ impl Pipeline {
                         Ok(found) => entries = found,
                         Err(e) if e.code() == Some("NOGROUP") => {
                             // The stream vanished (Redis lost its data): make it again.
-                            grouped.remove(&event_id);
+                            grouped.remove(&bucket);
                             own_pending = true;
                             continue;
                         }
                         Err(e) => {
-                            tracing::warn!(%event_id, error = %e, "XREADGROUP failed");
+                            tracing::warn!(event_id = %bucket.event, error = %e, "XREADGROUP failed");
                             own_pending = true;
                             continue;
                         }
@@ -160,7 +170,7 @@ impl Pipeline {
                     continue;
                 }
                 busy = true;
-                self.process(event_id, &entries, &mut stop).await;
+                self.process(bucket, &entries, &mut stop).await;
             }
             if !busy {
                 tokio::select! {
@@ -175,7 +185,7 @@ impl Pipeline {
     /// entries then stay pending and another worker takes them over).
     async fn process(
         &self,
-        event_id: EventId,
+        bucket: Bucket,
         entries: &[::redis::streams::StreamId],
         stop: &mut Shutdown,
     ) {
@@ -187,27 +197,27 @@ impl Pipeline {
                 Err(e) => {
                     // Never written by our script: nothing to create or give back.
                     tracing::error!(
-                        %event_id,
+                        event_id = %bucket.event,
                         entry = entry.id,
                         error = format!("{e:#}"),
                         "dropping a malformed reservation"
                     );
-                    let _ =
-                        redis::drop_entries(&mut redis, &self.keys, event_id, &[&entry.id]).await;
+                    let _ = redis::drop_entries(&mut redis, &self.keys, bucket, &[&entry.id]).await;
                 }
             }
         }
         let mut backoff = backoff(Duration::from_millis(100), MAX_BACKOFF).build();
         let mut delay = backoff.next().unwrap_or(MAX_BACKOFF);
         while !reservations.is_empty() {
-            reservations = self.expire_overdue(event_id, reservations).await;
+            reservations = self.expire_overdue(bucket, reservations).await;
             if reservations.is_empty() {
                 return;
             }
-            let outcome = match self.events.get(event_id.0).await {
-                Ok(Some(event)) => self.create(&event, &reservations).await,
+            let outcome = match self.events.get(bucket.event.0).await {
+                Ok(Some(event)) => self.create(&event, bucket, &reservations).await,
                 Ok(None) => Err(PersistError::Rejected(format!(
-                    "event {event_id} is not in MySQL"
+                    "event {} is not in MySQL",
+                    bucket.event
                 ))),
                 Err(e) => Err(PersistError::NotCommitted(format!("{e:#}"))),
             };
@@ -218,7 +228,7 @@ impl Pipeline {
                 }
                 Err(PersistError::Stale(stale)) => {
                     let dropped;
-                    (reservations, dropped) = self.drop_stale(event_id, reservations, &stale).await;
+                    (reservations, dropped) = self.drop_stale(bucket, reservations, &stale).await;
                     if dropped == Dropped::Dropped {
                         continue;
                     }
@@ -226,22 +236,22 @@ impl Pipeline {
                 }
                 Err(PersistError::Rewound(seq)) => {
                     // The rebuild makes these stale; the next attempt drops them.
-                    self.fence(event_id, seq).await;
+                    self.fence(bucket, seq).await;
                 }
                 Err(PersistError::Rejected(why)) => {
                     tracing::warn!(
-                        %event_id,
+                        event_id = %bucket.event,
                         why,
                         "MySQL refused a batch; creating its orders one by one"
                     );
-                    reservations = self.create_one_by_one(event_id, reservations).await;
+                    reservations = self.create_one_by_one(bucket, reservations).await;
                     if reservations.is_empty() {
                         return;
                     }
                 }
                 Err(e) => {
                     self.set_blocked(Some(format!("order creation waits for MySQL: {e}")));
-                    tracing::warn!(%event_id, error = %e, retry_in_ms = delay.as_millis() as u64, "batch not created; retrying");
+                    tracing::warn!(event_id = %bucket.event, error = %e, retry_in_ms = delay.as_millis() as u64, "batch not created; retrying");
                 }
             }
             tokio::select! {

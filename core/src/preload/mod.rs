@@ -18,9 +18,9 @@ use mysql_async::prelude::Queryable;
 use tokio::sync::Notify;
 
 use crate::catalog::{self, EventRecord, EventStatus};
-use crate::domain::EventId;
+use crate::domain::{EventId, UserId};
 use crate::infra::redis::Redis;
-use crate::keys::{Keys, SeatState};
+use crate::keys::{Bucket, Keys, SeatState};
 use crate::lock::{Lock, Owned};
 use crate::shutdown::Shutdown;
 
@@ -119,36 +119,27 @@ impl Preloader {
         redis: &mut Redis,
         event: &EventRecord,
     ) -> anyhow::Result<PreloadReport> {
-        if self.keys_present(redis, event.id).await? {
+        if self.keys_present(redis, event).await? {
             // Loaded already (a publish after a close): the stock is Redis's to keep.
-            let mut pipe = redis::pipe();
-            self.write_meta(&mut pipe, event, None);
-            pipe.query_async::<()>(redis)
-                .await
-                .context("Failed to write the event's metadata")?;
+            self.write_all_meta(redis, event).await?;
             self.write_sales_index(redis, event).await?;
             return Ok(PreloadReport::default());
         }
-        let snap = snapshot::fence_and_read(&self.mysql, self.shards, EventId(event.id)).await?;
+        let snap =
+            snapshot::fence_and_read(&self.mysql, self.shards, EventId(event.id), event.buckets)
+                .await?;
         let e = event.id;
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+        let count = event.buckets;
         let mut report = PreloadReport {
             epoch: snap.epoch,
             ..PreloadReport::default()
         };
-        pipe.del(&[
-            self.keys.stock(e),
-            self.keys.sold_out(e),
-            self.keys.held(e),
-            self.keys.purchase_status(e),
-            self.keys.restocked(e),
-        ])
-        .ignore();
+        // Per category: what is free (total − live orders), dealt over the buckets.
+        let mut available: Vec<(u64, i64)> = Vec::new();
         for c in &event.categories {
             let live = snap.live_units.get(&c.id).copied().unwrap_or(0);
-            let available = i64::from(c.total) - live;
-            if available < 0 {
+            let free = i64::from(c.total) - live;
+            if free < 0 {
                 tracing::error!(
                     event_id = e,
                     category_id = c.id,
@@ -157,30 +148,113 @@ impl Preloader {
                     "MySQL holds more units in orders than the category has"
                 );
             }
-            let available = available.max(0);
-            pipe.hset(self.keys.stock(e), c.id, available).ignore();
-            if available == 0 {
-                pipe.hset(self.keys.sold_out(e), c.id, 1).ignore();
-            }
+            available.push((c.id, free.max(0)));
             report.stock_written += 1;
         }
-        for chunk in snap.held.iter().collect::<Vec<_>>().chunks(FIELDS_PER_HSET) {
-            pipe.hset_multiple(self.keys.held(e), chunk).ignore();
+        let dealt = deal(&available, count);
+        if count > 1 {
+            // The event's own slot first: a bucket that runs dry refills from the pool,
+            // so the pool is there before any bucket opens.
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            pipe.del(&[
+                self.keys.pool(e),
+                self.keys.sold_out(e),
+                self.keys.pool_moves(e),
+                self.keys.pool_credited(e),
+            ])
+            .ignore();
+            for (i, &(category, free)) in available.iter().enumerate() {
+                let in_buckets: i64 = dealt.iter().map(|d| d[i]).sum();
+                pipe.hset(self.keys.pool(e), category, free - in_buckets)
+                    .ignore();
+                if free == 0 {
+                    pipe.hset(self.keys.sold_out(e), category, 1).ignore();
+                }
+            }
+            pipe.query_async::<()>(redis)
+                .await
+                .context("Failed to write the event's pool")?;
         }
-        for chunk in snap
-            .status
-            .iter()
-            .collect::<Vec<_>>()
-            .chunks(FIELDS_PER_HSET)
-        {
-            pipe.hset_multiple(self.keys.purchase_status(e), chunk)
-                .ignore();
+        for b in Bucket::all(e, count) {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            pipe.del(&[
+                self.keys.stock(b),
+                self.keys.dry(b),
+                self.keys.held(b),
+                self.keys.purchase_status(b),
+                self.keys.restocked(b),
+                self.keys.moves(b),
+                self.keys.credited(b),
+            ])
+            .ignore();
+            for (i, &(category, _)) in available.iter().enumerate() {
+                let units = dealt[usize::from(b.index)][i];
+                pipe.hset(self.keys.stock(b), category, units).ignore();
+                if units == 0 {
+                    pipe.hset(self.keys.dry(b), category, 1).ignore();
+                }
+            }
+            let mine = |user: &u64| Bucket::of_buyer(e, count, UserId(*user)) == b;
+            let held: Vec<(&u64, &i64)> = snap.held.iter().filter(|(u, _)| mine(u)).collect();
+            for chunk in held.chunks(FIELDS_PER_HSET) {
+                pipe.hset_multiple(self.keys.held(b), chunk).ignore();
+            }
+            let status: Vec<(&u64, &String)> =
+                snap.status.iter().filter(|(u, _)| mine(u)).collect();
+            for chunk in status.chunks(FIELDS_PER_HSET) {
+                pipe.hset_multiple(self.keys.purchase_status(b), chunk)
+                    .ignore();
+            }
+            let given_back: Vec<u64> = snap
+                .given_back
+                .iter()
+                .filter(|(_, u)| mine(u))
+                .map(|(order, _)| *order)
+                .collect();
+            for chunk in given_back.chunks(FIELDS_PER_HSET) {
+                pipe.sadd(self.keys.restocked(b), chunk).ignore();
+            }
+            if count == 1 {
+                self.write_seat_maps(&mut pipe, event, b, &snap, &mut report)
+                    .await?;
+            }
+            // The metadata last: admission answers "not loaded" until all of it is there.
+            let seq = snap.seq.get(usize::from(b.index)).copied().unwrap_or(0);
+            pipe.hset(self.keys.meta(b), "seq", seq).ignore();
+            if count > 1 {
+                pipe.hset(self.keys.meta(b), "epoch", snap.epoch).ignore();
+                self.write_bucket_meta(&mut pipe, event, b);
+            } else {
+                self.write_meta(&mut pipe, event, Some(snap.epoch));
+            }
+            pipe.query_async::<()>(redis)
+                .await
+                .context("Failed to write the event's keys")?;
         }
-        for chunk in snap.given_back.chunks(FIELDS_PER_HSET) {
-            pipe.sadd(self.keys.restocked(e), chunk).ignore();
+        if count > 1 {
+            let mut pipe = redis::pipe();
+            self.write_meta(&mut pipe, event, Some(snap.epoch));
+            pipe.query_async::<()>(redis)
+                .await
+                .context("Failed to write the event's metadata")?;
         }
+        self.write_sales_index(redis, event).await?;
+        Ok(report)
+    }
+
+    /// The seat hashes of a seated event (one bucket), from MySQL's seats and owners.
+    async fn write_seat_maps(
+        &self,
+        pipe: &mut redis::Pipeline,
+        event: &EventRecord,
+        b: Bucket,
+        snap: &snapshot::Snapshot,
+        report: &mut PreloadReport,
+    ) -> anyhow::Result<()> {
         for c in event.categories.iter().filter(|c| c.seats.is_some()) {
-            let (seats_key, row_free_key) = (self.keys.seats(e, c.id), self.keys.row_free(e, c.id));
+            let (seats_key, row_free_key) = (self.keys.seats(b, c.id), self.keys.row_free(b, c.id));
             pipe.del(&[&seats_key, &row_free_key]).ignore();
             let mut free_per_row: HashMap<u32, u32> = HashMap::new();
             let seats = catalog::seats(&self.mysql, c.id).await?;
@@ -206,24 +280,58 @@ impl Preloader {
             }
             report.seat_maps_written += 1;
         }
-        // The metadata last: admission answers "not loaded" until all of it is there.
-        pipe.hset(self.keys.event_meta(e), "seq", snap.seq).ignore();
-        self.write_meta(&mut pipe, event, Some(snap.epoch));
-        pipe.query_async::<()>(redis)
-            .await
-            .context("Failed to write the event's keys")?;
-        self.write_sales_index(redis, event).await?;
-        Ok(report)
+        Ok(())
     }
 
-    /// True when the event's metadata and stock are both in Redis.
-    async fn keys_present(&self, redis: &mut Redis, event_id: u64) -> anyhow::Result<bool> {
+    /// True when the event's metadata and stock are in Redis (for an event of several
+    /// buckets: its metadata, its pool and every bucket's metadata).
+    async fn keys_present(&self, redis: &mut Redis, event: &EventRecord) -> anyhow::Result<bool> {
+        let (e, count) = (event.id, event.buckets);
+        if count <= 1 {
+            let present: u32 = redis::cmd("EXISTS")
+                .arg(self.keys.event_meta(e))
+                .arg(self.keys.stock(Bucket::only(e)))
+                .query_async(redis)
+                .await?;
+            return Ok(present == 2);
+        }
         let present: u32 = redis::cmd("EXISTS")
-            .arg(self.keys.event_meta(event_id))
-            .arg(self.keys.stock(event_id))
+            .arg(self.keys.event_meta(e))
+            .arg(self.keys.pool(e))
             .query_async(redis)
             .await?;
-        Ok(present == 2)
+        if present != 2 {
+            return Ok(false);
+        }
+        for b in Bucket::all(e, count) {
+            let present: u32 = redis::cmd("EXISTS")
+                .arg(self.keys.meta(b))
+                .arg(self.keys.stock(b))
+                .query_async(redis)
+                .await?;
+            if present != 2 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A bucket's copy of what reserve.lua reads (events of several buckets).
+    fn write_bucket_meta(&self, pipe: &mut redis::Pipeline, event: &EventRecord, b: Bucket) {
+        pipe.hset_multiple(
+            self.keys.meta(b),
+            &[
+                ("status", sale_status(event.status).to_owned()),
+                (
+                    "sale_start_ms",
+                    event.sale_start.timestamp_millis().to_string(),
+                ),
+                ("sale_end_ms", event.sale_end.timestamp_millis().to_string()),
+                ("per_user_limit", event.per_user_limit.to_string()),
+                ("buckets", b.count.to_string()),
+            ],
+        )
+        .ignore();
     }
 
     /// The event's metadata; `epoch` only when the keys are new.
@@ -268,67 +376,110 @@ impl Preloader {
             .context("Failed to write the sales index")
     }
 
+    /// The event's metadata, and each bucket's copy of it (events of several buckets),
+    /// one slot at a time: the buckets' first, so the edge opens no sale before them.
+    async fn write_all_meta(&self, redis: &mut Redis, event: &EventRecord) -> anyhow::Result<()> {
+        if event.buckets > 1 {
+            for b in Bucket::all(event.id, event.buckets) {
+                let mut pipe = redis::pipe();
+                self.write_bucket_meta(&mut pipe, event, b);
+                pipe.query_async::<()>(redis)
+                    .await
+                    .context("Failed to write a bucket's metadata")?;
+            }
+        }
+        let mut pipe = redis::pipe();
+        self.write_meta(&mut pipe, event, None);
+        pipe.query_async::<()>(redis)
+            .await
+            .context("Failed to write the event's metadata")
+    }
+
     /// After a close or reopen: the new status where the hot path and the edge read it
     /// (the hot path's first: a close takes effect in the core before the edge hears).
     pub async fn set_sale_status(&self, event: &EventRecord) -> anyhow::Result<()> {
         let mut redis = self.redis.clone();
-        redis::cmd("HSET")
-            .arg(self.keys.event_meta(event.id))
-            .arg("status")
-            .arg(sale_status(event.status))
-            .query_async::<()>(&mut redis)
-            .await
-            .context("Failed to write the sale status")?;
+        let mut metas: Vec<String> = Vec::new();
+        if event.buckets > 1 {
+            metas.extend(Bucket::all(event.id, event.buckets).map(|b| self.keys.meta(b)));
+        }
+        metas.push(self.keys.event_meta(event.id));
+        for meta in metas {
+            redis::cmd("HSET")
+                .arg(meta)
+                .arg("status")
+                .arg(sale_status(event.status))
+                .query_async::<()>(&mut redis)
+                .await
+                .context("Failed to write the sale status")?;
+        }
         self.write_sales_index(&mut redis, event).await
     }
 
-    /// Redis went back in time for this event: removes its metadata, so admission
-    /// answers SALE_BUSY (not loaded) until the next pass rebuilds every key from MySQL,
-    /// as after a FLUSHALL; and asks for that pass now.
-    pub async fn fence(&self, event_id: EventId) -> anyhow::Result<()> {
+    /// Redis went back in time for this event: removes its metadata (every bucket's),
+    /// so admission answers SALE_BUSY (not loaded) until the next pass rebuilds every
+    /// key from MySQL, as after a FLUSHALL; and asks for that pass now.
+    pub async fn fence(&self, event_id: EventId, buckets: u16) -> anyhow::Result<()> {
+        let mut redis = self.redis.clone();
+        for b in Bucket::all(event_id, buckets) {
+            redis::cmd("DEL")
+                .arg(self.keys.meta(b))
+                .query_async::<()>(&mut redis)
+                .await
+                .context("Failed to fence the event")?;
+        }
         redis::cmd("DEL")
             .arg(self.keys.event_meta(event_id))
-            .query_async::<()>(&mut self.redis.clone())
+            .query_async::<()>(&mut redis)
             .await
             .context("Failed to fence the event")?;
         self.wake();
         Ok(())
     }
 
-    /// Why the event's Redis state is behind MySQL, if it is: its admission counter
-    /// below the largest number an order has (Redis restarted from an older copy, or a
-    /// replica that lagged took over), or its keys of an older generation than MySQL's
-    /// (a rebuild that lost its lock wrote after a newer one).
-    pub async fn behind(&self, event_id: EventId) -> anyhow::Result<Option<String>> {
-        let (redis_seq, redis_epoch): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
-            .arg(self.keys.event_meta(event_id))
-            .arg("seq")
-            .arg("epoch")
-            .query_async(&mut self.redis.clone())
-            .await?;
+    /// Why the event's Redis state is behind MySQL, if it is: a bucket's admission
+    /// counter below the largest number an order of the bucket has (Redis restarted from
+    /// an older copy, or a replica that lagged took over), or its keys of an older
+    /// generation than MySQL's (a rebuild that lost its lock wrote after a newer one).
+    pub async fn behind(&self, event_id: EventId, buckets: u16) -> anyhow::Result<Option<String>> {
         let mut conn = self.mysql.get_conn().await?;
-        let mysql_seq = snapshot::max_seq(&mut conn, event_id).await?;
+        let mysql_seq = snapshot::max_seq_per_bucket(&mut conn, event_id, buckets).await?;
         let mysql_epoch: Option<u64> = conn
             .exec_first("SELECT redis_epoch FROM event WHERE id = ?", (event_id,))
             .await?;
-        let (redis_seq, redis_epoch) = (redis_seq.unwrap_or(0), redis_epoch.unwrap_or(0));
         let mysql_epoch = mysql_epoch.unwrap_or(0);
-        Ok(if redis_seq < mysql_seq {
-            Some(format!(
-                "admission number {redis_seq} < MySQL's {mysql_seq}"
-            ))
-        } else if redis_epoch < mysql_epoch {
-            Some(format!(
-                "keys of generation {redis_epoch} < MySQL's {mysql_epoch}"
-            ))
-        } else {
-            None
-        })
+        let mut redis = self.redis.clone();
+        for b in Bucket::all(event_id, buckets) {
+            let (redis_seq, redis_epoch): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+                .arg(self.keys.meta(b))
+                .arg("seq")
+                .arg("epoch")
+                .query_async(&mut redis)
+                .await?;
+            let (redis_seq, redis_epoch) = (redis_seq.unwrap_or(0), redis_epoch.unwrap_or(0));
+            let mysql_seq = mysql_seq.get(usize::from(b.index)).copied().unwrap_or(0);
+            let which = if buckets > 1 {
+                format!(" in bucket {}", b.index)
+            } else {
+                String::new()
+            };
+            if redis_seq < mysql_seq {
+                return Ok(Some(format!(
+                    "admission number {redis_seq} < MySQL's {mysql_seq}{which}"
+                )));
+            }
+            if redis_epoch < mysql_epoch {
+                return Ok(Some(format!(
+                    "keys of generation {redis_epoch} < MySQL's {mysql_epoch}{which}"
+                )));
+            }
+        }
+        Ok(None)
     }
 
     /// True when the event's metadata and stock are in Redis.
-    pub async fn is_loaded(&self, event_id: EventId) -> anyhow::Result<bool> {
-        self.keys_present(&mut self.redis.clone(), event_id.0).await
+    pub async fn is_loaded(&self, event: &EventRecord) -> anyhow::Result<bool> {
+        self.keys_present(&mut self.redis.clone(), event).await
     }
 
     /// Asks the scheduler for a pass now (admission found an event's keys missing).
@@ -358,10 +509,10 @@ impl Preloader {
 
     async fn preload_due(&self, window: Duration) -> anyhow::Result<()> {
         for id in catalog::published_opening_within(&self.mysql, window.as_secs()).await? {
-            if self.is_loaded(EventId(id)).await? {
-                continue;
-            }
             if let Some(event) = catalog::load(&self.mysql, id).await? {
+                if self.is_loaded(&event).await? {
+                    continue;
+                }
                 match self.preload(&event).await {
                     Ok(_) | Err(PreloadError::Busy(_)) => {}
                     Err(PreloadError::Unexpected(e)) => return Err(e),
@@ -370,6 +521,27 @@ impl Preloader {
         }
         Ok(())
     }
+}
+
+/// Each bucket's share of each category's free units: all of them for one bucket; with
+/// B > 1, ceil(free / 4B) each (the rest stays in the pool, for the buckets that sell
+/// faster). `dealt[bucket][category index]`.
+fn deal(available: &[(u64, i64)], buckets: u16) -> Vec<Vec<i64>> {
+    let count = i64::from(buckets.max(1));
+    let mut dealt = vec![vec![0; available.len()]; count as usize];
+    for (i, &(_, free)) in available.iter().enumerate() {
+        let share = if count == 1 {
+            free
+        } else {
+            (free + 4 * count - 1) / (4 * count)
+        };
+        let mut left = free;
+        for bucket in dealt.iter_mut() {
+            bucket[i] = share.min(left);
+            left -= bucket[i];
+        }
+    }
+    dealt
 }
 
 /// What the hot path reads: `open` only for a published event.
@@ -388,4 +560,18 @@ fn sales_entry(event: &EventRecord) -> String {
         event.sale_start.timestamp_millis(),
         event.sale_end.timestamp_millis()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::deal;
+
+    #[test]
+    fn one_bucket_gets_everything_and_more_share_a_quarter() {
+        assert_eq!(deal(&[(1, 10), (2, 0)], 1), vec![vec![10, 0]]);
+        let d = deal(&[(1, 10_000), (2, 5)], 3);
+        assert_eq!(d, vec![vec![834, 1], vec![834, 1], vec![834, 1]]);
+        let d = deal(&[(1, 2)], 4);
+        assert_eq!(d, vec![vec![1], vec![1], vec![0], vec![0]]);
+    }
 }

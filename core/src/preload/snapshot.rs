@@ -21,17 +21,19 @@ use crate::order_tables::{self, OrderStatus};
 pub struct Snapshot {
     /// The new generation of the keys; reservations must carry at least this.
     pub epoch: u64,
-    /// The largest admission number an order of the event has: where `meta.seq`
-    /// resumes, so Redis never hands one out twice.
-    pub seq: u64,
+    /// Per bucket, the largest admission number an order of the bucket has (≡ its
+    /// index mod the bucket count; the index itself if none): where the bucket's
+    /// `meta.seq` resumes, so Redis never hands one out twice.
+    pub seq: Vec<u64>,
     /// Units in live (UNPAID or PAID) orders, per category.
     pub live_units: HashMap<u64, i64>,
     /// Units each user holds in live orders.
     pub held: HashMap<u64, i64>,
     /// Each user's latest purchase, as the status hash writes it (`CREATED:<no>`, …).
     pub status: HashMap<u64, String>,
-    /// Orders whose units went back: the restocked set, so no restock counts them twice.
-    pub given_back: Vec<u64>,
+    /// Orders whose units went back, with their buyers: the restocked sets, so no
+    /// restock counts them twice.
+    pub given_back: Vec<(u64, u64)>,
     /// Seats of live orders: (category, row, col) → `L:<no>` or `S:<no>`.
     pub seat_owner: HashMap<(u64, u32, u32), String>,
 }
@@ -59,11 +61,40 @@ pub async fn max_seq<Q: Queryable>(conn: &mut Q, event_id: EventId) -> anyhow::R
     Ok(seq.flatten().unwrap_or(0))
 }
 
+/// Per bucket of an event of `count`, the largest admission number of its orders: the
+/// numbers of bucket k are ≡ k mod `count` (reserve.lua adds `count`); k for none.
+pub async fn max_seq_per_bucket<Q: Queryable>(
+    conn: &mut Q,
+    event_id: EventId,
+    count: u16,
+) -> anyhow::Result<Vec<u64>> {
+    let count = u64::from(count.max(1));
+    let mut seq: Vec<u64> = (0..count).collect();
+    if count == 1 {
+        seq[0] = max_seq(conn, event_id).await?;
+        return Ok(seq);
+    }
+    let rows: Vec<(u64, u64)> = conn
+        .exec(
+            "SELECT seq MOD ?, MAX(seq) FROM stock_log WHERE event_id = ? GROUP BY seq MOD ?",
+            (count, event_id, count),
+        )
+        .await
+        .context("Failed to read the buckets' largest admission numbers")?;
+    for (bucket, max) in rows {
+        if let Some(s) = seq.get_mut(bucket as usize) {
+            *s = max;
+        }
+    }
+    Ok(seq)
+}
+
 /// Increments the event's redis_epoch and reads its orders, in one transaction.
 pub async fn fence_and_read(
     pool: &Pool,
     shards: u32,
     event_id: EventId,
+    buckets: u16,
 ) -> anyhow::Result<Snapshot> {
     let mut conn = pool
         .get_conn()
@@ -82,7 +113,7 @@ pub async fn fence_and_read(
         .exec_first("SELECT redis_epoch FROM event WHERE id = ?", (event_id,))
         .await?
         .with_context(|| format!("no event {event_id}"))?;
-    let seq = max_seq(&mut tx, event_id).await?;
+    let seq = max_seq_per_bucket(&mut tx, event_id, buckets).await?;
     let mut snap = Snapshot {
         epoch,
         seq,
@@ -106,7 +137,7 @@ pub async fn fence_and_read(
             *snap.live_units.entry(category).or_default() += quantity;
             *snap.held.entry(user).or_default() += quantity;
         } else {
-            snap.given_back.push(order_no);
+            snap.given_back.push((order_no, user));
         }
         if latest.get(&user).is_none_or(|&l| order_no > l) {
             latest.insert(user, order_no);

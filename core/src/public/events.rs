@@ -7,8 +7,9 @@ use http::StatusCode;
 use serde_json::json;
 
 use crate::catalog::{EventRecord, EventStatus};
+use crate::domain::EventId;
 use crate::http::{ApiError, Request, Response, json};
-use crate::keys::SeatState;
+use crate::keys::{Bucket, SeatState};
 use crate::state::AppState;
 
 pub async fn list(state: &AppState) -> Result<Response, ApiError> {
@@ -32,11 +33,11 @@ async fn visible(state: &AppState, id: u64) -> Result<std::sync::Arc<EventRecord
 /// The event, its categories with what Redis says is left, and the server's clock.
 pub async fn one(state: &AppState, id: u64) -> Result<Response, ApiError> {
     let event = visible(state, id).await?;
-    let mut redis = state.redis.clone();
-    let available: HashMap<u64, i64> = redis::cmd("HGETALL")
-        .arg(state.keys.stock(event.id))
-        .query_async(&mut redis)
-        .await?;
+    let mover = crate::buckets::Mover {
+        redis: state.redis.clone(),
+        keys: state.keys.clone(),
+    };
+    let available = mover.available(EventId(event.id), event.buckets).await?;
     let categories: Vec<_> = event
         .categories
         .iter()
@@ -78,7 +79,7 @@ pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response,
         .ok_or_else(|| ApiError::Invalid(format!("category {category_id} has no seats")))?;
     let mut redis = state.redis.clone();
     let states: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(state.keys.seats(event.id, category_id))
+        .arg(state.keys.seats(Bucket::only(event.id), category_id))
         .query_async(&mut redis)
         .await?;
     let rows: Vec<String> = (1..=grid.rows)

@@ -10,8 +10,10 @@ use chrono::Utc;
 use mysql_async::prelude::*;
 
 use super::Reconciler;
+use crate::buckets::Mover;
 use crate::catalog::{EventRecord, EventStatus};
 use crate::domain::{CategoryId, EventId, OrderNo, UserId};
+use crate::keys::Bucket;
 use crate::lifecycle::restock::{GiveBack, Restocked, restock};
 use crate::order_tables::{self, OrderStatus};
 
@@ -29,7 +31,7 @@ impl Reconciler {
         event: &EventRecord,
         actions: &mut Vec<String>,
     ) -> anyhow::Result<()> {
-        let (orders, units) = self.give_back_cancelled(event.id).await?;
+        let (orders, units) = self.give_back_cancelled(event.id, event.buckets).await?;
         if orders > 0 {
             actions.push(format!(
                 "gave back {units} units of {orders} cancelled orders Redis had not got back"
@@ -56,11 +58,28 @@ impl Reconciler {
             let lower = gap < 0 && c.redis_available.is_some_and(|a| a > 0);
             let raise = gap > 0 && !running;
             if lower || raise {
-                let Some(measured) = c.redis_available else {
+                let Some(mut measured) = c.redis_available else {
                     continue;
                 };
+                let mut stock = self.keys.stock(Bucket::only(event.id));
+                if event.buckets > 1 {
+                    // Every unit of the category into the pool, which is then adjusted
+                    // (conditional on what it holds, as for one bucket).
+                    let mover = Mover {
+                        redis: redis.clone(),
+                        keys: self.keys.clone(),
+                    };
+                    let category = CategoryId(c.category_id);
+                    let Some(pool) = mover
+                        .drain_to_pool(EventId(event.id), event.buckets, category)
+                        .await?
+                    else {
+                        continue; // Buyers are draining it: the next pass looks again.
+                    };
+                    (stock, measured) = (self.keys.pool(event.id), pool);
+                }
                 let Adjusted(left) = ADJUST
-                    .key(self.keys.stock(event.id))
+                    .key(stock)
                     .key(self.keys.sold_out(event.id))
                     .arg(c.category_id)
                     .arg(gap)
@@ -107,7 +126,11 @@ impl Reconciler {
 
     /// Cancelled orders whose units are not back in Redis (the restock after the
     /// cancellation failed): gives them back, once each. Returns (orders, units).
-    async fn give_back_cancelled(&self, event_id: u64) -> anyhow::Result<(usize, i64)> {
+    async fn give_back_cancelled(
+        &self,
+        event_id: u64,
+        buckets: u16,
+    ) -> anyhow::Result<(usize, i64)> {
         let mut conn = self.mysql.get_conn().await?;
         let mut redis = self.redis.clone();
         let (mut orders, mut units) = (0, 0);
@@ -128,22 +151,23 @@ impl Reconciler {
                 ),
             )
             .await?;
-        let numbers: Vec<u64> = cancelled.iter().map(|o| o.0).collect();
-        let mut known: Vec<bool> = Vec::with_capacity(numbers.len());
-        for chunk in numbers.chunks(10_000) {
-            let found: Vec<bool> = redis::cmd("SMISMEMBER")
-                .arg(self.keys.restocked(event_id))
-                .arg(chunk)
-                .query_async(&mut redis)
-                .await?;
-            known.extend(found);
+        let bucket_of = |user: u64| Bucket::of_buyer(event_id, buckets, UserId(user));
+        let mut missing: HashSet<u64> = HashSet::new();
+        for b in Bucket::all(event_id, buckets) {
+            let numbers: Vec<u64> = cancelled
+                .iter()
+                .filter(|o| bucket_of(o.1) == b)
+                .map(|o| o.0)
+                .collect();
+            for chunk in numbers.chunks(10_000) {
+                let found: Vec<bool> = redis::cmd("SMISMEMBER")
+                    .arg(self.keys.restocked(b))
+                    .arg(chunk)
+                    .query_async(&mut redis)
+                    .await?;
+                missing.extend(chunk.iter().zip(found).filter(|(_, k)| !k).map(|(n, _)| *n));
+            }
         }
-        let missing: HashSet<u64> = numbers
-            .iter()
-            .zip(&known)
-            .filter(|(_, k)| !**k)
-            .map(|(n, _)| *n)
-            .collect();
         for (order_no, user_id, category_id, quantity) in cancelled {
             if !missing.contains(&order_no) {
                 continue;
@@ -166,7 +190,7 @@ impl Reconciler {
                 GiveBack {
                     order_no,
                     user_id: UserId(user_id),
-                    event_id: EventId(event_id),
+                    bucket: bucket_of(user_id),
                     category_id: CategoryId(category_id),
                     quantity,
                     seats: &seats,

@@ -24,10 +24,11 @@ use anyhow::Context;
 use mysql_async::Pool;
 use serde::Serialize;
 
+use crate::buckets::Mover;
 use crate::catalog::{self, EventRecord, EventStatus};
 use crate::config::{Resolved, Settings};
 use crate::infra::Down;
-use crate::keys::Keys;
+use crate::keys::{Bucket, Keys};
 use crate::lock::Lock;
 use crate::metrics::Metrics;
 use crate::order_tables::OrderStatus;
@@ -48,6 +49,15 @@ pub struct Report {
     pub actions: Vec<String>,
     /// The books after the pass.
     pub balance: Balance,
+}
+
+/// What Redis holds of an event's books.
+#[derive(Debug, Default)]
+struct RedisBooks {
+    stock: HashMap<u64, i64>,
+    loaded: bool,
+    backlog: u64,
+    queued: HashMap<u64, i64>,
 }
 
 #[derive(Clone)]
@@ -101,48 +111,24 @@ impl Reconciler {
     /// Measures the event's books without changing anything.
     pub async fn measure(&self, event: &EventRecord) -> anyhow::Result<Balance> {
         let e = event.id;
-        let mut redis = self.redis.clone();
-        // Redis first, in one atomic read; then MySQL. An order committed between the two
-        // reads and not yet settled counts twice (a negative gap for a moment), which is
-        // why nothing is healed while reservations are queued.
-        type RedisHalf = (
-            HashMap<u64, i64>,
-            Option<u64>,
-            u32,
-            u64,
-            redis::streams::StreamRangeReply,
-        );
-        let read: anyhow::Result<RedisHalf> = redis::pipe()
-            .atomic()
-            .hgetall(self.keys.stock(e))
-            .hget(self.keys.event_meta(e), "epoch")
-            .exists(&[self.keys.event_meta(e), self.keys.stock(e)])
-            .xlen(self.keys.order_stream(e))
-            .xrange_count(self.keys.order_stream(e), "-", "+", MAX_COUNTED_BACKLOG)
-            .query_async(&mut redis)
-            .await
-            .context("Failed to read the event's keys");
-        let (read, redis_unavailable) = match read {
+        // Redis first, one atomic read per bucket; then MySQL. An order committed between
+        // the two reads and not yet settled counts twice (a negative gap for a moment),
+        // which is why nothing is healed while reservations are queued.
+        let (read, redis_unavailable) = match self.read_redis(event).await {
             Ok(read) => (read, None),
             Err(e) if Down::of(&e).is_some() => (
-                RedisHalf::default(),
+                RedisBooks::default(),
                 Some(format!("Redis is unavailable: {e:#}")),
             ),
             Err(e) => return Err(e),
         };
-        let (stock, epoch, loaded, backlog, entries) = read;
+        let RedisBooks {
+            stock,
+            loaded,
+            backlog,
+            queued,
+        } = read;
         let counted = redis_unavailable.is_none() && backlog <= MAX_COUNTED_BACKLOG as u64;
-        let epoch = epoch.unwrap_or(0);
-        // Entries of an older generation of the keys were counted free by the rebuild.
-        let mut queued: HashMap<u64, i64> = HashMap::new();
-        for entry in &entries.ids {
-            let current = entry.get::<u64>("e").unwrap_or(0) >= epoch;
-            if let (true, Some(c), Some(q)) =
-                (current, entry.get::<u64>("c"), entry.get::<i64>("q"))
-            {
-                *queued.entry(c).or_default() += q;
-            }
-        }
         let held = units_by_status(&self.mysql, self.shards, e).await?;
         let unsynced: HashMap<u64, i64> = catalog::unsynced_units(&self.mysql, e)
             .await?
@@ -151,7 +137,6 @@ impl Reconciler {
         let fresh = catalog::load(&self.mysql, e)
             .await?
             .with_context(|| format!("no event {e}"))?;
-        let loaded = loaded == 2;
         let categories = fresh
             .categories
             .iter()
@@ -191,6 +176,69 @@ impl Reconciler {
         };
         self.export(&balance);
         Ok(balance)
+    }
+
+    /// What Redis holds of the event: units available (for an event of several
+    /// buckets: the pool, every bucket and the units moving between them), whether its
+    /// keys are there, and the reservations queued per category (only those of the keys'
+    /// current generation: older ones were counted free by the rebuild).
+    async fn read_redis(&self, event: &EventRecord) -> anyhow::Result<RedisBooks> {
+        type BucketHalf = (
+            HashMap<u64, i64>,
+            Option<u64>,
+            u32,
+            u64,
+            redis::streams::StreamRangeReply,
+        );
+        let mut redis = self.redis.clone();
+        let mut books = RedisBooks {
+            loaded: true,
+            ..RedisBooks::default()
+        };
+        for b in Bucket::all(event.id, event.buckets) {
+            let (stock, epoch, present, backlog, entries): BucketHalf = redis::pipe()
+                .atomic()
+                .hgetall(self.keys.stock(b))
+                .hget(self.keys.meta(b), "epoch")
+                .exists(&[self.keys.meta(b), self.keys.stock(b)])
+                .xlen(self.keys.order_stream(b))
+                .xrange_count(self.keys.order_stream(b), "-", "+", MAX_COUNTED_BACKLOG)
+                .query_async(&mut redis)
+                .await
+                .context("Failed to read the event's keys")?;
+            books.loaded &= present == 2;
+            books.backlog += backlog;
+            for (c, units) in stock {
+                *books.stock.entry(c).or_default() += units;
+            }
+            let epoch = epoch.unwrap_or(0);
+            for entry in &entries.ids {
+                let current = entry.get::<u64>("e").unwrap_or(0) >= epoch;
+                if let (true, Some(c), Some(q)) =
+                    (current, entry.get::<u64>("c"), entry.get::<i64>("q"))
+                {
+                    *books.queued.entry(c).or_default() += q;
+                }
+            }
+        }
+        if event.buckets > 1 {
+            let (pool, present): (HashMap<u64, i64>, u32) = redis::pipe()
+                .hgetall(self.keys.pool(event.id))
+                .exists(&[self.keys.event_meta(event.id), self.keys.pool(event.id)])
+                .query_async(&mut redis)
+                .await
+                .context("Failed to read the event's pool")?;
+            books.loaded &= present == 2;
+            let mover = Mover {
+                redis: redis.clone(),
+                keys: self.keys.clone(),
+            };
+            let moving = mover.moving(EventId(event.id), event.buckets).await?;
+            for (c, units) in pool.into_iter().chain(moving) {
+                *books.stock.entry(c).or_default() += units;
+            }
+        }
+        Ok(books)
     }
 
     fn export(&self, b: &Balance) {
@@ -235,10 +283,13 @@ impl Reconciler {
             return Ok(None);
         };
         let mut actions = Vec::new();
-        let mut loaded = self.preloader.is_loaded(EventId(event_id)).await?;
+        let mut loaded = self.preloader.is_loaded(&event).await?;
         if heal
             && loaded
-            && let Some(why) = self.preloader.behind(EventId(event_id)).await?
+            && let Some(why) = self
+                .preloader
+                .behind(EventId(event_id), event.buckets)
+                .await?
         {
             tracing::error!(
                 event_id,
@@ -246,7 +297,9 @@ impl Reconciler {
                 "ALARM: the event's Redis state is behind MySQL (it went back in time); fencing it for a rebuild"
             );
             self.rewinds.inc();
-            self.preloader.fence(EventId(event_id)).await?;
+            self.preloader
+                .fence(EventId(event_id), event.buckets)
+                .await?;
             actions.push(format!("Redis was behind MySQL ({why}): fenced"));
             loaded = false;
         }

@@ -1,3 +1,4 @@
+use stampede_core::keys::Bucket;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -90,16 +91,22 @@ async fn publishing_preloads_stock_seats_and_the_sale_window_into_redis() {
     assert_eq!(app.event_status(id).await, "PUBLISHED");
 
     let mut r = app.redis.clone();
-    let stock: HashMap<u64, i64> = r.hgetall(app.keys().stock(id)).await.unwrap();
+    let stock: HashMap<u64, i64> = r.hgetall(app.keys().stock(Bucket::only(id))).await.unwrap();
     assert_eq!(stock, HashMap::from([(ga, 300), (seated, 200)]));
-    let seats: HashMap<String, String> = r.hgetall(app.keys().seats(id, seated)).await.unwrap();
+    let seats: HashMap<String, String> = r
+        .hgetall(app.keys().seats(Bucket::only(id), seated))
+        .await
+        .unwrap();
     assert_eq!(seats.len(), 200);
     assert!(seats.values().all(|s| s == SeatState::FREE));
     assert_eq!(
         seats.get("10:20").map(String::as_str),
         Some(SeatState::FREE)
     );
-    let row_free: Vec<u32> = r.hvals(app.keys().row_free(id, seated)).await.unwrap();
+    let row_free: Vec<u32> = r
+        .hvals(app.keys().row_free(Bucket::only(id), seated))
+        .await
+        .unwrap();
     assert_eq!(row_free, vec![20; 10]);
     let meta: HashMap<String, String> = r.hgetall(app.keys().event_meta(id)).await.unwrap();
     assert_eq!(meta["status"], "open");
@@ -117,7 +124,7 @@ async fn publishing_again_during_a_sale_never_resets_stock() {
     let (id, categories) = app.create_event(concert()).await;
     app.publish(id).await;
     let mut r = app.redis.clone();
-    let stock_key = app.keys().stock(id);
+    let stock_key = app.keys().stock(Bucket::only(id));
     // A sale has taken 7 units.
     let _: i64 = r.hincr(&stock_key, categories[0], -7).await.unwrap();
     let again = app.publish(id).await;
@@ -184,7 +191,10 @@ async fn the_scheduler_preloads_a_published_event_whose_keys_are_gone() {
     let (id, _) = app.create_event(concert()).await;
     app.publish(id).await;
     let r = app.redis.clone();
-    let (meta, stock) = (app.keys().event_meta(id), app.keys().stock(id));
+    let (meta, stock) = (
+        app.keys().event_meta(id),
+        app.keys().stock(Bucket::only(id)),
+    );
     let _: () = r.clone().del(&[&meta, &stock]).await.unwrap();
     let back = eventually(Duration::from_secs(5), || {
         let (mut r, meta, stock) = (r.clone(), meta.clone(), stock.clone());

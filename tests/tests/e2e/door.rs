@@ -2,6 +2,7 @@
 //! edge is deny-by-default under /api, and a retried purchase gets its first answer even
 //! after the sell-out.
 
+use stampede_core::keys::Bucket;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -62,7 +63,7 @@ async fn no_other_spelling_of_the_purchase_path_reaches_a_handler_or_reserves() 
     let held: u64 = app
         .redis
         .clone()
-        .hlen(app.keys().held(event))
+        .hlen(app.keys().held(Bucket::only(event)))
         .await
         .unwrap();
     assert_eq!((stock, held), (5, 0), "nothing reserved");

@@ -1,5 +1,6 @@
 //! A sale through the shared edge: sold out at the edge, live rate limits, a seat rush.
 
+use stampede_core::keys::Bucket;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -221,17 +222,25 @@ async fn two_thousand_concurrent_buyers_take_exactly_the_hundred_seats() {
     assert_eq!(units, 100);
     assert_eq!(seats_taken.len(), 100);
     let mut r = app.redis.clone();
-    let stock: i64 = r.hget(app.keys().stock(event), seated).await.unwrap();
+    let stock: i64 = r
+        .hget(app.keys().stock(Bucket::only(event)), seated)
+        .await
+        .unwrap();
     assert_eq!(stock, 0);
-    let seat_map: HashMap<String, String> =
-        r.hgetall(app.keys().seats(event, seated)).await.unwrap();
+    let seat_map: HashMap<String, String> = r
+        .hgetall(app.keys().seats(Bucket::only(event), seated))
+        .await
+        .unwrap();
     assert!(
         seat_map
             .values()
             .all(|s| matches!(SeatState::parse(s), Some(SeatState::Locked(_)))),
         "every seat locked"
     );
-    let held: HashMap<u64, u64> = r.hgetall(app.keys().held(event)).await.unwrap();
+    let held: HashMap<u64, u64> = r
+        .hgetall(app.keys().held(Bucket::only(event)))
+        .await
+        .unwrap();
     assert!(
         held.values().all(|n| *n <= 2),
         "nobody over the per-user limit"
@@ -243,7 +252,7 @@ async fn two_thousand_concurrent_buyers_take_exactly_the_hundred_seats() {
         let backlog: u64 = app
             .redis
             .clone()
-            .xlen(app.keys().order_stream(event))
+            .xlen(app.keys().order_stream(Bucket::only(event)))
             .await
             .unwrap();
         let remain = stampede_e2e::scalar(

@@ -2,6 +2,7 @@
 //! transaction refuses oversell, a seat in two live orders and a buyer over the limit;
 //! and a Redis found behind MySQL is fenced and rebuilt from it.
 
+use stampede_core::keys::Bucket;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -53,7 +54,10 @@ async fn mysql_refuses_units_redis_should_not_have_offered_and_redis_is_correcte
     assert_eq!(ordered_units(&app.mysql, event).await, (10, 10));
     // Redis loses what it sold (as if it had restarted from an old copy) and offers 5.
     let mut redis = app.redis.clone();
-    let _: () = redis.hset(app.keys().stock(event), ga, 5).await.unwrap();
+    let _: () = redis
+        .hset(app.keys().stock(Bucket::only(event)), ga, 5)
+        .await
+        .unwrap();
     let _: () = redis.hdel(app.keys().sold_out(event), ga).await.unwrap();
     let late = app.buyers(5).await;
     assert_eq!(buy_one_each(&app, event, ga, &late).await, vec![202; 5]);
@@ -116,15 +120,19 @@ async fn mysql_refuses_a_seat_in_two_live_orders_and_a_buyer_over_the_limit() {
     // Redis forgets the seat's lock and the owner's share.
     let mut redis = app.redis.clone();
     let _: () = redis
-        .hset(app.keys().seats(event, seated), "1:1", SeatState::FREE)
+        .hset(
+            app.keys().seats(Bucket::only(event), seated),
+            "1:1",
+            SeatState::FREE,
+        )
         .await
         .unwrap();
     let _: () = redis
-        .hincr(app.keys().row_free(event, seated), 1, 1)
+        .hincr(app.keys().row_free(Bucket::only(event), seated), 1, 1)
         .await
         .unwrap();
     let _: () = redis
-        .hdel(app.keys().held(event), owner.user_id)
+        .hdel(app.keys().held(Bucket::only(event)), owner.user_id)
         .await
         .unwrap();
     assert_eq!(app.buy(event, other, "seat", seat).await.0, 202);
@@ -182,7 +190,10 @@ async fn redis_behind_mysql_is_fenced_at_the_next_pass_and_rebuilt_exactly() {
     let meta = app.keys().event_meta(event);
     let epoch: u64 = redis.hget(&meta, "epoch").await.unwrap();
     let _: () = redis.hset(&meta, "seq", 2).await.unwrap();
-    let _: () = redis.hset(app.keys().stock(event), ga, 18).await.unwrap();
+    let _: () = redis
+        .hset(app.keys().stock(Bucket::only(event)), ga, 18)
+        .await
+        .unwrap();
 
     let (status, report) = app
         .post(&format!("/admin/events/{event}/reconcile"), json!({}))

@@ -1,5 +1,6 @@
 //! The order lifecycle: the owner's view and cancel, and cancellation at the deadline.
 
+use stampede_core::keys::Bucket;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -123,11 +124,14 @@ async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
     let stock: i64 = app.stock(event, seated).await;
     assert_eq!(stock, 4, "both seats back on sale, once");
     let seat: String = r
-        .hget(app.keys().seats(event, seated), "1:1")
+        .hget(app.keys().seats(Bucket::only(event), seated), "1:1")
         .await
         .unwrap();
     assert_eq!(SeatState::parse(&seat), Some(SeatState::Free));
-    let held: Option<i64> = r.hget(app.keys().held(event), owner.user_id).await.unwrap();
+    let held: Option<i64> = r
+        .hget(app.keys().held(Bucket::only(event)), owner.user_id)
+        .await
+        .unwrap();
     assert_eq!(held, None, "the owner's limit is free again");
     let synced_back = eventually(Duration::from_secs(10), || async {
         scalar(

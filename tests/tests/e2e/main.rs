@@ -4,6 +4,7 @@ mod admin_events;
 mod admin_users;
 mod backstage;
 mod bench;
+mod buckets;
 mod cluster;
 mod connections;
 mod docs;

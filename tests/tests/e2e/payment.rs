@@ -2,6 +2,7 @@
 
 use redis::AsyncCommands;
 use serde_json::json;
+use stampede_core::keys::Bucket;
 use stampede_core::keys::SeatState;
 use stampede_e2e::{TestApp, scalar, small_sale, spawn_app_with};
 
@@ -161,7 +162,7 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
     let seat: String = app
         .redis
         .clone()
-        .hget(app.keys().seats(event, seated), "2:1")
+        .hget(app.keys().seats(Bucket::only(event), seated), "2:1")
         .await
         .unwrap();
     assert_eq!(

@@ -1,6 +1,7 @@
 //! The order pipeline with the real broker and MariaDB: reservations become orders
 //! through RocketMQ transactional messages, stock_log and the stock-sync consumer.
 
+use stampede_core::keys::Bucket;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -81,7 +82,7 @@ async fn twenty_thousand_buyers_for_five_thousand_units_end_as_five_thousand_ord
     let statuses: HashMap<u64, String> = app
         .redis
         .clone()
-        .hgetall(app.keys().purchase_status(event))
+        .hgetall(app.keys().purchase_status(Bucket::only(event)))
         .await
         .unwrap();
     assert_eq!(statuses.len(), 5_000, "only admitted buyers have a status");
@@ -192,7 +193,7 @@ async fn a_reservation_past_its_deadline_is_released_not_created_late() {
     late.orders.enabled = true;
     late.orders.deadline_s = 1;
     let app = stampede_e2e::spawn_app_on(late, database, prefix).await;
-    let statuses_key = app.keys().purchase_status(event);
+    let statuses_key = app.keys().purchase_status(Bucket::only(event));
     let released = eventually(Duration::from_secs(15), || async {
         let statuses: HashMap<u64, String> =
             app.redis.clone().hgetall(&statuses_key).await.unwrap();
@@ -208,7 +209,7 @@ async fn a_reservation_past_its_deadline_is_released_not_created_late() {
     let held: HashMap<u64, i64> = app
         .redis
         .clone()
-        .hgetall(app.keys().held(event))
+        .hgetall(app.keys().held(Bucket::only(event)))
         .await
         .unwrap();
     assert!(held.is_empty(), "nobody holds units any more: {held:?}");

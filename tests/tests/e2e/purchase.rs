@@ -1,5 +1,6 @@
 //! Admission against a core of the test's own (its public port, not through the edge).
 
+use stampede_core::keys::Bucket;
 use std::collections::HashMap;
 
 use redis::AsyncCommands;
@@ -38,10 +39,15 @@ async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
 
     assert_eq!(app.stock(event, ga).await, 7);
     let mut r = app.redis.clone();
-    let held: u32 = r.hget(app.keys().held(event), buyer.user_id).await.unwrap();
+    let held: u32 = r
+        .hget(app.keys().held(Bucket::only(event)), buyer.user_id)
+        .await
+        .unwrap();
     assert_eq!(held, 3);
-    let entries: redis::streams::StreamRangeReply =
-        r.xrange_all(app.keys().order_stream(event)).await.unwrap();
+    let entries: redis::streams::StreamRangeReply = r
+        .xrange_all(app.keys().order_stream(Bucket::only(event)))
+        .await
+        .unwrap();
     assert_eq!(entries.ids.len(), 1);
     let entry = &entries.ids[0];
     assert_eq!(entry.get::<String>("r"), Some(request_id.to_string()));
@@ -178,7 +184,7 @@ async fn chosen_seats_are_locked_once_and_best_seats_sit_together() {
     let seats: HashMap<String, String> = app
         .redis
         .clone()
-        .hgetall(app.keys().seats(event, seated))
+        .hgetall(app.keys().seats(Bucket::only(event), seated))
         .await
         .unwrap();
     let locked: Vec<&String> = seats
@@ -190,7 +196,7 @@ async fn chosen_seats_are_locked_once_and_best_seats_sit_together() {
     let row_free: HashMap<u32, i64> = app
         .redis
         .clone()
-        .hgetall(app.keys().row_free(event, seated))
+        .hgetall(app.keys().row_free(Bucket::only(event), seated))
         .await
         .unwrap();
     assert_eq!(row_free, HashMap::from([(1, 2), (2, 1), (3, 4)]));

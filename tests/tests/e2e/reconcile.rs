@@ -1,6 +1,7 @@
 //! Reconciliation: Redis losing everything in the middle of a sale, and drift healed in
 //! the safe direction only.
 
+use stampede_core::keys::Bucket;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -129,7 +130,10 @@ async fn flushall_mid_sale_rebuilds_the_keys_and_no_unit_is_sold_twice() {
     // were bought by others.
     for (category, total) in categories.iter().zip([150, 100]) {
         assert_eq!(live_units(&app, *category).await, total, "{stats:#}");
-        let redis_left: i64 = raw.hget(app.keys().stock(event), category).await.unwrap();
+        let redis_left: i64 = raw
+            .hget(app.keys().stock(Bucket::only(event)), category)
+            .await
+            .unwrap();
         assert_eq!(redis_left, 0);
     }
     // Every seat in at most one live order, and every live order's seat locked for it.
@@ -232,7 +236,7 @@ async fn drift_is_healed_downward_during_a_sale_and_upward_only_after_it() {
         .await;
     assert_eq!(status, 202);
     settled_stats(&app, event, Duration::from_secs(30)).await;
-    let stock_key = app.keys().stock(event);
+    let stock_key = app.keys().stock(Bucket::only(event));
     let mut redis = app.redis.clone();
 
     // Redis offering 5 units too many is lowered at once, sale or not.
@@ -284,7 +288,7 @@ async fn drift_is_healed_downward_during_a_sale_and_upward_only_after_it() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     // Undo what restock.lua did, as if Redis had not answered.
-    let restocked = app.keys().restocked(event);
+    let restocked = app.keys().restocked(Bucket::only(event));
     let _: i64 = redis.srem(&restocked, &order_no).await.unwrap();
     let _: i64 = redis.hincr(&stock_key, seated, -2).await.unwrap();
     let report = reconcile(&app, event).await;

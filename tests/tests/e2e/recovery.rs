@@ -1,5 +1,6 @@
 //! The order pipeline through a core killed mid-burst and a stopped broker: nothing lost.
 
+use stampede_core::keys::Bucket;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -19,8 +20,14 @@ pub(crate) async fn conserved(
     total: i64,
 ) -> (bool, String) {
     let (ordered, orders) = ordered_units(mysql, event).await;
-    let stock: i64 = redis.hget(keys.stock(event), category).await.unwrap();
-    let backlog: u64 = redis.xlen(keys.order_stream(event)).await.unwrap();
+    let stock: i64 = redis
+        .hget(keys.stock(Bucket::only(event)), category)
+        .await
+        .unwrap();
+    let backlog: u64 = redis
+        .xlen(keys.order_stream(Bucket::only(event)))
+        .await
+        .unwrap();
     let unsynced = scalar(
         mysql,
         &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND synced = 0"),
@@ -84,7 +91,7 @@ async fn a_core_killed_mid_burst_and_restarted_loses_and_duplicates_nothing() {
     // Kill once a couple of thousand units are taken: mid-sale, with purchases in flight.
     let mut redis = stampede_e2e::connect_redis(&settings.redis).await;
     let keys = Keys::new(&prefix);
-    let stock_key = keys.stock(event);
+    let stock_key = keys.stock(Bucket::only(event));
     let midway = eventually(Duration::from_secs(30), || {
         let (mut redis, key) = (redis.clone(), stock_key.clone());
         async move { redis.hget::<_, _, i64>(&key, ga).await.unwrap() <= 18_000 }

@@ -1,6 +1,7 @@
 //! Redis as a process that fails: restarted from an older AOF mid-sale, and hung while
 //! a buyer buys. Each runs a Redis of its own.
 
+use stampede_core::keys::Bucket;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -63,8 +64,14 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
         else {
             return false;
         };
-        let queued: Option<u64> = redis.xlen(app.keys().order_stream(event)).await.ok();
-        let stock: Option<i64> = redis.hget(app.keys().stock(event), ga).await.ok();
+        let queued: Option<u64> = redis
+            .xlen(app.keys().order_stream(Bucket::only(event)))
+            .await
+            .ok();
+        let stock: Option<i64> = redis
+            .hget(app.keys().stock(Bucket::only(event)), ga)
+            .await
+            .ok();
         queued == Some(0) && stock == Some(5)
     })
     .await;
@@ -73,8 +80,14 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let queued: u64 = fresh.xlen(app.keys().order_stream(event)).await.unwrap();
-    let stock: Option<i64> = fresh.hget(app.keys().stock(event), ga).await.unwrap();
+    let queued: u64 = fresh
+        .xlen(app.keys().order_stream(Bucket::only(event)))
+        .await
+        .unwrap();
+    let stock: Option<i64> = fresh
+        .hget(app.keys().stock(Bucket::only(event)), ga)
+        .await
+        .unwrap();
     assert!(
         settled,
         "not settled: {queued} queued, stock {stock:?}; answers {answers:?}"

@@ -1,5 +1,6 @@
 //! Two cores and two edges on one sale: one core killed mid-sale, both edges alike.
 
+use stampede_core::keys::Bucket;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,7 +54,7 @@ async fn one_of_two_cores_killed_mid_sale_and_the_other_settles_its_reservations
     let redis = stack.redis().await;
     let keys = stampede_core::keys::Keys::new(&settings.redis.key_prefix);
     let midway = eventually(Duration::from_secs(30), || {
-        let (mut redis, key) = (redis.clone(), keys.stock(event));
+        let (mut redis, key) = (redis.clone(), keys.stock(Bucket::only(event)));
         async move { redis.hget::<_, _, i64>(&key, ga).await.unwrap_or(UNITS) <= UNITS * 2 / 3 }
     })
     .await;

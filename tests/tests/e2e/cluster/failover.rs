@@ -1,5 +1,6 @@
 //! A Redis master killed mid-sale, and a 202 that waits for the master's replica.
 
+use stampede_core::keys::Bucket;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,7 +60,7 @@ async fn unkept(app: &TestApp, event: u64, admitted: &[(u64, u64)]) -> Vec<(u64,
             continue;
         }
         let status: Option<String> = redis
-            .hget(app.keys().purchase_status(event), user)
+            .hget(app.keys().purchase_status(Bucket::only(event)), user)
             .await
             .unwrap();
         if !status.is_some_and(|s| s.starts_with("FAILED:")) {
@@ -80,7 +81,7 @@ async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_los
     app.publish(event).await;
     let ga = categories[0];
     let buyers = app.buyers(700).await;
-    let master = master_of(first, &app.keys().stock(event));
+    let master = master_of(first, &app.keys().stock(Bucket::only(event)));
     // Its replica must be able to take over.
     in_sync_replica_of(first, master).await;
 
@@ -181,7 +182,7 @@ async fn a_202_waits_until_the_masters_replica_has_the_admission() {
     assert_eq!(app.buy(event, &buyers[0], "a", ga.clone()).await.0, 202);
 
     // The event's replica stops for 600 ms: the next 202 waits for it.
-    let master = master_of(first, &app.keys().stock(event));
+    let master = master_of(first, &app.keys().stock(Bucket::only(event)));
     let replica = in_sync_replica_of(first, master).await;
     signal_node(&stack, replica, "-STOP");
     let paused = Instant::now();
@@ -202,7 +203,7 @@ async fn a_202_waits_until_the_masters_replica_has_the_admission() {
         .arg("-c")
         .arg(format!(
             "printf 'READONLY\\nHGET {} {}\\n' | redis-cli -h 127.0.0.1 -p {replica}",
-            app.keys().purchase_status(event),
+            app.keys().purchase_status(Bucket::only(event)),
             buyers[1].user_id
         ))
         .output()

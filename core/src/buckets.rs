@@ -1,0 +1,541 @@
+//! Units moving between an event's pool and its buckets, for events of several buckets
+//! (docs/scaling.md "Refill without oversell, without stranded units"). A move is two
+//! scripts in two slots: `move_out.lua` takes units out of one place and records the
+//! move there; `move_in.lua` credits them where they go once per move id; then the
+//! record is deleted. A record older than [`STALE_MOVE`] is replayed by the sweeper, so
+//! a core that dies between the steps loses no unit and counts none twice.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+
+use crate::domain::{CategoryId, EventId};
+use crate::infra::redis::Redis;
+use crate::keys::{Bucket, Keys};
+use crate::lock::Lock;
+use crate::script_codes::ScriptCode;
+
+static MOVE_OUT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/move_out.lua")));
+static MOVE_IN: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/move_in.lua")));
+static SET_SOLD_OUT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/set_sold_out.lua")));
+
+/// A move record older than this is the trace of a core that stopped between the two
+/// steps: the sweeper finishes it.
+pub const STALE_MOVE: Duration = Duration::from_secs(5);
+
+/// How long one drain may hold its category's lock.
+const DRAIN_LOCK_TTL: Duration = Duration::from_secs(2);
+
+/// How long a purchase whose bucket ran dry waits for units before SALE_BUSY.
+const REFILL_WAIT: Duration = Duration::from_secs(2);
+
+/// `move_out.lua`'s answer: units taken; from the pool, -1 flagged sold out, -2 empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MovedOut(pub i64);
+
+/// `move_in.lua`'s answers, one to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credited {
+    Now = 1,
+    Before = 0,
+}
+
+impl ScriptCode for Credited {
+    const SCRIPT: &'static str = "move_in.lua";
+    const ALL: &'static [Credited] = &[Credited::Now, Credited::Before];
+
+    fn code(self) -> i64 {
+        self as i64
+    }
+}
+
+/// `set_sold_out.lua`'s answers, one to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flagged {
+    Set = 1,
+    Left = 0,
+}
+
+impl ScriptCode for Flagged {
+    const SCRIPT: &'static str = "set_sold_out.lua";
+    const ALL: &'static [Flagged] = &[Flagged::Set, Flagged::Left];
+
+    fn code(self) -> i64 {
+        self as i64
+    }
+}
+
+/// Where units of an event of several buckets are: its pool or one of its buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    Pool(EventId),
+    Bucket(Bucket),
+}
+
+impl Place {
+    fn stock(self, keys: &Keys) -> String {
+        match self {
+            Place::Pool(e) => keys.pool(e),
+            Place::Bucket(b) => keys.stock(b),
+        }
+    }
+
+    fn moves(self, keys: &Keys) -> String {
+        match self {
+            Place::Pool(e) => keys.pool_moves(e),
+            Place::Bucket(b) => keys.moves(b),
+        }
+    }
+
+    fn credited(self, keys: &Keys) -> String {
+        match self {
+            Place::Pool(e) => keys.pool_credited(e),
+            Place::Bucket(b) => keys.credited(b),
+        }
+    }
+
+    /// How a move record names its destination.
+    fn name(self) -> String {
+        match self {
+            Place::Pool(_) => "pool".to_owned(),
+            Place::Bucket(b) => b.index.to_string(),
+        }
+    }
+
+    fn parse(event: EventId, count: u16, name: &str) -> Option<Place> {
+        if name == "pool" {
+            return Some(Place::Pool(event));
+        }
+        let index: u16 = name.parse().ok()?;
+        (index < count).then_some(Place::Bucket(Bucket {
+            event,
+            index,
+            count,
+        }))
+    }
+
+    /// Every place of an event of `count` buckets: the pool first.
+    pub fn all(event: EventId, count: u16) -> impl Iterator<Item = Place> {
+        std::iter::once(Place::Pool(event)).chain(Bucket::all(event, count).map(Place::Bucket))
+    }
+}
+
+/// A recorded move: `<to>|<category>|<units>|<ms>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    pub id: String,
+    pub to: Place,
+    pub category: u64,
+    pub units: i64,
+    pub at_ms: i64,
+}
+
+impl Move {
+    fn parse(event: EventId, count: u16, id: String, record: &str) -> Option<Move> {
+        let mut parts = record.split('|');
+        let to = Place::parse(event, count, parts.next()?)?;
+        let category = parts.next()?.parse().ok()?;
+        let units = parts.next()?.parse().ok()?;
+        let at_ms = parts.next()?.parse().ok()?;
+        Some(Move {
+            id,
+            to,
+            category,
+            units,
+            at_ms,
+        })
+    }
+}
+
+/// What a purchase whose bucket had too few units gets from [`Mover::refill`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refill {
+    /// Units moved into the bucket: try the purchase again.
+    Retry,
+    /// Fewer units are left in the whole event than asked for.
+    SoldOut,
+    /// No units came within the wait (drains of others under way): SALE_BUSY.
+    Busy,
+}
+
+/// Moves units of one event between its pool and its buckets.
+#[derive(Clone)]
+pub struct Mover {
+    pub redis: Redis,
+    pub keys: Keys,
+}
+
+impl Mover {
+    /// Moves units of `category` from `from` to `to`: at least `at_least` (if there
+    /// are), at least 1/`share` of what is there (1: everything). Returns the units
+    /// moved; from the pool, -1 if the category is flagged sold out and -2 if the pool
+    /// is empty.
+    pub async fn transfer(
+        &self,
+        from: Place,
+        to: Place,
+        category: CategoryId,
+        at_least: u32,
+        share: u32,
+    ) -> anyhow::Result<i64> {
+        let mut redis = self.redis.clone();
+        let id = format!("{:016x}", rand::random::<u64>());
+        let (event, from_pool) = match from {
+            Place::Pool(e) => (e, true),
+            Place::Bucket(b) => (b.event, false),
+        };
+        let flags = match from {
+            Place::Pool(e) => self.keys.sold_out(e),
+            Place::Bucket(b) => self.keys.dry(b),
+        };
+        let MovedOut(n) = MOVE_OUT
+            .key(from.stock(&self.keys))
+            .key(from.moves(&self.keys))
+            .key(flags)
+            .arg(category)
+            .arg(&id)
+            .arg(to.name())
+            .arg(Utc::now().timestamp_millis())
+            .arg(at_least)
+            .arg(share.max(1))
+            .arg(if from_pool { "pool" } else { "bucket" })
+            .invoke_async(&mut redis)
+            .await
+            .map(MovedOut)
+            .with_context(|| format!("moving units of event {event} out"))?;
+        if n > 0 {
+            self.finish(from, to, category, n, &id).await?;
+        }
+        Ok(n)
+    }
+
+    /// The second step of a move, and the deletion of its record.
+    async fn finish(
+        &self,
+        from: Place,
+        to: Place,
+        category: CategoryId,
+        units: i64,
+        id: &str,
+    ) -> anyhow::Result<()> {
+        let mut redis = self.redis.clone();
+        let code: i64 = MOVE_IN
+            .key(to.stock(&self.keys))
+            .key(to.credited(&self.keys))
+            .arg(category)
+            .arg(units)
+            .arg(id)
+            .invoke_async(&mut redis)
+            .await
+            .context("crediting moved units")?;
+        Credited::from_code(code)?;
+        redis::cmd("HDEL")
+            .arg(from.moves(&self.keys))
+            .arg(id)
+            .query_async::<()>(&mut redis)
+            .await
+            .context("deleting a finished move")
+    }
+
+    /// The buyer's bucket had fewer units of `category` than `quantity`: moves units
+    /// into it from the pool; when the pool is empty, drains every bucket into the pool
+    /// first (one drain per category at a time; whoever waits for it then takes from
+    /// the pool). Sold out when a drain found fewer units than asked for in the whole
+    /// event; the edge's flag only when it found none.
+    pub async fn refill(
+        &self,
+        bucket: Bucket,
+        category: CategoryId,
+        quantity: u32,
+    ) -> anyhow::Result<Refill> {
+        let event = bucket.event;
+        let pool = Place::Pool(event);
+        let share = 2 * u32::from(bucket.count);
+        let deadline = tokio::time::Instant::now() + REFILL_WAIT;
+        loop {
+            match self
+                .transfer(pool, Place::Bucket(bucket), category, quantity, share)
+                .await?
+            {
+                -1 => return Ok(Refill::SoldOut),
+                n if n > 0 => return Ok(Refill::Retry),
+                _ => {}
+            }
+            let mut redis = self.redis.clone();
+            let key = self.keys.drain_lock(event, category);
+            if let Some(lock) = Lock::try_acquire(&mut redis, key, DRAIN_LOCK_TTL).await? {
+                let found = self.drain(event, bucket.count, category).await;
+                lock.release(&mut redis).await?;
+                let found = found?;
+                if found == 0 {
+                    self.flag_if_empty(event, category).await?;
+                }
+                if found < i64::from(quantity) {
+                    return Ok(Refill::SoldOut);
+                }
+                continue;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(Refill::Busy);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// For the reconciler: every bucket's units of `category` into the pool, under the
+    /// category's drain lock; returns what the pool then holds, or None if buyers'
+    /// drains kept the lock.
+    pub async fn drain_to_pool(
+        &self,
+        event: EventId,
+        count: u16,
+        category: CategoryId,
+    ) -> anyhow::Result<Option<i64>> {
+        let mut redis = self.redis.clone();
+        let key = self.keys.drain_lock(event, category);
+        let Some(lock) = Lock::acquire(&mut redis, key, DRAIN_LOCK_TTL, REFILL_WAIT).await? else {
+            return Ok(None);
+        };
+        let drained = self.drain(event, count, category).await;
+        let pool: redis::RedisResult<Option<i64>> = redis::cmd("HGET")
+            .arg(self.keys.pool(event))
+            .arg(category)
+            .query_async(&mut redis)
+            .await;
+        lock.release(&mut redis).await?;
+        drained?;
+        Ok(Some(pool?.unwrap_or(0)))
+    }
+
+    /// Moves every bucket's units of `category` into the pool; returns how many.
+    async fn drain(&self, event: EventId, count: u16, category: CategoryId) -> anyhow::Result<i64> {
+        let mut found = 0;
+        for b in Bucket::all(event, count) {
+            found += self
+                .transfer(Place::Bucket(b), Place::Pool(event), category, 0, 1)
+                .await?
+                .max(0);
+        }
+        Ok(found)
+    }
+
+    /// Sets the edge's sold-out flag if the pool is empty and nothing is moving out of
+    /// it. True when set.
+    pub async fn flag_if_empty(
+        &self,
+        event: EventId,
+        category: CategoryId,
+    ) -> anyhow::Result<bool> {
+        let code: i64 = SET_SOLD_OUT
+            .key(self.keys.pool(event))
+            .key(self.keys.pool_moves(event))
+            .key(self.keys.sold_out(event))
+            .arg(category)
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .context("flagging a category sold out")?;
+        Ok(Flagged::from_code(code)? == Flagged::Set)
+    }
+
+    /// Units were given back into a bucket: clears the edge's flag, so buyers of the
+    /// other buckets find them (through a drain).
+    pub async fn reopen(&self, event: EventId, category: CategoryId) -> anyhow::Result<()> {
+        redis::cmd("HDEL")
+            .arg(self.keys.sold_out(event))
+            .arg(category)
+            .query_async::<()>(&mut self.redis.clone())
+            .await
+            .context("clearing a sold-out flag")
+    }
+
+    /// Units available per category: the stock of an event of one bucket; the pool's
+    /// and every bucket's for more (units moving between them are left out: a moment).
+    pub async fn available(
+        &self,
+        event: EventId,
+        count: u16,
+    ) -> anyhow::Result<std::collections::HashMap<u64, i64>> {
+        let mut redis = self.redis.clone();
+        let mut places: Vec<String> = Bucket::all(event, count)
+            .map(|b| self.keys.stock(b))
+            .collect();
+        if count > 1 {
+            places.push(self.keys.pool(event));
+        }
+        let mut total = std::collections::HashMap::new();
+        for key in places {
+            let units: std::collections::HashMap<u64, i64> = redis::cmd("HGETALL")
+                .arg(key)
+                .query_async(&mut redis)
+                .await?;
+            for (c, n) in units {
+                *total.entry(c).or_default() += n;
+            }
+        }
+        Ok(total)
+    }
+
+    /// The moves recorded in every place of the event.
+    pub async fn recorded(&self, event: EventId, count: u16) -> anyhow::Result<Vec<(Place, Move)>> {
+        let mut redis = self.redis.clone();
+        let mut all = Vec::new();
+        for from in Place::all(event, count) {
+            let records: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(from.moves(&self.keys))
+                .query_async(&mut redis)
+                .await?;
+            for (id, record) in records {
+                match Move::parse(event, count, id, &record) {
+                    Some(m) => all.push((from, m)),
+                    None => tracing::error!(%event, record, "unreadable move record"),
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Units recorded as moving and not yet credited where they go (the books count
+    /// them apart from every place).
+    pub async fn moving(&self, event: EventId, count: u16) -> anyhow::Result<Vec<(u64, i64)>> {
+        let mut redis = self.redis.clone();
+        let mut out = Vec::new();
+        for (_, m) in self.recorded(event, count).await? {
+            let credited: bool = redis::cmd("SISMEMBER")
+                .arg(m.to.credited(&self.keys))
+                .arg(&m.id)
+                .query_async(&mut redis)
+                .await?;
+            if !credited {
+                out.push((m.category, m.units));
+            }
+        }
+        Ok(out)
+    }
+
+    /// One pass of the sweeper for an event of several buckets: finishes the moves a
+    /// stopped core left ([`STALE_MOVE`]), and clears a sold-out flag while units are
+    /// still somewhere (given back after the drain that set it), so the next buyer's
+    /// drain finds them. Returns (moves finished, flags cleared).
+    pub async fn sweep(&self, event: EventId, count: u16) -> anyhow::Result<(usize, usize)> {
+        let now = Utc::now().timestamp_millis();
+        let mut finished = 0;
+        for (from, m) in self.recorded(event, count).await? {
+            if now - m.at_ms >= STALE_MOVE.as_millis() as i64 {
+                tracing::warn!(%event, id = m.id, units = m.units, "finishing a move a stopped core left");
+                self.finish(from, m.to, CategoryId(m.category), m.units, &m.id)
+                    .await?;
+                finished += 1;
+            }
+        }
+        let mut redis = self.redis.clone();
+        let flagged: Vec<u64> = redis::cmd("HKEYS")
+            .arg(self.keys.sold_out(event))
+            .query_async(&mut redis)
+            .await?;
+        let mut cleared = 0;
+        for category in flagged {
+            let mut units: i64 = redis::cmd("HGET")
+                .arg(self.keys.pool(event))
+                .arg(category)
+                .query_async::<Option<i64>>(&mut redis)
+                .await?
+                .unwrap_or(0);
+            for b in Bucket::all(event, count) {
+                units += redis::cmd("HGET")
+                    .arg(self.keys.stock(b))
+                    .arg(category)
+                    .query_async::<Option<i64>>(&mut redis)
+                    .await?
+                    .unwrap_or(0);
+            }
+            if units > 0 {
+                tracing::info!(%event, category, units, "units given back after the sold-out flag: reopened");
+                self.reopen(event, CategoryId(category)).await?;
+                cleared += 1;
+            }
+        }
+        Ok((finished, cleared))
+    }
+}
+
+/// Every second until `stop`: [`Mover::sweep`] for each event of several buckets with
+/// a sale in Redis. Safe in every core at once (each step is idempotent).
+pub async fn run_sweeper(
+    mover: Mover,
+    events: std::sync::Arc<crate::catalog::EventCache>,
+    mut stop: crate::shutdown::Shutdown,
+) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait() => return,
+        }
+        if let Err(e) = sweep_all(&mover, &events).await {
+            tracing::warn!(error = format!("{e:#}"), "bucket sweep failed; will retry");
+        }
+    }
+}
+
+/// How often the sweeper looks.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+async fn sweep_all(mover: &Mover, events: &crate::catalog::EventCache) -> anyhow::Result<()> {
+    let ids: Vec<u64> = redis::cmd("HKEYS")
+        .arg(mover.keys.sales_index())
+        .query_async(&mut mover.redis.clone())
+        .await?;
+    for id in ids {
+        let Some(event) = events.get(id).await? else {
+            continue;
+        };
+        if event.buckets > 1 {
+            mover.sweep(EventId(id), event.buckets).await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_of_the_scripts_maps_to_one_variant() {
+        crate::script_codes::assert_mirrored::<Credited>(include_str!(
+            "../../lua/redis/move_in.lua"
+        ));
+        crate::script_codes::assert_mirrored::<Flagged>(include_str!(
+            "../../lua/redis/set_sold_out.lua"
+        ));
+    }
+
+    #[test]
+    fn move_records_parse_back() {
+        let e = EventId(4);
+        let m = Move::parse(e, 3, "ab".into(), "2|17|40|1700").unwrap();
+        assert_eq!(
+            m.to,
+            Place::Bucket(Bucket {
+                event: e,
+                index: 2,
+                count: 3
+            })
+        );
+        assert_eq!((m.category, m.units, m.at_ms), (17, 40, 1700));
+        assert_eq!(
+            Move::parse(e, 3, "x".into(), "pool|1|2|3").unwrap().to,
+            Place::Pool(e)
+        );
+        for bad in ["3|1|2|3", "pool|1|2", "|1|2|3", "pool|x|2|3", ""] {
+            assert_eq!(Move::parse(e, 3, "x".into(), bad), None, "{bad}");
+        }
+        assert_eq!(Place::all(e, 3).count(), 4);
+    }
+}

@@ -1,0 +1,425 @@
+//! One event's stock over several Redis buckets (docs/scaling.md "One hot event over
+//! several shards"): every unit sold once whichever bucket its buyer is in, SOLD_OUT and
+//! the edge's flag only once every bucket and the pool are empty, a cancelled unit back
+//! on sale for buyers of every bucket, the books and a rebuild from MySQL per bucket, and
+//! a move a stopped core left finished by the sweeper.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use stampede_core::buckets::Mover;
+use stampede_core::domain::{EventId, UserId};
+use stampede_core::keys::{Bucket, slot};
+use stampede_e2e::{Buyer, TestApp, eventually, over_shards, purchase, scalar, spawn_app_with};
+
+use crate::lifecycle::{call, created};
+
+const BUCKETS: u16 = 3;
+
+fn bucketed_sale(units: u32, per_user_limit: u32, buckets: u16) -> Value {
+    json!({
+        "title": "Bucketed sale", "venue": "Loopback",
+        "show_time": "2031-06-01T20:00:00Z",
+        "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+        "per_user_limit": per_user_limit, "pay_timeout_s": 900, "buckets": buckets,
+        "categories": [{"name": "GA", "price_cents": 5000, "quantity": units}],
+    })
+}
+
+fn mover(app: &TestApp) -> Mover {
+    Mover {
+        redis: app.redis.clone(),
+        keys: app.keys(),
+    }
+}
+
+/// Units of the category in Redis: the pool and every bucket.
+async fn available(app: &TestApp, event: u64, category: u64) -> i64 {
+    mover(app)
+        .available(EventId(event), BUCKETS)
+        .await
+        .unwrap()
+        .get(&category)
+        .copied()
+        .unwrap_or(0)
+}
+
+async fn flagged(app: &TestApp, event: u64, category: u64) -> bool {
+    let flag: Option<i64> = app
+        .redis
+        .clone()
+        .hget(app.keys().sold_out(event), category)
+        .await
+        .unwrap();
+    flag == Some(1)
+}
+
+async fn live_units(app: &TestApp, event: u64) -> i64 {
+    let union = over_shards(&format!(
+        "SELECT quantity FROM {{orders}} WHERE event_id = {event} AND status IN {}",
+        stampede_core::order_tables::OrderStatus::LIVE_SQL
+    ));
+    scalar(
+        &app.mysql,
+        &format!("SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({union}) o"),
+    )
+    .await
+}
+
+/// Every buyer tries once for one unit (retried while 503), all at once; (202s,
+/// SOLD_OUTs).
+async fn stampede(app: &TestApp, event: u64, category: u64, buyers: &[Buyer]) -> (Vec<u64>, u32) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for b in buyers {
+        let (http, base, user, token) = (
+            app.http.clone(),
+            app.public_url.clone(),
+            b.user_id,
+            b.token.clone(),
+        );
+        tasks.spawn(async move {
+            let body = json!({"category_id": category, "quantity": 1});
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let (status, answer) =
+                    purchase(&http, &base, event, &token, "k1", body.clone()).await;
+                if status != 503 || Instant::now() > deadline {
+                    return (user, status, answer);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+    let (mut admitted, mut sold_out) = (Vec::new(), 0);
+    while let Some(answer) = tasks.join_next().await {
+        let (user, status, body) = answer.unwrap();
+        match status {
+            202 => admitted.push(user),
+            409 if body["error"]["code"] == "SOLD_OUT" => sold_out += 1,
+            _ => panic!("user {user}: {status} {body}"),
+        }
+    }
+    (admitted, sold_out)
+}
+
+/// The reconciler's report once every gap is 0.
+async fn balanced(app: &TestApp, event: u64) -> Value {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, report) = app
+            .post(&format!("/admin/events/{event}/reconcile"), json!({}))
+            .await;
+        assert_eq!(status, 200, "{report}");
+        let cs = report["balance"]["categories"].as_array().unwrap();
+        if cs.iter().all(|c| c["gap"] == 0 && c["oversold"] == 0) {
+            return report;
+        }
+        assert!(Instant::now() < until, "books not balanced: {report:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucketed_event_sells_every_unit_once_and_says_sold_out_only_when_all_are_empty() {
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, categories) = app.create_event(bucketed_sale(40, 2, BUCKETS)).await;
+    let ga = categories[0];
+    let (_, shown) = app.get(&format!("/admin/events/{event}")).await;
+    assert_eq!(shown["buckets"], 3, "{shown}");
+    app.publish(event).await;
+
+    // The layout: a third of the slot space per bucket, the units dealt over the
+    // buckets and the pool, nothing flagged.
+    let mut r = app.redis.clone();
+    let mut dealt = 0;
+    for b in Bucket::all(event, BUCKETS) {
+        let third = u32::from(slot(b.tag().as_bytes())) * 3 / 16_384;
+        assert_eq!(third, u32::from(b.index), "{}", b.tag());
+        let units: i64 = r.hget(app.keys().stock(b), ga).await.unwrap();
+        assert_eq!(units, 4, "ceil(40 / 12) to each bucket");
+        dealt += units;
+    }
+    let pool: i64 = r.hget(app.keys().pool(event), ga).await.unwrap();
+    assert_eq!(pool + dealt, 40);
+    assert_eq!(available(&app, event, ga).await, 40);
+    assert!(!flagged(&app, event, ga).await);
+
+    // 60 buyers for 40 units, from every bucket at once.
+    let buyers = app.buyers(60).await;
+    let in_bucket: HashMap<u64, Bucket> = buyers
+        .iter()
+        .map(|b| {
+            (
+                b.user_id,
+                Bucket::of_buyer(event, BUCKETS, UserId(b.user_id)),
+            )
+        })
+        .collect();
+    assert_eq!(
+        in_bucket
+            .values()
+            .map(|b| b.index)
+            .collect::<HashSet<_>>()
+            .len(),
+        3
+    );
+    let (admitted, sold_out) = stampede(&app, event, ga, &buyers).await;
+    assert_eq!(
+        (admitted.len(), sold_out),
+        (40, 20),
+        "every unit once, then SOLD_OUT"
+    );
+    assert_eq!(available(&app, event, ga).await, 0);
+    assert!(
+        flagged(&app, event, ga).await,
+        "the edge's flag once all are empty"
+    );
+
+    // A repeated key answers as before, and each buyer's status is in their bucket.
+    let first = &buyers[0];
+    let again = app
+        .buy(
+            event,
+            first,
+            "k1",
+            json!({"category_id": ga, "quantity": 1}),
+        )
+        .await;
+    let was_admitted = admitted.contains(&first.user_id);
+    assert_eq!(again.0, if was_admitted { 202 } else { 409 }, "{}", again.1);
+    for b in &buyers[..10] {
+        let bucket = in_bucket[&b.user_id];
+        let status: Option<String> = r
+            .hget(app.keys().purchase_status(bucket), b.user_id)
+            .await
+            .unwrap();
+        assert_eq!(
+            status.is_some(),
+            admitted.contains(&b.user_id),
+            "{status:?}"
+        );
+    }
+
+    // Every 202 becomes an order; the admission numbers are distinct and each is its
+    // buyer's bucket's (≡ bucket index mod 3).
+    let owner = buyers
+        .iter()
+        .find(|b| admitted.contains(&b.user_id))
+        .unwrap();
+    let order_no = created(&app, event, owner).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            live_units(&app, event).await == 40
+        })
+        .await,
+        "40 orders"
+    );
+    let seqs = over_shards(&format!(
+        "SELECT user_id, seq FROM {{orders}} o JOIN stock_log l USING (order_no) \
+         WHERE o.event_id = {event}"
+    ));
+    let rows: Vec<(u64, u64)> =
+        mysql_async::prelude::Queryable::query(&mut app.mysql.get_conn().await.unwrap(), seqs)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 40);
+    assert_eq!(rows.iter().map(|r| r.1).collect::<HashSet<_>>().len(), 40);
+    for (user, seq) in &rows {
+        assert_eq!(
+            seq % 3,
+            u64::from(in_bucket[user].index),
+            "user {user} seq {seq}"
+        );
+    }
+    balanced(&app, event).await;
+
+    // A cancelled unit goes back into its buyer's bucket; the sweeper clears the flag
+    // and a buyer of another bucket gets it.
+    let (status, body) = call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{order_no}/cancel"),
+        owner,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let owner_bucket = in_bucket[&owner.user_id];
+    let back: i64 = r.hget(app.keys().stock(owner_bucket), ga).await.unwrap();
+    assert_eq!(back, 1);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            !flagged(&app, event, ga).await
+        })
+        .await,
+        "the flag cleared within the sweeper's second"
+    );
+    let late = app.buyers(6).await;
+    let other = late
+        .iter()
+        .find(|b| Bucket::of_buyer(event, BUCKETS, UserId(b.user_id)) != owner_bucket)
+        .expect("a buyer of another bucket");
+    let (status, body) = app
+        .buy(
+            event,
+            other,
+            "late",
+            json!({"category_id": ga, "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        status, 202,
+        "the unit given back reached another bucket: {body}"
+    );
+    let (status, body) = app
+        .buy(
+            event,
+            late.iter().find(|b| b.user_id != other.user_id).unwrap(),
+            "late",
+            json!({"category_id": ga, "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("SOLD_OUT")),
+        "{body}"
+    );
+    assert!(flagged(&app, event, ga).await);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            live_units(&app, event).await == 40
+        })
+        .await
+    );
+    balanced(&app, event).await;
+
+    // Redis loses the event's keys: the reconciler rebuilds every bucket from MySQL,
+    // each buyer's holding in their own bucket.
+    let mut gone: Vec<String> = vec![app.keys().event_meta(event), app.keys().pool(event)];
+    for b in Bucket::all(event, BUCKETS) {
+        gone.extend([app.keys().meta(b), app.keys().stock(b), app.keys().held(b)]);
+    }
+    let () = redis::cmd("DEL")
+        .arg(&gone)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let report = balanced(&app, event).await;
+    assert!(
+        report["actions"].to_string().contains("rebuilt"),
+        "{report:#}"
+    );
+    assert_eq!(available(&app, event, ga).await, 0);
+    let holder = admitted
+        .iter()
+        .find(|u| **u != owner.user_id)
+        .copied()
+        .unwrap();
+    let held: Option<i64> = r
+        .hget(app.keys().held(in_bucket[&holder]), holder)
+        .await
+        .unwrap();
+    assert_eq!(held, Some(1));
+    // The per-user limit still holds across the event after the rebuild.
+    let limited = buyers.iter().find(|b| b.user_id == holder).unwrap();
+    let (status, body) = app
+        .buy(
+            event,
+            limited,
+            "more",
+            json!({"category_id": ga, "quantity": 2}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        ["LIMIT_REACHED", "SOLD_OUT"].contains(&body["error"]["code"].as_str().unwrap_or("")),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_a_stopped_core_left_is_finished_by_the_sweeper_and_counted_meanwhile() {
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, categories) = app.create_event(bucketed_sale(30, 4, BUCKETS)).await;
+    let ga = categories[0];
+    app.publish(event).await;
+    let mut r = app.redis.clone();
+    let target = Bucket {
+        event: EventId(event),
+        index: 1,
+        count: BUCKETS,
+    };
+    let before: i64 = r.hget(app.keys().stock(target), ga).await.unwrap();
+    // What a core that died between move_out.lua and move_in.lua leaves: 5 units out
+    // of the pool, recorded, credited nowhere.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let old_ms = now_ms - 60_000;
+    let () = redis::pipe()
+        .hincr(app.keys().pool(event), ga, -5)
+        .hset(
+            app.keys().pool_moves(event),
+            "dead-core-move",
+            format!("1|{ga}|5|{old_ms}"),
+        )
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    // Counted as moving by the books while it waits, credited once by the sweeper.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let now: i64 = app
+                .redis
+                .clone()
+                .hget(app.keys().stock(target), ga)
+                .await
+                .unwrap();
+            now == before + 5
+        })
+        .await,
+        "the sweeper credited the move"
+    );
+    let record: Option<String> = r
+        .hget(app.keys().pool_moves(event), "dead-core-move")
+        .await
+        .unwrap();
+    assert_eq!(record, None);
+    assert!(
+        r.sismember::<_, _, bool>(app.keys().credited(target), "dead-core-move")
+            .await
+            .unwrap()
+    );
+    assert_eq!(available(&app, event, ga).await, 30, "no unit lost or made");
+    balanced(&app, event).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_are_refused_out_of_range_and_with_seats() {
+    let app = spawn_app_with(|_| {}).await;
+    for (buckets, expected) in [
+        (json!(0), "buckets"),
+        (json!(17), "buckets"),
+        (json!("3"), ""),
+    ] {
+        let mut body = bucketed_sale(10, 1, 1);
+        body["buckets"] = buckets.clone();
+        let (status, answer) = app.post("/admin/events", body).await;
+        assert_eq!(status, 400, "{buckets}: {answer}");
+        assert!(answer.to_string().contains(expected), "{answer}");
+    }
+    let mut body = bucketed_sale(10, 1, 2);
+    body["categories"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "S", "price_cents": 1, "seats": {"rows": 2, "cols": 2}}));
+    let (status, answer) = app.post("/admin/events", body).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.to_string().contains("seated"), "{answer}");
+    let count = app
+        .count("SELECT COUNT(*) FROM event WHERE title = 'Bucketed sale'")
+        .await;
+    assert_eq!(count, 0, "nothing written for a refused event");
+}
