@@ -4,11 +4,11 @@
 # the RocketMQ name server and broker as in the single stack), in a disposable state
 # directory of its own (.stack-cluster-test/), stopped and removed on the way out.
 #
-#   scripts/test-cluster.sh           the purchase, pipeline, lifecycle and reconcile tests,
+#   scripts/test-cluster.sh           the purchase, buckets, pipeline, lifecycle and reconcile tests,
 #                                     then the cluster's own (a master killed mid-sale, one
 #                                     of two cores killed mid-sale, two edges agreeing),
 #                                     then the browser tests spread over both edges
-#   scripts/test-cluster.sh --short   the cluster's own tests and the purchase tests
+#   scripts/test-cluster.sh --short   the cluster's own tests, the purchase and buckets tests
 #                                     (`make test` runs this)
 #
 # It uses the test stack's ports (plus 17001-17006 for the cluster and 18084/18086 for
@@ -54,11 +54,11 @@ show_logs() {
 e2e() { cargo test -p stampede-e2e --test e2e -- "$@" || { show_logs; exit 1; }; }
 
 if [ $short = 1 ]; then
-  step "end-to-end on the cluster: purchase"
-  e2e --test-threads 2 purchase::
+  step "end-to-end on the cluster: purchase, buckets"
+  e2e --test-threads 2 purchase:: buckets:: --skip cluster::
 else
-  step "end-to-end on the cluster: purchase, pipeline, lifecycle, reconcile"
-  e2e --test-threads 2 purchase:: pipeline:: lifecycle:: reconcile::
+  step "end-to-end on the cluster: purchase, buckets, pipeline, lifecycle, reconcile"
+  e2e --test-threads 2 purchase:: buckets:: pipeline:: lifecycle:: reconcile:: --skip cluster::
 fi
 
 # One at a time: the master kill fails a shard over under the other tests' feet.

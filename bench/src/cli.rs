@@ -112,6 +112,11 @@ pub struct SaleArgs {
     pub seats: Option<(u32, u32)>,
     #[arg(long, default_value_t = 1)]
     pub per_user_limit: u32,
+    /// Redis buckets the event's stock is split over (1 … 16; docs/scaling.md): on the
+    /// cluster stack, 3 spreads one event's admissions over the 3 masters. Needs no
+    /// --seats.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub buckets: u16,
     /// Concurrent connections, each from a loopback source address of its own.
     #[arg(long, default_value_t = 256)]
     pub connections: usize,

@@ -43,7 +43,9 @@ pub fn print_sale(r: &sale::SaleReport) {
         );
     }
     println!(
-        "  Redis: {:.1} µs of CPU per admission (every node){}",
+        "  Redis ({} bucket{}): {:.1} µs of CPU per admission (every node){}",
+        r.buckets,
+        if r.buckets == 1 { "" } else { "s" },
         r.redis_cpu_us_per_admission,
         r.masters_spread
             .map(|s| format!("; masters' EVALSHA spread {:.0} % of the mean", s * 100.0))

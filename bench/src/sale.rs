@@ -69,6 +69,8 @@ pub struct SaleReport {
     pub redis_cpu_us_per_admission: f64,
     /// (most − fewest) ÷ mean of the masters' EVALSHA calls; null with one master.
     pub masters_spread: Option<f64>,
+    /// The Redis buckets the event's stock was split over (--buckets).
+    pub buckets: u16,
     /// (bucket start s, admitted, rejected) per 100 ms.
     #[serde(skip)]
     pub timeline: Vec<(f64, u64, u64)>,
@@ -94,6 +96,11 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         Duration::from_secs(a.open_in_s),
     );
     body["pay_timeout_s"] = a.pay_timeout_s.into();
+    anyhow::ensure!(
+        a.buckets == 1 || a.seats.is_none(),
+        "--buckets above 1 is for events without seats (drop --seats)"
+    );
+    body["buckets"] = a.buckets.into();
     let opens_at = Instant::now() + Duration::from_secs(a.open_in_s);
     let (event, categories) = stack.event(&body).await?;
     eprintln!(
@@ -330,6 +337,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         redis_cpu_us_per_admission: redis_nodes.iter().map(|n| n.cpu_s).sum::<f64>() * 1e6
             / admitted.len().max(1) as f64,
         masters_spread: nodes::spread(&redis_nodes),
+        buckets: a.buckets,
         redis_nodes,
     })
 }

@@ -18,7 +18,7 @@ use crate::lifecycle::{call, created};
 
 const BUCKETS: u16 = 3;
 
-fn bucketed_sale(units: u32, per_user_limit: u32, buckets: u16) -> Value {
+pub(crate) fn bucketed_sale(units: u32, per_user_limit: u32, buckets: u16) -> Value {
     json!({
         "title": "Bucketed sale", "venue": "Loopback",
         "show_time": "2031-06-01T20:00:00Z",
@@ -70,7 +70,12 @@ async fn live_units(app: &TestApp, event: u64) -> i64 {
 
 /// Every buyer tries once for one unit (retried while 503), all at once; (202s,
 /// SOLD_OUTs).
-async fn stampede(app: &TestApp, event: u64, category: u64, buyers: &[Buyer]) -> (Vec<u64>, u32) {
+pub(crate) async fn stampede(
+    app: &TestApp,
+    event: u64,
+    category: u64,
+    buyers: &[Buyer],
+) -> (Vec<u64>, u32) {
     let mut tasks = tokio::task::JoinSet::new();
     for b in buyers {
         let (http, base, user, token) = (
