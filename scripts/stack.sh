@@ -366,7 +366,11 @@ case $cmd in
     done
     [ -n "$*" ] || rm -f "$MODE_FILE"
     ;;
-  status) status ;;
+  status)
+    # A part down is an answer, not a failure of this script: exit 1 without the
+    # error trap's "failed while" line.
+    if ! status; then exit 1; fi
+    ;;
   rotate-token-secret)
     step="rotate the token secret"
     rotate_token_secret

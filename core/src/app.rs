@@ -161,6 +161,7 @@ impl App {
                 released: metrics.reservations_released.clone(),
                 refused: metrics.reservations_refused.clone(),
                 rewinds: metrics.redis_rewinds.clone(),
+                idle: Default::default(),
             })
         });
         let admission = Admission {
@@ -172,6 +173,7 @@ impl App {
             preloader: preloader.clone(),
             max_stream_depth: s.orders.max_stream_depth,
             replicas,
+            refills: Default::default(),
         };
         let lifecycle = Lifecycle {
             mysql: mysql.clone(),

@@ -5,7 +5,8 @@
 //! record is deleted. A record older than [`STALE_MOVE`] is replayed by the sweeper, so
 //! a core that dies between the steps loses no unit and counts none twice.
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -33,6 +34,9 @@ const DRAIN_LOCK_TTL: Duration = Duration::from_secs(2);
 
 /// How long a purchase whose bucket ran dry waits for units before SALE_BUSY.
 const REFILL_WAIT: Duration = Duration::from_secs(2);
+
+/// How often a refill waiting for another core's drain looks at the pool again.
+const DRAIN_POLL: Duration = Duration::from_millis(20);
 
 /// `move_out.lua`'s answer: units taken; from the pool, -1 flagged sold out, -2 empty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,8 +163,50 @@ pub enum Refill {
     Retry,
     /// Fewer units are left in the whole event than asked for.
     SoldOut,
+    /// No unit is left anywhere: the category is flagged sold out for the edge.
+    Flagged,
     /// No units came within the wait (drains of others under way): SALE_BUSY.
     Busy,
+}
+
+/// One refill at a time per (bucket, category) in this process: the purchases that
+/// find their bucket dry together wait for the first one's refill and then try their
+/// bucket again, instead of each moving a share of the pool (which would empty the pool
+/// into one bucket and send the others' buyers to drains).
+/// And the categories this process found flagged sold out in the last
+/// [`FLAGGED_MEMO`]: a purchase whose bucket is dry is answered SOLD_OUT at once, as the
+/// edge answers every one within its refresh, instead of asking the pool again.
+#[derive(Default)]
+pub struct RefillGates {
+    gates: std::sync::Mutex<HashMap<(Bucket, u64), Gate>>,
+    flagged: std::sync::Mutex<HashMap<(EventId, u64), tokio::time::Instant>>,
+}
+
+/// A refill's turn: held while one refill of a bucket's category runs.
+pub type Gate = Arc<tokio::sync::Mutex<()>>;
+
+/// How long a flag this process saw stands for it (about the edge's refresh).
+pub const FLAGGED_MEMO: Duration = Duration::from_millis(250);
+
+impl RefillGates {
+    pub fn gate(&self, bucket: Bucket, category: CategoryId) -> Gate {
+        let mut gates = self.gates.lock().expect("refill gates");
+        gates.entry((bucket, category.0)).or_default().clone()
+    }
+
+    /// Remembers that the category was flagged sold out just now.
+    pub fn saw_flag(&self, event: EventId, category: CategoryId) {
+        let mut flagged = self.flagged.lock().expect("refill flags");
+        flagged.insert((event, category.0), tokio::time::Instant::now());
+    }
+
+    /// True when the category was seen flagged within [`FLAGGED_MEMO`].
+    pub fn flagged_recently(&self, event: EventId, category: CategoryId) -> bool {
+        let flagged = self.flagged.lock().expect("refill flags");
+        flagged
+            .get(&(event, category.0))
+            .is_some_and(|at| at.elapsed() < FLAGGED_MEMO)
+    }
 }
 
 /// Moves units of one event between its pool and its buckets.
@@ -262,18 +308,18 @@ impl Mover {
                 .transfer(pool, Place::Bucket(bucket), category, quantity, share)
                 .await?
             {
-                -1 => return Ok(Refill::SoldOut),
+                -1 => return Ok(Refill::Flagged),
                 n if n > 0 => return Ok(Refill::Retry),
                 _ => {}
             }
             let mut redis = self.redis.clone();
             let key = self.keys.drain_lock(event, category);
             if let Some(lock) = Lock::try_acquire(&mut redis, key, DRAIN_LOCK_TTL).await? {
-                let found = self.drain(event, bucket.count, category).await;
+                let found = self.drain(event, bucket.count, category, quantity, 2).await;
                 lock.release(&mut redis).await?;
                 let found = found?;
-                if found == 0 {
-                    self.flag_if_empty(event, category).await?;
+                if found == 0 && self.flag_if_empty(event, category).await? {
+                    return Ok(Refill::Flagged);
                 }
                 if found < i64::from(quantity) {
                     return Ok(Refill::SoldOut);
@@ -283,7 +329,7 @@ impl Mover {
             if tokio::time::Instant::now() >= deadline {
                 return Ok(Refill::Busy);
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(DRAIN_POLL).await;
         }
     }
 
@@ -301,7 +347,7 @@ impl Mover {
         let Some(lock) = Lock::acquire(&mut redis, key, DRAIN_LOCK_TTL, REFILL_WAIT).await? else {
             return Ok(None);
         };
-        let drained = self.drain(event, count, category).await;
+        let drained = self.drain(event, count, category, 0, 1).await;
         let pool: redis::RedisResult<Option<i64>> = redis::cmd("HGET")
             .arg(self.keys.pool(event))
             .arg(category)
@@ -312,12 +358,29 @@ impl Mover {
         Ok(Some(pool?.unwrap_or(0)))
     }
 
-    /// Moves every bucket's units of `category` into the pool; returns how many.
-    async fn drain(&self, event: EventId, count: u16, category: CategoryId) -> anyhow::Result<i64> {
+    /// Moves units of `category` from every bucket into the pool: from each, at least
+    /// `at_least` (or all it has, if fewer) and at least 1/`share` of what it has (1:
+    /// everything). So a drain finds fewer than `at_least` units only when the whole
+    /// event has fewer, and leaves the buckets still selling half of theirs. Returns how
+    /// many it moved.
+    async fn drain(
+        &self,
+        event: EventId,
+        count: u16,
+        category: CategoryId,
+        at_least: u32,
+        share: u32,
+    ) -> anyhow::Result<i64> {
         let mut found = 0;
         for b in Bucket::all(event, count) {
             found += self
-                .transfer(Place::Bucket(b), Place::Pool(event), category, 0, 1)
+                .transfer(
+                    Place::Bucket(b),
+                    Place::Pool(event),
+                    category,
+                    at_least,
+                    share,
+                )
                 .await?
                 .max(0);
         }

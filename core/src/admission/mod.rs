@@ -87,6 +87,8 @@ pub struct Admission {
     pub max_stream_depth: u64,
     /// `redis.wait_replicas` > 0: a 202 waits for the replicas to have it.
     pub replicas: Option<replicated::ReplicaBarrier>,
+    /// One refill at a time per bucket and category (events of several buckets).
+    pub refills: crate::buckets::RefillGates,
 }
 
 impl Admission {
@@ -167,34 +169,49 @@ impl Admission {
         idempotency_key: &str,
     ) -> anyhow::Result<Result<Reserved, Refusal>> {
         let mut redis = self.redis.clone();
+        let category = crate::domain::CategoryId(purchase.category_id);
         for _ in 0..=REFILLS {
-            let outcome = reserve::reserve(
-                &mut redis,
-                &self.keys,
-                purchase,
-                request_id,
-                idempotency_key,
-                Utc::now().timestamp_millis(),
-                self.max_stream_depth,
-            )
-            .await?;
+            let mut reserve = async || {
+                reserve::reserve(
+                    &mut redis,
+                    &self.keys,
+                    purchase,
+                    request_id,
+                    idempotency_key,
+                    Utc::now().timestamp_millis(),
+                    self.max_stream_depth,
+                )
+                .await
+            };
+            let outcome = reserve().await?;
+            let reserve::Outcome::Refill = outcome else {
+                return Ok(outcome.into_result());
+            };
+            let event = purchase.bucket.event;
+            if self.refills.flagged_recently(event, category) {
+                return Ok(Err(Refusal::SoldOut));
+            }
+            // Whoever refilled the bucket while this one waited may have brought enough.
+            let gate = self.refills.gate(purchase.bucket, category);
+            let _refilling = gate.lock().await;
+            let outcome = reserve().await?;
             let reserve::Outcome::Refill = outcome else {
                 return Ok(outcome.into_result());
             };
             let mover = crate::buckets::Mover {
-                redis: redis.clone(),
+                redis: self.redis.clone(),
                 keys: self.keys.clone(),
             };
             let refill = mover
-                .refill(
-                    purchase.bucket,
-                    crate::domain::CategoryId(purchase.category_id),
-                    purchase.quantity,
-                )
+                .refill(purchase.bucket, category, purchase.quantity)
                 .await?;
             match refill {
                 crate::buckets::Refill::Retry => {}
                 crate::buckets::Refill::SoldOut => return Ok(Err(Refusal::SoldOut)),
+                crate::buckets::Refill::Flagged => {
+                    self.refills.saw_flag(event, category);
+                    return Ok(Err(Refusal::SoldOut));
+                }
                 crate::buckets::Refill::Busy => return Ok(Err(Refusal::Busy)),
             }
         }

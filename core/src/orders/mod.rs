@@ -19,6 +19,7 @@ pub mod reservation;
 pub mod tx;
 mod worker;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::infra::redis::Redis;
@@ -26,7 +27,7 @@ use mysql_async::Pool;
 
 use crate::catalog::EventCache;
 use crate::config::OrderSettings;
-use crate::keys::Keys;
+use crate::keys::{Bucket, Keys};
 use crate::messaging::MqCell;
 use crate::preload::Preloader;
 
@@ -52,6 +53,11 @@ pub struct Pipeline {
     pub refused: prometheus::IntCounter,
     /// Times Redis was found gone back in time (and the event fenced).
     pub rewinds: prometheus::IntCounter,
+    /// Streams found empty, with when this core's workers read each again and the wait
+    /// after that (`worker::IDLE_MAX` at most): an idle stream costs Redis a few reads a
+    /// second per core whatever the workers, events and buckets; a busy one is read at
+    /// once.
+    pub idle: Mutex<HashMap<Bucket, (std::time::Instant, std::time::Duration)>>,
 }
 
 impl Pipeline {

@@ -19,7 +19,33 @@ use crate::shutdown::Shutdown;
 /// The longest a worker waits between retries of a batch MySQL did not take.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The longest a stream found empty waits before this core reads it again, and the
+/// first wait (doubled while it stays empty).
+const IDLE_MAX: Duration = Duration::from_millis(200);
+const IDLE_FIRST: Duration = Duration::from_millis(10);
+
 impl Pipeline {
+    /// Whether this core's workers should read the stream for new entries now.
+    fn due(&self, bucket: Bucket) -> bool {
+        let idle = self.idle.lock().expect("not poisoned");
+        idle.get(&bucket)
+            .is_none_or(|(next, _)| Instant::now() >= *next)
+    }
+
+    /// After a read of new entries: an empty stream waits longer each time, up to
+    /// [`IDLE_MAX`]; one with entries is read again at once.
+    fn read_new(&self, bucket: Bucket, found: bool) {
+        let mut idle = self.idle.lock().expect("not poisoned");
+        if found {
+            idle.remove(&bucket);
+            return;
+        }
+        let wait = idle
+            .get(&bucket)
+            .map_or(IDLE_FIRST, |(_, wait)| (*wait * 2).min(IDLE_MAX));
+        idle.insert(bucket, (Instant::now() + wait, wait));
+    }
+
     /// Every bucket of every event that has a sale (open or not: a closed sale may
     /// still hold work); each bucket has its stream.
     async fn events_with_sales(&self) -> anyhow::Result<Vec<Bucket>> {
@@ -141,7 +167,7 @@ impl Pipeline {
                         }
                     }
                 }
-                if entries.is_empty() {
+                if entries.is_empty() && self.due(bucket) {
                     match redis::read(
                         &mut redis,
                         &self.keys,
@@ -152,7 +178,10 @@ impl Pipeline {
                     )
                     .await
                     {
-                        Ok(found) => entries = found,
+                        Ok(found) => {
+                            self.read_new(bucket, !found.is_empty());
+                            entries = found;
+                        }
                         Err(e) if e.code() == Some("NOGROUP") => {
                             // The stream vanished (Redis lost its data): make it again.
                             grouped.remove(&bucket);

@@ -299,6 +299,34 @@ async fn a_bucketed_event_sells_every_unit_once_and_says_sold_out_only_when_all_
     );
     balanced(&app, event).await;
 
+    // One bucket goes back in time (its shard's replica took over without the last
+    // admissions): its counter is below its orders' numbers in MySQL; the reconciler
+    // fences the event and rebuilds every bucket, the counter from MySQL's.
+    let rewound = Bucket {
+        event: EventId(event),
+        index: 2,
+        count: BUCKETS,
+    };
+    let mysql_max = rows
+        .iter()
+        .filter(|(user, _)| in_bucket[user] == rewound)
+        .map(|r| r.1)
+        .max()
+        .unwrap();
+    let () = r.hset(app.keys().meta(rewound), "seq", 2).await.unwrap();
+    let report = balanced(&app, event).await;
+    let actions = report["actions"].to_string();
+    assert!(
+        actions.contains("behind") && actions.contains("bucket 2") && actions.contains("rebuilt"),
+        "{report:#}"
+    );
+    let seq: u64 = r.hget(app.keys().meta(rewound), "seq").await.unwrap();
+    assert!(
+        seq >= mysql_max && seq % 3 == 2,
+        "seq {seq}, MySQL's {mysql_max}"
+    );
+    assert_eq!(available(&app, event, ga).await, 0);
+
     // Redis loses the event's keys: the reconciler rebuilds every bucket from MySQL,
     // each buyer's holding in their own bucket.
     let mut gone: Vec<String> = vec![app.keys().event_meta(event), app.keys().pool(event)];
