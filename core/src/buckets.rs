@@ -29,6 +29,10 @@ static SET_SOLD_OUT: LazyLock<redis::Script> =
 /// steps: the sweeper finishes it.
 pub const STALE_MOVE: Duration = Duration::from_secs(5);
 
+/// A call of move_out.lua older than this (a retry, by Redis's clock) takes nothing, so
+/// it can never take units again under a record the sweeper has finished.
+const LATEST_CALL: Duration = Duration::from_millis(2_500);
+
 /// How long one drain may hold its category's lock.
 const DRAIN_LOCK_TTL: Duration = Duration::from_secs(2);
 
@@ -38,20 +42,28 @@ const REFILL_WAIT: Duration = Duration::from_secs(2);
 /// How often a refill waiting for another core's drain looks at the pool again.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
 
-/// `move_out.lua`'s answer: units taken; from the pool, -1 flagged sold out, -2 empty.
+/// `move_out.lua`'s answer: (units taken, the keys' generation they were taken from);
+/// from the pool, -1 flagged sold out, -2 empty; -3 the place is not loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MovedOut(pub i64);
+pub struct MovedOut(pub i64, pub u64);
 
 /// `move_in.lua`'s answers, one to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Credited {
     Now = 1,
     Before = 0,
+    Stale = -1,
+    NotYet = -2,
 }
 
 impl ScriptCode for Credited {
     const SCRIPT: &'static str = "move_in.lua";
-    const ALL: &'static [Credited] = &[Credited::Now, Credited::Before];
+    const ALL: &'static [Credited] = &[
+        Credited::Now,
+        Credited::Before,
+        Credited::Stale,
+        Credited::NotYet,
+    ];
 
     fn code(self) -> i64 {
         self as i64
@@ -103,6 +115,14 @@ impl Place {
         }
     }
 
+    /// The metadata that says the place is loaded, and its generation.
+    fn meta(self, keys: &Keys) -> String {
+        match self {
+            Place::Pool(e) => keys.event_meta(e),
+            Place::Bucket(b) => keys.meta(b),
+        }
+    }
+
     /// How a move record names its destination.
     fn name(self) -> String {
         match self {
@@ -129,7 +149,7 @@ impl Place {
     }
 }
 
-/// A recorded move: `<to>|<category>|<units>|<ms>`.
+/// A recorded move: `<to>|<category>|<units>|<ms>|<epoch>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Move {
     pub id: String,
@@ -137,6 +157,8 @@ pub struct Move {
     pub category: u64,
     pub units: i64,
     pub at_ms: i64,
+    /// The generation of the keys the units were taken from.
+    pub epoch: u64,
 }
 
 impl Move {
@@ -146,12 +168,14 @@ impl Move {
         let category = parts.next()?.parse().ok()?;
         let units = parts.next()?.parse().ok()?;
         let at_ms = parts.next()?.parse().ok()?;
+        let epoch = parts.next()?.parse().ok()?;
         Some(Move {
             id,
             to,
             category,
             units,
             at_ms,
+            epoch,
         })
     }
 }
@@ -239,10 +263,11 @@ impl Mover {
             Place::Pool(e) => self.keys.sold_out(e),
             Place::Bucket(b) => self.keys.dry(b),
         };
-        let MovedOut(n) = MOVE_OUT
+        let MovedOut(n, epoch) = MOVE_OUT
             .key(from.stock(&self.keys))
             .key(from.moves(&self.keys))
             .key(flags)
+            .key(from.meta(&self.keys))
             .arg(category)
             .arg(&id)
             .arg(to.name())
@@ -250,17 +275,20 @@ impl Mover {
             .arg(at_least)
             .arg(share.max(1))
             .arg(if from_pool { "pool" } else { "bucket" })
+            .arg(LATEST_CALL.as_millis() as u64)
             .invoke_async(&mut redis)
             .await
-            .map(MovedOut)
+            .map(|(n, epoch): (i64, u64)| MovedOut(n, epoch))
             .with_context(|| format!("moving units of event {event} out"))?;
         if n > 0 {
-            self.finish(from, to, category, n, &id).await?;
+            self.finish(from, to, category, n, &id, epoch).await?;
         }
         Ok(n)
     }
 
-    /// The second step of a move, and the deletion of its record.
+    /// The second step of a move, and the deletion of its record (kept when the
+    /// destination is being rebuilt: the sweeper finishes it later). True when the
+    /// units are where they go (or void: the destination was rebuilt since).
     async fn finish(
         &self,
         from: Place,
@@ -268,24 +296,36 @@ impl Mover {
         category: CategoryId,
         units: i64,
         id: &str,
-    ) -> anyhow::Result<()> {
+        epoch: u64,
+    ) -> anyhow::Result<bool> {
         let mut redis = self.redis.clone();
         let code: i64 = MOVE_IN
             .key(to.stock(&self.keys))
             .key(to.credited(&self.keys))
+            .key(to.meta(&self.keys))
             .arg(category)
             .arg(units)
             .arg(id)
+            .arg(epoch)
             .invoke_async(&mut redis)
             .await
             .context("crediting moved units")?;
-        Credited::from_code(code)?;
+        match Credited::from_code(code)? {
+            Credited::Now | Credited::Before => {}
+            Credited::Stale => tracing::warn!(
+                id,
+                units,
+                "a move from before a rebuild of the event's keys is void (the rebuild counted its units)"
+            ),
+            Credited::NotYet => return Ok(false),
+        }
         redis::cmd("HDEL")
             .arg(from.moves(&self.keys))
             .arg(id)
             .query_async::<()>(&mut redis)
             .await
-            .context("deleting a finished move")
+            .context("deleting a finished move")?;
+        Ok(true)
     }
 
     /// The buyer's bucket had fewer units of `category` than `quantity`: moves units
@@ -309,6 +349,7 @@ impl Mover {
                 .await?
             {
                 -1 => return Ok(Refill::Flagged),
+                -3 => return Ok(Refill::Busy), // being rebuilt from MySQL
                 n if n > 0 => return Ok(Refill::Retry),
                 _ => {}
             }
@@ -321,10 +362,22 @@ impl Mover {
                 if found == 0 && self.flag_if_empty(event, category).await? {
                     return Ok(Refill::Flagged);
                 }
-                if found < i64::from(quantity) {
-                    return Ok(Refill::SoldOut);
+                if found >= i64::from(quantity) {
+                    continue;
                 }
-                continue;
+                // Every bucket had fewer than asked and gave all it had: the pool now
+                // holds the whole event (with what an earlier drain left there).
+                return Ok(
+                    match self
+                        .transfer(pool, Place::Bucket(bucket), category, quantity, share)
+                        .await?
+                    {
+                        n if n >= i64::from(quantity) => Refill::Retry,
+                        -1 => Refill::Flagged,
+                        -3 => Refill::Busy,
+                        _ => Refill::SoldOut,
+                    },
+                );
             }
             if tokio::time::Instant::now() >= deadline {
                 return Ok(Refill::Busy);
@@ -490,9 +543,10 @@ impl Mover {
         for (from, m) in self.recorded(event, count).await? {
             if now - m.at_ms >= STALE_MOVE.as_millis() as i64 {
                 tracing::warn!(%event, id = m.id, units = m.units, "finishing a move a stopped core left");
-                self.finish(from, m.to, CategoryId(m.category), m.units, &m.id)
+                let done = self
+                    .finish(from, m.to, CategoryId(m.category), m.units, &m.id, m.epoch)
                     .await?;
-                finished += 1;
+                finished += usize::from(done);
             }
         }
         let mut redis = self.redis.clone();
@@ -582,7 +636,7 @@ mod tests {
     #[test]
     fn move_records_parse_back() {
         let e = EventId(4);
-        let m = Move::parse(e, 3, "ab".into(), "2|17|40|1700").unwrap();
+        let m = Move::parse(e, 3, "ab".into(), "2|17|40|1700|4").unwrap();
         assert_eq!(
             m.to,
             Place::Bucket(Bucket {
@@ -591,12 +645,12 @@ mod tests {
                 count: 3
             })
         );
-        assert_eq!((m.category, m.units, m.at_ms), (17, 40, 1700));
+        assert_eq!((m.category, m.units, m.at_ms, m.epoch), (17, 40, 1700, 4));
         assert_eq!(
-            Move::parse(e, 3, "x".into(), "pool|1|2|3").unwrap().to,
+            Move::parse(e, 3, "x".into(), "pool|1|2|3|1").unwrap().to,
             Place::Pool(e)
         );
-        for bad in ["3|1|2|3", "pool|1|2", "|1|2|3", "pool|x|2|3", ""] {
+        for bad in ["3|1|2|3|1", "pool|1|2|3", "|1|2|3|1", "pool|x|2|3|1", ""] {
             assert_eq!(Move::parse(e, 3, "x".into(), bad), None, "{bad}");
         }
         assert_eq!(Place::all(e, 3).count(), 4);

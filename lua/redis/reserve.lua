@@ -78,11 +78,15 @@ if rcall('XLEN', KEYS[7]) >= max_depth then return {-9, '', ''} end
 local stock = rcall('HGET', KEYS[2], cid)
 if not stock then return {-6, '', ''} end
 local buckets = tonumber(meta[6] or '1')
+local held = tonumber(rcall('HGET', KEYS[4], user) or '0')
 if tonumber(stock) < qty then
-  if buckets > 1 then return {-10, '', ''} end
+  -- A buyer at their limit is told so before the core moves units for them.
+  if buckets > 1 then
+    if held + qty > tonumber(meta[4]) then return {-4, '', ''} end
+    return {-10, '', ''}
+  end
   return {-3, '', ''}
 end
-local held = tonumber(rcall('HGET', KEYS[4], user) or '0')
 if held + qty > tonumber(meta[4]) then return {-4, '', ''} end
 
 -- 5. Seats: the chosen ones if all free, or the best free ones.

@@ -60,6 +60,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V14__event_buckets",
         include_str!("../../../sql/V14__event_buckets.sql"),
     ),
+    (
+        "V15__category_name_exact",
+        include_str!("../../../sql/V15__category_name_exact.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

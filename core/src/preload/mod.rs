@@ -153,11 +153,21 @@ impl Preloader {
         }
         let dealt = deal(&available, count);
         if count > 1 {
-            // The event's own slot first: a bucket that runs dry refills from the pool,
+            // Nothing of the old generation moves or admits while the new one is written:
+            // every bucket's metadata goes first (scripts then answer "not loaded").
+            for b in Bucket::all(e, count) {
+                redis::cmd("DEL")
+                    .arg(self.keys.meta(b))
+                    .query_async::<()>(redis)
+                    .await
+                    .context("Failed to fence a bucket")?;
+            }
+            // Then the event's own slot: a bucket that runs dry refills from the pool,
             // so the pool is there before any bucket opens.
             let mut pipe = redis::pipe();
             pipe.atomic();
             pipe.del(&[
+                self.keys.event_meta(e),
                 self.keys.pool(e),
                 self.keys.sold_out(e),
                 self.keys.pool_moves(e),

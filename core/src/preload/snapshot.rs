@@ -76,7 +76,9 @@ pub async fn max_seq_per_bucket<Q: Queryable>(
     }
     let rows: Vec<(u64, u64)> = conn
         .exec(
-            "SELECT seq MOD ?, MAX(seq) FROM stock_log WHERE event_id = ? GROUP BY seq MOD ?",
+            // EXPIRED and REFUSED rows have no number.
+            "SELECT seq MOD ?, MAX(seq) FROM stock_log \
+             WHERE event_id = ? AND seq IS NOT NULL GROUP BY seq MOD ?",
             (count, event_id, count),
         )
         .await
