@@ -1,5 +1,7 @@
 //! A Redis master killed mid-sale, and a 202 that waits for the master's replica.
 
+use stampede_core::buckets::Mover;
+use stampede_core::domain::{EventId, UserId};
 use stampede_core::keys::Bucket;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,6 +12,8 @@ use stampede_core::order_tables::OrderStatus;
 use stampede_e2e::{
     Buyer, Stack, TestApp, eventually, heavy, over_shards, scalar, small_sale, spawn_app_with,
 };
+
+use crate::buckets::bucketed_sale;
 
 use super::{cluster_port, in_sync_replica_of, master_of, replica_in_sync, signal_node, stack_sh};
 
@@ -41,7 +45,12 @@ async fn buy_until_answered(
 
 /// The 202s (user, request id) that ended neither as an order, nor decided in stock_log,
 /// nor released in Redis with FAILED: promises nobody kept.
-async fn unkept(app: &TestApp, event: u64, admitted: &[(u64, u64)]) -> Vec<(u64, u64)> {
+async fn unkept(
+    app: &TestApp,
+    event: u64,
+    buckets: u16,
+    admitted: &[(u64, u64)],
+) -> Vec<(u64, u64)> {
     let mut kept = stampede_e2e::order_numbers(&app.mysql, event).await;
     let mut conn = app.mysql.get_conn().await.unwrap();
     use mysql_async::prelude::Queryable;
@@ -60,7 +69,11 @@ async fn unkept(app: &TestApp, event: u64, admitted: &[(u64, u64)]) -> Vec<(u64,
             continue;
         }
         let status: Option<String> = redis
-            .hget(app.keys().purchase_status(Bucket::only(event)), user)
+            .hget(
+                app.keys()
+                    .purchase_status(Bucket::of_buyer(event, buckets, UserId(user))),
+                user,
+            )
             .await
             .unwrap();
         if !status.is_some_and(|s| s.starts_with("FAILED:")) {
@@ -70,18 +83,65 @@ async fn unkept(app: &TestApp, event: u64, admitted: &[(u64, u64)]) -> Vec<(u64,
     left
 }
 
+/// Units of the category Redis holds for sale: every bucket, the pool and what moves.
+async fn for_sale(app: &TestApp, event: u64, buckets: u16, category: u64) -> i64 {
+    let mover = Mover {
+        redis: app.redis.clone(),
+        keys: app.keys(),
+    };
+    let (held, moving) = (
+        mover.available(EventId(event), buckets).await.unwrap(),
+        mover.moving(EventId(event), buckets).await.unwrap(),
+    );
+    let on_the_way: i64 = moving
+        .iter()
+        .filter(|(c, _)| *c == category)
+        .map(|(_, n)| n)
+        .sum();
+    held.get(&category).copied().unwrap_or(0) + on_the_way
+}
+
+/// Reservations in every bucket's stream, not yet settled.
+async fn backlog(app: &TestApp, event: u64, buckets: u16) -> u64 {
+    let mut redis = app.redis.clone();
+    let mut total = 0;
+    for b in Bucket::all(event, buckets) {
+        let len: u64 = redis.xlen(app.keys().order_stream(b)).await.unwrap();
+        total += len;
+    }
+    total
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_lost() {
+    master_killed_mid_sale(1).await;
+}
+
+/// The same with the event's stock over three buckets, one per master: the master of
+/// the first bucket dies; the buyers of the other two go on, and the rewind check fences
+/// and rebuilds every bucket from MySQL if the promoted replica lacked admissions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucketed_events_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_lost() {
+    master_killed_mid_sale(3).await;
+}
+
+async fn master_killed_mid_sale(buckets: u16) {
     let _heavy = heavy().await;
     let stack = Stack::from_env();
     let first = cluster_port(&stack);
     let app = spawn_app_with(|s| s.orders.enabled = true).await;
     const UNITS: i64 = 400;
-    let (event, categories) = app.create_event(small_sale(UNITS as u32, 1, 1, 1)).await;
+    let sale = if buckets == 1 {
+        small_sale(UNITS as u32, 1, 1, 1)
+    } else {
+        bucketed_sale(UNITS as u32, 1, buckets)
+    };
+    let (event, categories) = app.create_event(sale).await;
     app.publish(event).await;
     let ga = categories[0];
     let buyers = app.buyers(700).await;
-    let master = master_of(first, &app.keys().stock(Bucket::only(event)));
+    let victim = Bucket::all(event, buckets).next().unwrap();
+    let master = master_of(first, &app.keys().stock(victim));
     // Its replica must be able to take over.
     in_sync_replica_of(first, master).await;
 
@@ -99,7 +159,7 @@ async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_los
     }
     // Kill the event's master once a quarter of the units are taken.
     let midway = eventually(Duration::from_secs(30), || async {
-        app.stock(event, ga).await <= UNITS * 3 / 4
+        for_sale(&app, event, buckets, ga).await <= UNITS * 3 / 4
     })
     .await;
     assert!(midway, "the sale did not get going");
@@ -128,10 +188,11 @@ async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_los
     );
     let promised: Vec<(u64, u64)> = admitted.iter().map(|a| (a.0, a.1)).collect();
     let settled = eventually(Duration::from_secs(90), || async {
-        app.stream_len(event).await == 0 && unkept(&app, event, &promised).await.is_empty()
+        backlog(&app, event, buckets).await == 0
+            && unkept(&app, event, buckets, &promised).await.is_empty()
     })
     .await;
-    let left = unkept(&app, event, &promised).await;
+    let left = unkept(&app, event, buckets, &promised).await;
     assert!(
         settled,
         "{} of {} 202s never became an order nor a FAILED status: {:?}",
@@ -160,7 +221,8 @@ async fn a_redis_master_killed_mid_sale_fails_over_and_no_unit_or_promise_is_los
     let (_, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
     assert!(conserved, "the books do not balance: {stats:#}");
     eprintln!(
-        "master {master} killed: {} 202s ({after_kill} after the kill), {live} units in live orders",
+        "{buckets} bucket(s), master {master} killed: {} 202s ({after_kill} after the kill), \
+         {live} units in live orders",
         promised.len()
     );
     Arc::try_unwrap(app).ok().unwrap().stop().await;
