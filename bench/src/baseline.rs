@@ -269,7 +269,7 @@ pub async fn redis_reserve(
         .ignore()
         .query_async(&mut setup)
         .await?;
-    let script = include_str!("../../lua/redis/reserve.lua");
+    let script = stampede_core::admission::reserve::RESERVE_LUA;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(script)

@@ -113,8 +113,8 @@ pub struct SaleArgs {
     #[arg(long, default_value_t = 1)]
     pub per_user_limit: u32,
     /// Redis buckets the event's stock is split over (1 … 16; docs/scaling.md): on the
-    /// cluster stack, 3 spreads one event's admissions over the 3 masters. Needs no
-    /// --seats.
+    /// cluster stack, 3 spreads one event's admissions over the 3 masters (the seats of
+    /// --seats stay in the event's own slot).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub buckets: u16,
     /// Concurrent connections, each from a loopback source address of its own.

@@ -96,10 +96,6 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         Duration::from_secs(a.open_in_s),
     );
     body["pay_timeout_s"] = a.pay_timeout_s.into();
-    anyhow::ensure!(
-        a.buckets == 1 || a.seats.is_none(),
-        "--buckets above 1 is for events without seats (drop --seats)"
-    );
     body["buckets"] = a.buckets.into();
     let opens_at = Instant::now() + Duration::from_secs(a.open_in_s);
     let (event, categories) = stack.event(&body).await?;

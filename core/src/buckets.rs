@@ -614,6 +614,16 @@ async fn sweep_all(mover: &Mover, events: &crate::catalog::EventCache) -> anyhow
         };
         if event.buckets > 1 {
             mover.sweep(EventId(id), event.buckets).await?;
+            if event.categories.iter().any(|c| c.seats.is_some()) {
+                let mut redis = mover.redis.clone();
+                crate::admission::seat_lock::settle_expired(
+                    &mut redis,
+                    &mover.keys,
+                    EventId(id),
+                    event.buckets,
+                )
+                .await?;
+            }
         }
     }
     Ok(())

@@ -98,15 +98,37 @@ impl Keys {
         self.tagged(&b.tag(), "credited")
     }
 
-    /// Hash: `row:col` → seat state, one per seated category (seated events have one
-    /// bucket).
+    /// Hash: `row:col` → seat state, one per seated category. A category's seats live in
+    /// one slot whatever bucket asks: the bucket's own for an event of one bucket, the
+    /// event's (`{ev:<id>}`, with the pool) for more ([`Bucket::seat_home`]).
     pub fn seats(&self, b: Bucket, category_id: impl Into<CategoryId>) -> String {
-        self.tagged(&b.tag(), &format!("seats:{}", category_id.into()))
+        self.tagged(
+            &b.seat_home().tag(),
+            &format!("seats:{}", category_id.into()),
+        )
     }
 
     /// Hash: row → free seats in that row, so seat picking need not read every seat.
     pub fn row_free(&self, b: Bucket, category_id: impl Into<CategoryId>) -> String {
-        self.tagged(&b.tag(), &format!("rowfree:{}", category_id.into()))
+        self.tagged(
+            &b.seat_home().tag(),
+            &format!("rowfree:{}", category_id.into()),
+        )
+    }
+
+    /// Sorted set: request id → Redis time (ms) until which its seats are pending
+    /// (`P:<request id>`), taken by `seat_lock.lua` for a purchase whose bucket is not
+    /// the seats' slot (events of several buckets); confirmed or freed by the core, or
+    /// by the sweeper once the time has passed.
+    pub fn seat_locks(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "seatlocks")
+    }
+
+    /// Hash: request id → `<category>|<user>|<Redis ms locked>|<seats>|<Idempotency-Key>`
+    /// of each pending lock in [`Keys::seat_locks`]: what the sweeper needs to tell whether
+    /// the purchase was admitted.
+    pub fn seat_lock_records(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "seatlocks:rec")
     }
 
     /// Hash: user id → units the user holds in this event (reserved, unpaid or paid).
@@ -233,6 +255,18 @@ impl Bucket {
         })
     }
 
+    /// Where the event's seats are: this bucket for an event of one bucket, else the
+    /// event's own slot (that of [`Keys::pool`]).
+    pub fn seat_home(self) -> Bucket {
+        Bucket::only(self.event)
+    }
+
+    /// True when this bucket's keys and its event's seats share a slot (one bucket), so
+    /// one script can take units and seats together.
+    pub fn holds_seats(self) -> bool {
+        self.count <= 1
+    }
+
     /// The hash tag, without braces.
     pub fn tag(self) -> String {
         if self.count <= 1 {
@@ -281,18 +315,23 @@ fn hex(text: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeatState {
     Free,
+    /// Taken for a purchase whose bucket is in another slot, until it is admitted
+    /// (then locked) or not (then free again): `seat_lock.lua`.
+    Pending(OrderNo),
     Locked(OrderNo),
     Sold(OrderNo),
 }
 
 impl SeatState {
     pub const FREE: &str = "F";
+    pub const PENDING: &str = "P:";
     pub const LOCKED: &str = "L:";
     pub const SOLD: &str = "S:";
 
     pub fn encode(self) -> String {
         match self {
             SeatState::Free => SeatState::FREE.to_owned(),
+            SeatState::Pending(o) => format!("{}{o}", SeatState::PENDING),
             SeatState::Locked(o) => format!("{}{o}", SeatState::LOCKED),
             SeatState::Sold(o) => format!("{}{o}", SeatState::SOLD),
         }
@@ -303,6 +342,9 @@ impl SeatState {
             return Some(SeatState::Free);
         }
         let number = |rest: &str| rest.parse().ok().map(OrderNo);
+        if let Some(rest) = text.strip_prefix(SeatState::PENDING) {
+            return number(rest).map(SeatState::Pending);
+        }
         if let Some(rest) = text.strip_prefix(SeatState::LOCKED) {
             return number(rest).map(SeatState::Locked);
         }
@@ -317,7 +359,7 @@ impl SeatState {
     pub fn letter(self) -> char {
         match self {
             SeatState::Free => 'F',
-            SeatState::Locked(_) => SeatState::TAKEN,
+            SeatState::Pending(_) | SeatState::Locked(_) => SeatState::TAKEN,
             SeatState::Sold(_) => 'S',
         }
     }
@@ -420,6 +462,7 @@ mod tests {
     fn seat_states_round_trip() {
         for s in [
             SeatState::Free,
+            SeatState::Pending(OrderNo(12)),
             SeatState::Locked(OrderNo(12)),
             SeatState::Sold(OrderNo(12)),
         ] {
@@ -439,7 +482,12 @@ mod tests {
             (
                 "reserve.lua",
                 include_str!("../../lua/redis/reserve.lua"),
-                &[SeatState::FREE, SeatState::LOCKED][..],
+                &[SeatState::LOCKED][..],
+            ),
+            (
+                "lib/seat_pick.lua",
+                include_str!("../../lua/redis/lib/seat_pick.lua"),
+                &[SeatState::FREE][..],
             ),
             (
                 "release.lua",
@@ -456,6 +504,21 @@ mod tests {
                 include_str!("../../lua/redis/sold.lua"),
                 &[SeatState::LOCKED, SeatState::SOLD][..],
             ),
+            (
+                "seat_lock.lua",
+                include_str!("../../lua/redis/seat_lock.lua"),
+                &[SeatState::PENDING][..],
+            ),
+            (
+                "seat_confirm.lua",
+                include_str!("../../lua/redis/seat_confirm.lua"),
+                &[SeatState::PENDING, SeatState::LOCKED][..],
+            ),
+            (
+                "seat_free.lua",
+                include_str!("../../lua/redis/seat_free.lua"),
+                &[SeatState::FREE, SeatState::PENDING, SeatState::LOCKED][..],
+            ),
         ] {
             let code: String = script
                 .lines()
@@ -465,7 +528,7 @@ mod tests {
             for state in states {
                 assert!(code.contains(&quoted(state)), "{name} writes {state}");
             }
-            for other in ["'L'", "'S'", "'F:'"] {
+            for other in ["'L'", "'S'", "'P'", "'F:'"] {
                 assert!(!code.contains(other), "{name} has {other}");
             }
         }

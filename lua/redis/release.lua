@@ -7,6 +7,8 @@
 -- ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] request id
 -- ARGV[4] user id          ARGV[5] category id       ARGV[6] quantity
 -- ARGV[7] seats "r:c,r:c" or ""                      ARGV[8] reason
+-- ARGV[9] units back into KEYS[3]: the quantity, or 0 when the seats' own slot takes
+--         them back (seat_free.lua: an event of several buckets, ARGV[7] then "")
 --
 -- Returns (mirrored by Released in core/src/orders/redis.rs):
 --    1 RELEASED      released
@@ -17,7 +19,8 @@ local group, entry, rid, user, cid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local qty = tonumber(ARGV[6])
 if rcall('XACK', KEYS[1], group, entry) == 0 then return 0 end
 rcall('XDEL', KEYS[1], entry)
-if rcall('HINCRBY', KEYS[3], cid, qty) > 0 then rcall('HDEL', KEYS[4], cid) end
+local back = tonumber(ARGV[9])
+if back > 0 and rcall('HINCRBY', KEYS[3], cid, back) > 0 then rcall('HDEL', KEYS[4], cid) end
 if rcall('HINCRBY', KEYS[5], user, -qty) <= 0 then rcall('HDEL', KEYS[5], user) end
 local lock = 'L:' .. rid
 for seat in string.gmatch(ARGV[7], '[^,]+') do

@@ -19,16 +19,21 @@
 -- KEYS[7] stream   stream reservations for the order workers
 -- KEYS[8] seats    hash   "row:col" → "F" free, "L:<request id>" locked (seated mode)
 -- KEYS[9] rowfree  hash   row → free seats in it (seated mode)
--- For an unseated category KEYS[8] and KEYS[9] are the category's would-be seat keys;
--- they are never touched. Every key carries the event's hash tag.
+-- For an unseated category, or seats locked elsewhere, KEYS[8] and KEYS[9] are never
+-- touched (the core passes the bucket's stock key for both). Every key carries the
+-- bucket's hash tag.
 --
 -- ARGV[1] category id      ARGV[2] user id       ARGV[3] quantity
 -- ARGV[4] request id (the order number)          ARGV[5] Idempotency-Key
 -- ARGV[6] now, ms since the epoch
--- ARGV[7] seat mode: "none" (unseated), "auto" (best ARGV[3] seats), "pick" (ARGV[9..])
--- ARGV[8] seat columns per row (seated modes), else "0"
+-- ARGV[7] seat mode: "none" (unseated), "auto" (best ARGV[3] seats), "pick" (ARGV[10..]),
+--         or "locked-auto" / "locked-pick": the seats ARGV[10..] are already locked in
+--         the seats' own slot (an event of several buckets: seat_lock.lua); nothing
+--         here touches seats or the category's stock
+-- ARGV[8] seat columns per row ("auto", "pick"); the lock's Redis time in ms
+--         ("locked-…"); else "0"
 -- ARGV[9] most reservations the stream may hold before admission pauses
--- ARGV[10..] chosen seats "row:col" (mode "pick"), distinct
+-- ARGV[10..] chosen seats "row:col" (mode "pick"), distinct; the locked seats
 --
 -- Returns {code, request id, seats "r:c,r:c"} (mirrored by ReserveCode in
 -- core/src/admission/reserve.rs):
@@ -43,17 +48,27 @@
 --   -7 UNKNOWN_SEAT      a chosen seat is not in the category
 --   -8 KEY_REUSED        the Idempotency-Key was used for a different request
 --   -9 SALE_BUSY         the order workers are this far behind: try again shortly
+--                        (or the seats' lock is older than 10 s)
 --  -10 REFILL            (B > 1) the bucket has fewer units than asked for: the core
 --                        moves units into it, or finds the category sold out
 local rcall = redis.call
-local tonumber, concat, unpack = tonumber, table.concat, unpack
+local tonumber, concat = tonumber, table.concat
 
 local cid, user, qty = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local rid, key, now = ARGV[4], ARGV[5], tonumber(ARGV[6])
 local mode, cols, max_depth = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
 local chosen = {}
 for i = 10, #ARGV do chosen[#chosen + 1] = ARGV[i] end
-local fingerprint = cid .. ':' .. qty .. ':' .. mode .. ':' .. concat(chosen, ',')
+-- "locked-auto" / "locked-pick": the seats were locked in their own slot; the request
+-- is still the "auto" / "pick" one it was, for its fingerprint.
+local locked_at = nil
+local locked = string.sub(mode, 1, 7) == 'locked-'
+if locked then
+  mode = string.sub(mode, 8)
+  locked_at = cols
+end
+local asked = (locked and mode == 'auto') and '' or concat(chosen, ',')
+local fingerprint = cid .. ':' .. qty .. ':' .. mode .. ':' .. asked
 
 -- 1. A repeated key answers what it answered the first time.
 local idem_field = user .. ':' .. key
@@ -74,8 +89,16 @@ end
 -- 3. Promise only what the order workers can keep up with.
 if rcall('XLEN', KEYS[7]) >= max_depth then return {-9, '', ''} end
 
--- 4. Stock, then the user's limit across everything held in this event.
-local stock = rcall('HGET', KEYS[2], cid)
+-- 4. Stock, then the user's limit across everything held in this event. Seats locked
+-- elsewhere were counted there; a lock older than 10 s by this master's clock is not
+-- trusted (the sweeper frees pending locks after 30 s).
+if locked then
+  local t = rcall('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - locked_at > 10000 then
+    return {-9, '', ''}
+  end
+end
+local stock = locked and tostring(qty) or rcall('HGET', KEYS[2], cid)
 if not stock then return {-6, '', ''} end
 local buckets = tonumber(meta[6] or '1')
 local held = tonumber(rcall('HGET', KEYS[4], user) or '0')
@@ -89,73 +112,29 @@ if tonumber(stock) < qty then
 end
 if held + qty > tonumber(meta[4]) then return {-4, '', ''} end
 
--- 5. Seats: the chosen ones if all free, or the best free ones.
-local function row_of(seat) return string.match(seat, '^(%d+):') end
-
-local function row_seats(row)
-  local names = {}
-  for c = 1, cols do names[c] = row .. ':' .. c end
-  return names, rcall('HMGET', KEYS[8], unpack(names))
-end
-
--- Adjacent seats in the lowest row that has them, else the first free seats in row
--- order (the fewest rows). Reads only rows with enough free seats, never the whole map.
-local function pick_best(n)
-  local counts = rcall('HGETALL', KEYS[9])
-  local rows = {}
-  for i = 1, #counts, 2 do
-    local free = tonumber(counts[i + 1])
-    if free > 0 then rows[#rows + 1] = {tonumber(counts[i]), free} end
-  end
-  table.sort(rows, function(a, b) return a[1] < b[1] end)
-  for _, r in ipairs(rows) do
-    if r[2] >= n then
-      local names, states = row_seats(r[1])
-      local run = 0
-      for c = 1, cols do
-        if states[c] == 'F' then
-          run = run + 1
-          if run == n then return {unpack(names, c - n + 1, c)} end
-        else
-          run = 0
-        end
-      end
-    end
-  end
-  local taken = {}
-  for _, r in ipairs(rows) do
-    local names, states = row_seats(r[1])
-    for c = 1, cols do
-      if states[c] == 'F' then
-        taken[#taken + 1] = names[c]
-        if #taken == n then return taken end
-      end
-    end
-  end
-  return nil
-end
-
+-- 5. Seats: the chosen ones if all free, or the best free ones (lib/seat_pick.lua,
+-- loaded in front of this script). With seats in another slot (mode "locked") seat_lock.lua
+-- took them before: ARGV[10..] are the seats it locked.
 local seats = {}
-if mode == 'pick' then
-  local states = rcall('HMGET', KEYS[8], unpack(chosen))
-  for i = 1, #chosen do
-    if not states[i] then return {-7, '', ''} end
-    if states[i] ~= 'F' then return {-5, '', ''} end
-  end
+if locked then
   seats = chosen
-elseif mode == 'auto' then
-  seats = pick_best(qty)
+elseif mode == 'pick' or mode == 'auto' then
+  local refused
+  seats, refused = pick_seats(KEYS[8], KEYS[9], mode, qty, cols, chosen)
+  if refused == -7 then return {-7, '', ''} end
   if not seats then return {-5, '', ''} end
 end
 
 -- 6. Everything checked: take it.
-local lock = 'L:' .. rid
-for _, seat in ipairs(seats) do
-  rcall('HSET', KEYS[8], seat, lock)
-  rcall('HINCRBY', KEYS[9], row_of(seat), -1)
-end
 local seat_list = concat(seats, ',')
-if rcall('HINCRBY', KEYS[2], cid, -qty) == 0 then rcall('HSET', KEYS[3], cid, 1) end
+if not locked then
+  local lock = 'L:' .. rid
+  for _, seat in ipairs(seats) do
+    rcall('HSET', KEYS[8], seat, lock)
+    rcall('HINCRBY', KEYS[9], string.match(seat, '^(%d+):'), -1)
+  end
+  if rcall('HINCRBY', KEYS[2], cid, -qty) == 0 then rcall('HSET', KEYS[3], cid, 1) end
+end
 rcall('HINCRBY', KEYS[4], user, qty)
 rcall('HSET', KEYS[5], idem_field, rid .. '|' .. fingerprint .. '|' .. seat_list)
 rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)

@@ -6,6 +6,8 @@
 -- KEYS[6] seats      KEYS[7] rowfree   (the order's category's)
 -- ARGV[1] order no   ARGV[2] user id   ARGV[3] category id   ARGV[4] quantity
 -- ARGV[5] seats "r:c,r:c" or ""
+-- ARGV[6] units back into KEYS[2]: the quantity, or 0 when the seats' own slot takes
+--         them back (seat_free.lua: an event of several buckets, ARGV[5] then "")
 --
 -- Returns (mirrored by Restocked in core/src/lifecycle/restock.rs):
 --    1 NOW     given back now
@@ -13,7 +15,8 @@
 local rcall = redis.call
 local order, user, cid, qty = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 if rcall('SADD', KEYS[1], order) == 0 then return 0 end
-if rcall('HINCRBY', KEYS[2], cid, qty) > 0 then rcall('HDEL', KEYS[3], cid) end
+local back = tonumber(ARGV[6])
+if back > 0 and rcall('HINCRBY', KEYS[2], cid, back) > 0 then rcall('HDEL', KEYS[3], cid) end
 if rcall('HINCRBY', KEYS[4], user, -qty) <= 0 then rcall('HDEL', KEYS[4], user) end
 local lock = 'L:' .. order
 for seat in string.gmatch(ARGV[5], '[^,]+') do

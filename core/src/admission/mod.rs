@@ -4,6 +4,7 @@
 
 pub mod replicated;
 pub mod reserve;
+pub mod seat_lock;
 pub mod status;
 pub mod throttle;
 pub mod validate;
@@ -71,6 +72,22 @@ pub enum Seats {
     Chosen { cols: u32, seats: Vec<(u32, u32)> },
 }
 
+impl Seats {
+    /// The seat mode, columns per row and chosen seats `"row:col"` as the scripts that
+    /// choose seats take them (`reserve.lua`, `seat_lock.lua`).
+    pub fn script_args(&self) -> (&'static str, u32, Vec<String>) {
+        match self {
+            Seats::None => ("none", 0, Vec::new()),
+            Seats::Best { cols } => ("auto", *cols, Vec::new()),
+            Seats::Chosen { cols, seats } => (
+                "pick",
+                *cols,
+                seats.iter().map(|(r, c)| format!("{r}:{c}")).collect(),
+            ),
+        }
+    }
+}
+
 /// What admission reads and writes.
 pub struct Admission {
     pub redis: Redis,
@@ -122,9 +139,13 @@ impl Admission {
             tracing::warn!("order-number lease not renewed in time; admission paused");
             return Err(Refusal::Busy.into());
         };
-        let outcome = self
-            .reserve_refilling(&purchase, request_id, idempotency_key)
-            .await?;
+        let outcome = if purchase.seats != Seats::None && !purchase.bucket.holds_seats() {
+            self.reserve_seats_elsewhere(&purchase, request_id, idempotency_key)
+                .await?
+        } else {
+            self.reserve_refilling(&purchase, request_id, idempotency_key)
+                .await?
+        };
         let reserved = match outcome {
             // Not a repeat of an admitted key: the answer the window gives.
             Err(_) if window_closed => return Err(Refusal::NotOpen.into()),
@@ -160,6 +181,112 @@ impl Admission {
 }
 
 impl Admission {
+    /// A seated purchase in an event of several buckets (docs/scaling.md "Seated
+    /// categories"): the seats pending in their slot, reserve.lua on the buyer's bucket,
+    /// then the seats kept or freed. A failure between the steps leaves a pending lock
+    /// the sweeper settles.
+    async fn reserve_seats_elsewhere(
+        &self,
+        purchase: &Purchase,
+        request_id: crate::domain::OrderNo,
+        idempotency_key: &str,
+    ) -> anyhow::Result<Result<Reserved, Refusal>> {
+        let mut redis = self.redis.clone();
+        let (event, category) = (
+            purchase.bucket.event,
+            crate::domain::CategoryId(purchase.category_id),
+        );
+        let now = || Utc::now().timestamp_millis();
+        let locked = seat_lock::lock(
+            &mut redis,
+            &self.keys,
+            purchase,
+            request_id,
+            idempotency_key,
+            now(),
+        )
+        .await?;
+        let locked = match locked {
+            Ok(locked) => locked,
+            Err(refusal) => {
+                // A repeated key answers what it answered the first time, even when its
+                // seats are taken now (by that very purchase).
+                let first = self.replay(purchase, request_id, idempotency_key).await?;
+                return Ok(first.unwrap_or(Err(refusal)));
+            }
+        };
+        let outcome = reserve::reserve(
+            &mut redis,
+            &self.keys,
+            purchase,
+            request_id,
+            idempotency_key,
+            now(),
+            self.max_stream_depth,
+            Some(&locked),
+        )
+        .await?
+        .into_result();
+        let seats = locked.seats.join(",");
+        match &outcome {
+            Ok(r) if !r.replayed => {
+                let seat_lock::Confirmed(held) =
+                    seat_lock::confirm(&mut redis, &self.keys, event, category, request_id, &seats)
+                        .await?;
+                if held < locked.seats.len() {
+                    // Only a rebuild of the event's keys between the steps does this;
+                    // MySQL's seat guard decides who has the seat.
+                    tracing::warn!(
+                        event_id = event.0,
+                        request_id = request_id.0,
+                        held,
+                        "a pending seat lock was gone when its purchase was admitted"
+                    );
+                }
+            }
+            _ => {
+                seat_lock::free(&mut redis, &self.keys, event, category, request_id, &seats)
+                    .await?;
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// What reserve.lua answers a repeat of `idempotency_key`, if the key was used in
+    /// this event before (None when it was not).
+    async fn replay(
+        &self,
+        purchase: &Purchase,
+        request_id: crate::domain::OrderNo,
+        idempotency_key: &str,
+    ) -> anyhow::Result<Option<Result<Reserved, Refusal>>> {
+        let mut redis = self.redis.clone();
+        let seen: bool = redis::cmd("HEXISTS")
+            .arg(self.keys.idempotency(purchase.bucket))
+            .arg(crate::keys::idempotency_field(
+                UserId(purchase.user_id),
+                idempotency_key,
+            ))
+            .query_async(&mut redis)
+            .await?;
+        if !seen {
+            return Ok(None);
+        }
+        // The script answers from the key's record before anything else.
+        let outcome = reserve::reserve(
+            &mut redis,
+            &self.keys,
+            purchase,
+            request_id,
+            idempotency_key,
+            Utc::now().timestamp_millis(),
+            self.max_stream_depth,
+            None,
+        )
+        .await?;
+        Ok(Some(outcome.into_result()))
+    }
+
     /// reserve.lua, and for an event of several buckets the refill of a bucket that ran
     /// dry (docs/scaling.md): at most [`REFILLS`] refills, then SALE_BUSY.
     async fn reserve_refilling(
@@ -180,6 +307,7 @@ impl Admission {
                     idempotency_key,
                     Utc::now().timestamp_millis(),
                     self.max_stream_depth,
+                    None,
                 )
                 .await
             };

@@ -9,8 +9,10 @@ use crate::domain::OrderNo;
 use crate::keys::Keys;
 use crate::script_codes::ScriptCode;
 
-static RESERVE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/reserve.lua")));
+/// reserve.lua as Redis runs it (seat_pick.lua in front).
+pub const RESERVE_LUA: &str = super::seat_lock::with_seat_pick!("../../../lua/redis/reserve.lua");
+
+static RESERVE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RESERVE_LUA));
 
 /// The return codes of `reserve.lua`, one to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +105,9 @@ impl Outcome {
     }
 }
 
-/// Runs the script on the buyer's bucket; Err for Redis trouble.
+/// Runs the script on the buyer's bucket; Err for Redis trouble. `locked`: the seats
+/// `seat_lock.lua` took for this request in their own slot (events of several buckets).
+#[allow(clippy::too_many_arguments)]
 pub async fn reserve(
     redis: &mut Redis,
     keys: &Keys,
@@ -112,17 +116,26 @@ pub async fn reserve(
     idempotency_key: &str,
     now_ms: i64,
     max_stream_depth: u64,
+    locked: Option<&super::seat_lock::Locked>,
 ) -> anyhow::Result<Outcome> {
-    let (mode, cols, chosen): (&str, u32, Vec<String>) = match &p.seats {
-        Seats::None => ("none", 0, Vec::new()),
-        Seats::Best { cols } => ("auto", *cols, Vec::new()),
-        Seats::Chosen { cols, seats } => (
-            "pick",
-            *cols,
-            seats.iter().map(|(r, c)| format!("{r}:{c}")).collect(),
-        ),
+    let (mode, cols, chosen): (&str, i64, Vec<String>) = match (&p.seats, locked) {
+        (Seats::Best { .. }, Some(l)) => ("locked-auto", l.at_ms, l.seats.clone()),
+        (Seats::Chosen { .. }, Some(l)) => ("locked-pick", l.at_ms, l.seats.clone()),
+        (seats, _) => {
+            let (mode, cols, chosen) = seats.script_args();
+            (mode, cols.into(), chosen)
+        }
     };
     let b = p.bucket;
+    // Seats in another slot are never touched here: the bucket's own key stands in.
+    let (seats_key, row_free_key) = if b.holds_seats() {
+        (
+            keys.seats(b, p.category_id),
+            keys.row_free(b, p.category_id),
+        )
+    } else {
+        (keys.stock(b), keys.stock(b))
+    };
     let (code, rid, seats): (i64, String, String) = RESERVE
         .key(keys.meta(b))
         .key(keys.stock(b))
@@ -131,8 +144,8 @@ pub async fn reserve(
         .key(keys.idempotency(b))
         .key(keys.purchase_status(b))
         .key(keys.order_stream(b))
-        .key(keys.seats(b, p.category_id))
-        .key(keys.row_free(b, p.category_id))
+        .key(seats_key)
+        .key(row_free_key)
         .arg(p.category_id)
         .arg(p.user_id)
         .arg(p.quantity)

@@ -150,15 +150,6 @@ impl TryFrom<EventRequest> for NewEvent {
                 stock,
             });
         }
-        if buckets > 1
-            && categories
-                .iter()
-                .any(|c| matches!(c.stock, Stock::Seats { .. }))
-        {
-            return Err(format!(
-                "buckets {buckets} is for events without seated categories (a seated event has 1)"
-            ));
-        }
         Ok(NewEvent {
             title,
             venue,
@@ -296,7 +287,7 @@ mod tests {
     }
 
     #[test]
-    fn buckets_default_to_one_and_stay_in_range_and_off_seats() {
+    fn buckets_default_to_one_and_stay_in_range_with_or_without_seats() {
         let units = serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 9}]);
         assert_eq!(
             NewEvent::try_from(request(units.clone())).unwrap().buckets,
@@ -322,6 +313,6 @@ mod tests {
             {"name": "S", "price_cents": 1, "seats": {"rows": 2, "cols": 2}},
         ]));
         r.buckets = Some(2);
-        assert!(NewEvent::try_from(r).unwrap_err().contains("seated"));
+        assert_eq!(NewEvent::try_from(r).unwrap().buckets, 2);
     }
 }

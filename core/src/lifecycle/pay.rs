@@ -248,13 +248,37 @@ async fn apply_once(
     Ok((applied, order_no))
 }
 
+/// The seats sold and the buyer's status PAID: one call, or two when the seats are in
+/// another slot than the buyer's bucket (an event of several buckets).
 async fn sold(redis: &mut Redis, keys: &Keys, o: &OrderView) -> anyhow::Result<Sold> {
+    let b = o.bucket();
+    if b.holds_seats() {
+        let moved: u64 = SOLD
+            .key(keys.seats(b, o.category_id))
+            .key(keys.purchase_status(b))
+            .arg(&o.order_no)
+            .arg(o.user_id)
+            .arg(o.seats.join(","))
+            .invoke_async(redis)
+            .await?;
+        return Ok(Sold(moved));
+    }
+    let home = b.seat_home();
+    // No user in the seats' slot: the status is the bucket's call's.
     let moved: u64 = SOLD
-        .key(keys.seats(o.bucket(), o.category_id))
-        .key(keys.purchase_status(o.bucket()))
+        .key(keys.seats(home, o.category_id))
+        .key(keys.purchase_status(home))
+        .arg(&o.order_no)
+        .arg("")
+        .arg(o.seats.join(","))
+        .invoke_async(redis)
+        .await?;
+    let _: u64 = SOLD
+        .key(keys.stock(b))
+        .key(keys.purchase_status(b))
         .arg(&o.order_no)
         .arg(o.user_id)
-        .arg(o.seats.join(","))
+        .arg("")
         .invoke_async(redis)
         .await?;
     Ok(Sold(moved))

@@ -43,21 +43,40 @@ pub struct GiveBack<'a> {
 /// Gives a cancelled order's units and seats back in Redis, once: into the buyer's
 /// bucket (for an event of several buckets the sweeper then clears the edge's sold-out
 /// flag, within a second, and the next drain finds the units).
+///
+/// Seats in another slot than the bucket (an event of several buckets) go back first,
+/// with their units, by `seat_free.lua` (which frees only seats still locked for this
+/// order, so a repeat changes nothing); then the bucket's part.
 pub async fn restock(redis: &mut Redis, keys: &Keys, o: GiveBack<'_>) -> anyhow::Result<Restocked> {
     let b = o.bucket;
+    let seats = o.seats.join(",");
+    let seats_elsewhere = !b.holds_seats() && !seats.is_empty();
+    if seats_elsewhere {
+        crate::admission::seat_lock::free(redis, keys, b.event, o.category_id, o.order_no, &seats)
+            .await?;
+    }
+    let (seats_key, row_free_key) = if b.holds_seats() {
+        (
+            keys.seats(b, o.category_id),
+            keys.row_free(b, o.category_id),
+        )
+    } else {
+        (keys.stock(b), keys.stock(b))
+    };
     let code: i64 = RESTOCK
         .key(keys.restocked(b))
         .key(keys.stock(b))
         .key(keys.dry(b))
         .key(keys.held(b))
         .key(keys.purchase_status(b))
-        .key(keys.seats(b, o.category_id))
-        .key(keys.row_free(b, o.category_id))
+        .key(seats_key)
+        .key(row_free_key)
         .arg(o.order_no)
         .arg(o.user_id)
         .arg(o.category_id)
         .arg(o.quantity)
-        .arg(o.seats.join(","))
+        .arg(if seats_elsewhere { "" } else { seats.as_str() })
+        .arg(if seats_elsewhere { 0 } else { o.quantity })
         .invoke_async(redis)
         .await?;
     Restocked::from_code(code)

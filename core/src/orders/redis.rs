@@ -223,22 +223,50 @@ pub async fn release(
     r: &Reservation,
     reason: &str,
 ) -> anyhow::Result<Released> {
+    // Seats in another slot (an event of several buckets) go back first, with their
+    // units; seat_free.lua frees only seats still locked for this request, so a repeat
+    // (the entry claimed again after a crash here) changes nothing.
+    let seats_elsewhere = !bucket.holds_seats() && !r.seats_raw.is_empty();
+    if seats_elsewhere {
+        crate::admission::seat_lock::free(
+            redis,
+            keys,
+            bucket.event,
+            r.category_id,
+            r.order_no,
+            &r.seats_raw,
+        )
+        .await?;
+    }
+    let (seats_key, row_free_key) = if bucket.holds_seats() {
+        (
+            keys.seats(bucket, r.category_id),
+            keys.row_free(bucket, r.category_id),
+        )
+    } else {
+        (keys.stock(bucket), keys.stock(bucket))
+    };
     let code: i64 = RELEASE
         .key(keys.order_stream(bucket))
         .key(keys.purchase_status(bucket))
         .key(keys.stock(bucket))
         .key(keys.dry(bucket))
         .key(keys.held(bucket))
-        .key(keys.seats(bucket, r.category_id))
-        .key(keys.row_free(bucket, r.category_id))
+        .key(seats_key)
+        .key(row_free_key)
         .arg(GROUP)
         .arg(&r.entry_id)
         .arg(r.order_no)
         .arg(r.user_id)
         .arg(r.category_id)
         .arg(r.quantity)
-        .arg(&r.seats_raw)
+        .arg(if seats_elsewhere {
+            ""
+        } else {
+            r.seats_raw.as_str()
+        })
         .arg(reason)
+        .arg(if seats_elsewhere { 0 } else { r.quantity })
         .invoke_async(redis)
         .await?;
     Released::from_code(code)

@@ -151,7 +151,16 @@ impl Preloader {
             available.push((c.id, free.max(0)));
             report.stock_written += 1;
         }
-        let dealt = deal(&available, count);
+        let mut dealt = deal(&available, count);
+        // A seated category's units stay with its seats, in the event's own slot
+        // (docs/scaling.md "Seated categories").
+        for (i, c) in event.categories.iter().enumerate() {
+            if count > 1 && c.seats.is_some() {
+                for bucket in dealt.iter_mut() {
+                    bucket[i] = 0;
+                }
+            }
+        }
         if count > 1 {
             // Nothing of the old generation moves or admits while the new one is written:
             // every bucket's metadata goes first (scripts then answer "not loaded").
@@ -172,6 +181,8 @@ impl Preloader {
                 self.keys.sold_out(e),
                 self.keys.pool_moves(e),
                 self.keys.pool_credited(e),
+                self.keys.seat_locks(e),
+                self.keys.seat_lock_records(e),
             ])
             .ignore();
             for (i, &(category, free)) in available.iter().enumerate() {
@@ -182,6 +193,8 @@ impl Preloader {
                     pipe.hset(self.keys.sold_out(e), category, 1).ignore();
                 }
             }
+            self.write_seat_maps(&mut pipe, event, Bucket::only(e), &snap, &mut report)
+                .await?;
             pipe.query_async::<()>(redis)
                 .await
                 .context("Failed to write the event's pool")?;
@@ -254,7 +267,8 @@ impl Preloader {
         Ok(report)
     }
 
-    /// The seat hashes of a seated event (one bucket), from MySQL's seats and owners.
+    /// The seat hashes of a seated event, from MySQL's seats and owners (in the seats'
+    /// slot, [`Bucket::seat_home`]).
     async fn write_seat_maps(
         &self,
         pipe: &mut redis::Pipeline,

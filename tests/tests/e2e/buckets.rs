@@ -460,7 +460,7 @@ async fn a_move_a_stopped_core_left_is_finished_by_the_sweeper_and_one_of_an_old
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn buckets_are_refused_out_of_range_and_with_seats() {
+async fn buckets_are_refused_out_of_range() {
     let app = spawn_app_with(|_| {}).await;
     for (buckets, expected) in [
         (json!(0), "buckets"),
@@ -473,16 +473,351 @@ async fn buckets_are_refused_out_of_range_and_with_seats() {
         assert_eq!(status, 400, "{buckets}: {answer}");
         assert!(answer.to_string().contains(expected), "{answer}");
     }
-    let mut body = bucketed_sale(10, 1, 2);
-    body["categories"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "S", "price_cents": 1, "seats": {"rows": 2, "cols": 2}}));
-    let (status, answer) = app.post("/admin/events", body).await;
-    assert_eq!(status, 400, "{answer}");
-    assert!(answer.to_string().contains("seated"), "{answer}");
     let count = app
         .count("SELECT COUNT(*) FROM event WHERE title = 'Bucketed sale'")
         .await;
     assert_eq!(count, 0, "nothing written for a refused event");
+}
+
+/// An event of three buckets with a seated category: seats (and their units) in the
+/// event's own slot, the buyers' limits and statuses in their buckets.
+fn seated_bucketed_sale(rows: u32, cols: u32) -> Value {
+    let mut body = bucketed_sale(10, 2, BUCKETS);
+    body["categories"].as_array_mut().unwrap().push(
+        json!({"name": "Seated", "price_cents": 9000, "seats": {"rows": rows, "cols": cols}}),
+    );
+    body
+}
+
+/// The category's seat states in Redis, `row:col` → state.
+async fn seat_states(app: &TestApp, event: u64, category: u64) -> HashMap<String, String> {
+    app.redis
+        .clone()
+        .hgetall(app.keys().seats(Bucket::only(event), category))
+        .await
+        .unwrap()
+}
+
+/// Each buyer once, all at once, with their own body; (user, status, answer) each.
+async fn all_at_once(
+    app: &TestApp,
+    event: u64,
+    asks: Vec<(&Buyer, Value)>,
+) -> Vec<(u64, u16, Value)> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (b, body) in asks {
+        let (http, base, user, token) = (
+            app.http.clone(),
+            app.public_url.clone(),
+            b.user_id,
+            b.token.clone(),
+        );
+        tasks.spawn(async move {
+            let (status, answer) = purchase(&http, &base, event, &token, "s1", body).await;
+            (user, status, answer)
+        });
+    }
+    tasks.join_all().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seated_category_over_buckets_sells_every_seat_once() {
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, categories) = app.create_event(seated_bucketed_sale(3, 4)).await;
+    let seated = categories[1];
+    app.publish(event).await;
+    let mut r = app.redis.clone();
+
+    // The seats and all 12 of their units are in the event's slot; no bucket has any.
+    let pool: i64 = r.hget(app.keys().pool(event), seated).await.unwrap();
+    assert_eq!(pool, 12);
+    for b in Bucket::all(event, BUCKETS) {
+        let units: Option<i64> = r.hget(app.keys().stock(b), seated).await.unwrap();
+        assert_eq!(units.unwrap_or(0), 0, "bucket {}", b.index);
+    }
+    let states = seat_states(&app, event, seated).await;
+    assert_eq!(states.len(), 12);
+    assert!(states.values().all(|s| s == "F"), "{states:?}");
+
+    // Eight buyers of every bucket choose seat 1:1 at once: one gets it.
+    let buyers = app.buyers(30).await;
+    let bucket_of = |b: &Buyer| Bucket::of_buyer(event, BUCKETS, UserId(b.user_id)).index;
+    let mut racers: Vec<&Buyer> = (0..BUCKETS)
+        .map(|k| buyers.iter().find(|b| bucket_of(b) == k).unwrap())
+        .collect();
+    for b in &buyers {
+        if racers.len() < 8 && !racers.iter().any(|r| r.user_id == b.user_id) {
+            racers.push(b);
+        }
+    }
+    let others: Vec<&Buyer> = buyers
+        .iter()
+        .filter(|b| !racers.iter().any(|r| r.user_id == b.user_id))
+        .collect();
+    let race = all_at_once(
+        &app,
+        event,
+        racers
+            .iter()
+            .map(|b| (*b, json!({"category_id": seated, "seat_ids": ["1:1"]})))
+            .collect(),
+    )
+    .await;
+    let winners: Vec<&(u64, u16, Value)> = race.iter().filter(|a| a.1 == 202).collect();
+    assert_eq!(winners.len(), 1, "{race:?}");
+    for (user, status, answer) in &race {
+        assert!(
+            *status == 202 || answer["error"]["code"] == "SEAT_TAKEN",
+            "user {user}: {status} {answer}"
+        );
+    }
+    let (first_user, _, first) = winners[0].clone();
+    assert_eq!(first["seats"], json!(["1:1"]));
+
+    // The next twenty ask for the best seat: eleven get one, nine are told SOLD_OUT.
+    let rush = all_at_once(
+        &app,
+        event,
+        others[..20]
+            .iter()
+            .map(|b| (*b, json!({"category_id": seated, "quantity": 1})))
+            .collect(),
+    )
+    .await;
+    let admitted = rush.iter().filter(|a| a.1 == 202).count();
+    let sold_out = rush
+        .iter()
+        .filter(|a| a.1 == 409 && a.2["error"]["code"] == "SOLD_OUT")
+        .count();
+    assert_eq!((admitted, sold_out), (11, 9), "{rush:?}");
+
+    // Every seat held once, by a request that was admitted; nothing pending; the edge's
+    // flag set; the buyer's status in their own bucket.
+    let mut holders: HashMap<String, String> = HashMap::new();
+    for (_, status, answer) in race.iter().chain(&rush) {
+        if *status == 202 {
+            let rid = answer["request_id"].as_str().unwrap().to_owned();
+            for seat in answer["seats"].as_array().unwrap() {
+                let seat = seat.as_str().unwrap().to_owned();
+                assert!(
+                    holders.insert(seat.clone(), rid.clone()).is_none(),
+                    "{seat} twice"
+                );
+            }
+        }
+    }
+    assert_eq!(holders.len(), 12);
+    let states = seat_states(&app, event, seated).await;
+    for (seat, rid) in &holders {
+        assert_eq!(states[seat], format!("L:{rid}"), "{seat}");
+    }
+    let pending: u64 = r.zcard(app.keys().seat_locks(event)).await.unwrap();
+    assert_eq!(pending, 0, "no lock left pending");
+    assert!(flagged(&app, event, seated).await, "the edge's flag");
+    assert_eq!(available(&app, event, seated).await, 0);
+
+    // A repeated key answers the same request and seats; the winner's order is created.
+    let winner = buyers.iter().find(|b| b.user_id == first_user).unwrap();
+    let again = purchase(
+        &app.http,
+        &app.public_url,
+        event,
+        &winner.token,
+        "s1",
+        json!({"category_id": seated, "seat_ids": ["1:1"]}),
+    )
+    .await;
+    assert_eq!(
+        (again.0, &again.1["request_id"]),
+        (202, &first["request_id"])
+    );
+    let order_no = created(&app, event, winner).await;
+    let live = eventually(Duration::from_secs(20), || async {
+        live_units(&app, event).await == 12
+    })
+    .await;
+    assert!(
+        live,
+        "12 seats in live orders: {}",
+        live_units(&app, event).await
+    );
+
+    // The winner cancels: the seat and its unit are for sale again at once, flag down,
+    // and a buyer of another bucket takes it.
+    let (status, cancelled) = call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{order_no}/cancel"),
+        winner,
+    )
+    .await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(seat_states(&app, event, seated).await["1:1"], "F");
+    assert_eq!(available(&app, event, seated).await, 1);
+    assert!(!flagged(&app, event, seated).await);
+    let winner_bucket = Bucket::of_buyer(event, BUCKETS, UserId(first_user));
+    let late = others[20..]
+        .iter()
+        .find(|b| Bucket::of_buyer(event, BUCKETS, UserId(b.user_id)) != winner_bucket)
+        .expect("a buyer of another bucket");
+    let (status, answer) = app
+        .buy(
+            event,
+            late,
+            "s1",
+            json!({"category_id": seated, "seat_ids": ["1:1"]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let late_order = created(&app, event, late).await;
+
+    // Paid: the seat sold in the seats' slot, the status PAID in the buyer's bucket.
+    let (status, _) = call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{late_order}/pay"),
+        late,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let secret = crate::payment::provider_secret(&app);
+    let (status, paid) = crate::payment::callback(&app, &secret, "txn-s", late_order, 9000).await;
+    assert_eq!(status, 200, "{paid}");
+    assert_eq!(
+        seat_states(&app, event, seated).await["1:1"],
+        format!("S:{late_order}")
+    );
+    assert_eq!(app.purchase_status(event, late).await["status"], "PAID");
+    balanced(&app, event).await;
+
+    // Redis loses the event's keys: the rebuild from MySQL puts every seat back in the
+    // event's slot as MySQL has it.
+    let before = seat_states(&app, event, seated).await;
+    let mut gone: Vec<String> = vec![
+        app.keys().event_meta(event),
+        app.keys().pool(event),
+        app.keys().seats(Bucket::only(event), seated),
+    ];
+    for b in Bucket::all(event, BUCKETS) {
+        gone.extend([app.keys().meta(b), app.keys().stock(b)]);
+    }
+    let () = redis::cmd("DEL")
+        .arg(&gone)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let rebuilt = eventually(Duration::from_secs(20), || async {
+        seat_states(&app, event, seated).await == before
+    })
+    .await;
+    assert!(rebuilt, "{:?}", seat_states(&app, event, seated).await);
+    assert_eq!(available(&app, event, seated).await, 0);
+}
+
+/// A core that stopped between the steps of a seated purchase: a lock nobody confirmed
+/// is freed once its time passed, a lock whose purchase was admitted is kept; and a
+/// lock older than 10 s is not trusted by reserve.lua.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seat_locks_a_stopped_core_left_are_settled_by_the_sweeper() {
+    use stampede_core::admission::{Purchase, Refusal, Seats, reserve, seat_lock};
+    use stampede_core::domain::OrderNo;
+
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, categories) = app.create_event(seated_bucketed_sale(2, 2)).await;
+    let seated = categories[1];
+    app.publish(event).await;
+    let buyers = app.buyers(2).await;
+    let (keys, mut r) = (app.keys(), app.redis.clone());
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let purchase = |user: u64, seat: (u32, u32)| Purchase {
+        event_id: event,
+        category_id: seated,
+        user_id: user,
+        quantity: 1,
+        seats: Seats::Chosen {
+            cols: 2,
+            seats: vec![seat],
+        },
+        bucket: Bucket::of_buyer(event, BUCKETS, UserId(user)),
+    };
+
+    // Locked, never reserved: the "stopped core" left it. Its time passes.
+    let lost = purchase(buyers[0].user_id, (1, 1));
+    let locked = seat_lock::lock(&mut r, &keys, &lost, OrderNo(9_001), "lost", now())
+        .await
+        .unwrap()
+        .expect("locked");
+    assert_eq!(locked.seats, vec!["1:1"]);
+    assert_eq!(seat_states(&app, event, seated).await["1:1"], "P:9001");
+    assert_eq!(available(&app, event, seated).await, 3);
+
+    // Locked and reserved, never confirmed.
+    let kept = purchase(buyers[1].user_id, (2, 2));
+    let locked = seat_lock::lock(&mut r, &keys, &kept, OrderNo(9_002), "kept", now())
+        .await
+        .unwrap()
+        .expect("locked");
+    let outcome = reserve::reserve(
+        &mut r,
+        &keys,
+        &kept,
+        OrderNo(9_002),
+        "kept",
+        now(),
+        1_000,
+        Some(&locked),
+    )
+    .await
+    .unwrap()
+    .into_result();
+    assert!(outcome.is_ok(), "{outcome:?}");
+
+    // A lock the seats' master took more than 10 s ago is refused, SALE_BUSY.
+    let stale = seat_lock::Locked {
+        seats: vec!["1:2".into()],
+        at_ms: now() - 11_000,
+    };
+    let outcome = reserve::reserve(
+        &mut r,
+        &keys,
+        &purchase(buyers[0].user_id, (1, 2)),
+        OrderNo(9_003),
+        "stale",
+        now(),
+        1_000,
+        Some(&stale),
+    )
+    .await
+    .unwrap()
+    .into_result();
+    assert_eq!(outcome, Err(Refusal::Busy));
+
+    // Both locks' time passes: the sweeper frees the first, keeps the second.
+    let () = redis::cmd("ZADD")
+        .arg(keys.seat_locks(event))
+        .arg(0)
+        .arg(9_001)
+        .arg(0)
+        .arg(9_002)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let settled = eventually(Duration::from_secs(10), || async {
+        let states = seat_states(&app, event, seated).await;
+        states["1:1"] == "F" && states["2:2"] == "L:9002"
+    })
+    .await;
+    assert!(settled, "{:?}", seat_states(&app, event, seated).await);
+    assert_eq!(
+        available(&app, event, seated).await,
+        3,
+        "the lost lock's unit is back"
+    );
+    let pending: u64 = r.zcard(keys.seat_locks(event)).await.unwrap();
+    assert_eq!(pending, 0);
 }

@@ -9,7 +9,7 @@ use stampede_e2e::{TestApp, scalar, small_sale, spawn_app_with};
 use crate::lifecycle::{call, created};
 
 /// Posts a callback signed with `secret`; status and body.
-async fn callback(
+pub(crate) async fn callback(
     app: &TestApp,
     secret: &str,
     txn: &str,
@@ -36,7 +36,7 @@ async fn callback(
     )
 }
 
-fn provider_secret(app: &TestApp) -> String {
+pub(crate) fn provider_secret(app: &TestApp) -> String {
     // test_settings' provider secret: "provider-<tag>-key", the tag from the database name.
     let tag: u64 = app
         .database
