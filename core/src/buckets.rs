@@ -581,7 +581,7 @@ impl Mover {
 }
 
 /// Every second until `stop`: [`Mover::sweep`] for each event of several buckets with
-/// a sale in Redis. Safe in every core at once (each step is idempotent).
+/// a sale in Redis, and the seat locks due (`admission::seat_lock::settle_expired`). Safe in every core at once (each step is idempotent).
 pub async fn run_sweeper(
     mover: Mover,
     events: std::sync::Arc<crate::catalog::EventCache>,
@@ -612,17 +612,32 @@ async fn sweep_all(mover: &Mover, events: &crate::catalog::EventCache) -> anyhow
         let Some(event) = events.get(id).await? else {
             continue;
         };
-        if event.buckets > 1 {
-            mover.sweep(EventId(id), event.buckets).await?;
-            if event.categories.iter().any(|c| c.seats.is_some()) {
-                let mut redis = mover.redis.clone();
-                crate::admission::seat_lock::settle_expired(
-                    &mut redis,
-                    &mover.keys,
-                    EventId(id),
-                    event.buckets,
-                )
-                .await?;
+        if event.buckets <= 1 {
+            continue;
+        }
+        // One event's or one job's trouble does not keep the others waiting.
+        if let Err(e) = mover.sweep(EventId(id), event.buckets).await {
+            tracing::warn!(
+                event_id = id,
+                error = format!("{e:#}"),
+                "bucket sweep failed; will retry"
+            );
+        }
+        if event.categories.iter().any(|c| c.seats.is_some()) {
+            let mut redis = mover.redis.clone();
+            let settled = crate::admission::seat_lock::settle_expired(
+                &mut redis,
+                &mover.keys,
+                EventId(id),
+                event.buckets,
+            )
+            .await;
+            if let Err(e) = settled {
+                tracing::warn!(
+                    event_id = id,
+                    error = format!("{e:#}"),
+                    "seat lock sweep failed; will retry"
+                );
             }
         }
     }

@@ -24,6 +24,10 @@ for seat in string.gmatch(ARGV[3], '[^,]+') do
   end
 end
 if freed > 0 and rcall('HINCRBY', KEYS[3], cid, freed) > 0 then rcall('HDEL', KEYS[4], cid) end
+local record = rcall('HGET', KEYS[6], id)
+if record then
+  local user, key = string.match(record, '^[^|]*|([^|]*)|[^|]*|[^|]*|(.*)$')
+  rcall('HDEL', KEYS[6], id, 'k:' .. user .. ':' .. key)
+end
 rcall('ZREM', KEYS[5], id)
-rcall('HDEL', KEYS[6], id)
 return freed

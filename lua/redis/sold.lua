@@ -1,4 +1,5 @@
--- sold.lua: a paid order's seats go locked → sold, and the buyer's status becomes PAID.
+-- sold.lua: a paid order's seats go locked (or pending) → sold, and the buyer's status
+-- becomes PAID.
 --
 -- KEYS[1] seats (the order's category's)   KEYS[2] status
 -- ARGV[1] order no   ARGV[2] user id   ARGV[3] seats "r:c,r:c" or ""
@@ -9,7 +10,10 @@ local rcall = redis.call
 local order = ARGV[1]
 local moved = 0
 for seat in string.gmatch(ARGV[3], '[^,]+') do
-  if rcall('HGET', KEYS[1], seat) == 'L:' .. order then
+  -- Pending: an event of several buckets whose core stopped before confirming the
+  -- seats of this (admitted, now paid) order.
+  local state = rcall('HGET', KEYS[1], seat)
+  if state == 'L:' .. order or state == 'P:' .. order then
     rcall('HSET', KEYS[1], seat, 'S:' .. order)
     moved = moved + 1
   end

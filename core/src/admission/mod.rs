@@ -139,9 +139,15 @@ impl Admission {
             tracing::warn!("order-number lease not renewed in time; admission paused");
             return Err(Refusal::Busy.into());
         };
-        let outcome = if purchase.seats != Seats::None && !purchase.bucket.holds_seats() {
-            self.reserve_seats_elsewhere(&purchase, request_id, idempotency_key)
-                .await?
+        let seats_elsewhere = purchase.seats != Seats::None && !purchase.bucket.holds_seats();
+        let outcome = if seats_elsewhere {
+            self.reserve_seats_elsewhere(
+                &purchase,
+                request_id,
+                idempotency_key,
+                event.per_user_limit,
+            )
+            .await?
         } else {
             self.reserve_refilling(&purchase, request_id, idempotency_key)
                 .await?
@@ -176,43 +182,80 @@ impl Admission {
                 }
             }
         }
+        // This request's seats in another slot: kept only once the admission is known
+        // to stay (a lost one leaves them pending; the sweeper frees them).
+        if seats_elsewhere && reserved.request_id == request_id {
+            self.confirm_seats(&purchase, &reserved).await;
+        }
         Ok(reserved)
     }
 }
 
 impl Admission {
     /// A seated purchase in an event of several buckets (docs/scaling.md "Seated
-    /// categories"): the seats pending in their slot, reserve.lua on the buyer's bucket,
-    /// then the seats kept or freed. A failure between the steps leaves a pending lock
-    /// the sweeper settles.
+    /// categories"): a look at the buyer's bucket (a repeated key, the limit), the seats
+    /// pending in their slot, then reserve.lua on the buyer's bucket; seats this request
+    /// does not get are freed here, and `admit` confirms the ones it gets. A failure
+    /// between the steps leaves a pending lock the sweeper settles.
     async fn reserve_seats_elsewhere(
         &self,
         purchase: &Purchase,
         request_id: crate::domain::OrderNo,
         idempotency_key: &str,
+        per_user_limit: u32,
     ) -> anyhow::Result<Result<Reserved, Refusal>> {
         let mut redis = self.redis.clone();
         let (event, category) = (
             purchase.bucket.event,
             crate::domain::CategoryId(purchase.category_id),
         );
+        let user = UserId(purchase.user_id);
+        // A buyer at their limit never holds seats, even for a moment.
+        let (seen, held): (bool, Option<u32>) = redis::pipe()
+            .hexists(
+                self.keys.idempotency(purchase.bucket),
+                crate::keys::idempotency_field(user, idempotency_key),
+            )
+            .hget(self.keys.held(purchase.bucket), user)
+            .query_async(&mut redis)
+            .await?;
+        if seen {
+            return self.replayed(purchase, request_id, idempotency_key).await;
+        }
+        if held.unwrap_or(0) + purchase.quantity > per_user_limit {
+            return Ok(Err(Refusal::LimitReached));
+        }
         let now = || Utc::now().timestamp_millis();
-        let locked = seat_lock::lock(
-            &mut redis,
-            &self.keys,
-            purchase,
-            request_id,
-            idempotency_key,
-            now(),
-        )
-        .await?;
-        let locked = match locked {
-            Ok(locked) => locked,
-            Err(refusal) => {
+        let waiting_until = std::time::Instant::now() + IN_FLIGHT_WAIT;
+        let locked = loop {
+            let lock = seat_lock::lock(
+                &mut redis,
+                &self.keys,
+                purchase,
+                request_id,
+                idempotency_key,
+                now(),
+            )
+            .await?;
+            match lock {
+                seat_lock::Lock::Locked(locked) => break locked,
                 // A repeated key answers what it answered the first time, even when its
                 // seats are taken now (by that very purchase).
-                let first = self.replay(purchase, request_id, idempotency_key).await?;
-                return Ok(first.unwrap_or(Err(refusal)));
+                seat_lock::Lock::Refused(refusal) => {
+                    return Ok(
+                        match self.replay(purchase, request_id, idempotency_key).await? {
+                            Some(first) => first,
+                            None => Err(refusal),
+                        },
+                    );
+                }
+                seat_lock::Lock::InFlight if std::time::Instant::now() < waiting_until => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    if let Some(first) = self.replay(purchase, request_id, idempotency_key).await? {
+                        return Ok(first);
+                    }
+                }
+                seat_lock::Lock::InFlight => return Ok(Err(Refusal::Busy)),
             }
         };
         let outcome = reserve::reserve(
@@ -227,29 +270,69 @@ impl Admission {
         )
         .await?
         .into_result();
-        let seats = locked.seats.join(",");
-        match &outcome {
-            Ok(r) if !r.replayed => {
-                let seat_lock::Confirmed(held) =
-                    seat_lock::confirm(&mut redis, &self.keys, event, category, request_id, &seats)
-                        .await?;
-                if held < locked.seats.len() {
-                    // Only a rebuild of the event's keys between the steps does this;
-                    // MySQL's seat guard decides who has the seat.
-                    tracing::warn!(
-                        event_id = event.0,
-                        request_id = request_id.0,
-                        held,
-                        "a pending seat lock was gone when its purchase was admitted"
-                    );
-                }
-            }
-            _ => {
-                seat_lock::free(&mut redis, &self.keys, event, category, request_id, &seats)
-                    .await?;
-            }
+        // Admitted now, or by an earlier run of this very call (a retried script whose
+        // answer was lost): the seats are this request's. Anything else gives them back.
+        let ours = matches!(&outcome, Ok(r) if r.request_id == request_id);
+        if !ours {
+            let seats = locked.seats.join(",");
+            seat_lock::free(&mut redis, &self.keys, event, category, request_id, &seats).await?;
         }
         Ok(outcome)
+    }
+
+    /// Keeps the seats an admitted request locked; on trouble the sweeper does it (the
+    /// bucket recorded the admission), so the buyer's 202 stands either way.
+    async fn confirm_seats(&self, purchase: &Purchase, reserved: &Reserved) {
+        let mut redis = self.redis.clone();
+        let event = purchase.bucket.event;
+        let confirmed = seat_lock::confirm(
+            &mut redis,
+            &self.keys,
+            event,
+            crate::domain::CategoryId(purchase.category_id),
+            reserved.request_id,
+            &reserved.seats.join(","),
+        )
+        .await;
+        match confirmed {
+            Ok(seat_lock::Confirmed(held)) if held == reserved.seats.len() => {}
+            // Only a rebuild of the event's keys between the steps does this; MySQL's
+            // seat guard decides who has the seat.
+            Ok(seat_lock::Confirmed(held)) => tracing::warn!(
+                event_id = event.0,
+                request_id = reserved.request_id.0,
+                held,
+                "a pending seat lock was gone when its purchase was admitted"
+            ),
+            Err(e) => tracing::warn!(
+                event_id = event.0,
+                request_id = reserved.request_id.0,
+                error = format!("{e:#}"),
+                "seats not confirmed; the sweeper keeps them once their lock is due"
+            ),
+        }
+    }
+
+    /// What reserve.lua answers a repeat of a key known to be used.
+    async fn replayed(
+        &self,
+        purchase: &Purchase,
+        request_id: crate::domain::OrderNo,
+        idempotency_key: &str,
+    ) -> anyhow::Result<Result<Reserved, Refusal>> {
+        // The script answers from the key's record before anything else.
+        let outcome = reserve::reserve(
+            &mut self.redis.clone(),
+            &self.keys,
+            purchase,
+            request_id,
+            idempotency_key,
+            Utc::now().timestamp_millis(),
+            self.max_stream_depth,
+            None,
+        )
+        .await?;
+        Ok(outcome.into_result())
     }
 
     /// What reserve.lua answers a repeat of `idempotency_key`, if the key was used in
@@ -260,31 +343,20 @@ impl Admission {
         request_id: crate::domain::OrderNo,
         idempotency_key: &str,
     ) -> anyhow::Result<Option<Result<Reserved, Refusal>>> {
-        let mut redis = self.redis.clone();
         let seen: bool = redis::cmd("HEXISTS")
             .arg(self.keys.idempotency(purchase.bucket))
             .arg(crate::keys::idempotency_field(
                 UserId(purchase.user_id),
                 idempotency_key,
             ))
-            .query_async(&mut redis)
+            .query_async(&mut self.redis.clone())
             .await?;
         if !seen {
             return Ok(None);
         }
-        // The script answers from the key's record before anything else.
-        let outcome = reserve::reserve(
-            &mut redis,
-            &self.keys,
-            purchase,
-            request_id,
-            idempotency_key,
-            Utc::now().timestamp_millis(),
-            self.max_stream_depth,
-            None,
-        )
-        .await?;
-        Ok(Some(outcome.into_result()))
+        Ok(Some(
+            self.replayed(purchase, request_id, idempotency_key).await?,
+        ))
     }
 
     /// reserve.lua, and for an event of several buckets the refill of a bucket that ran
@@ -346,6 +418,10 @@ impl Admission {
         Ok(Err(Refusal::Busy))
     }
 }
+
+/// How long a seated purchase waits for another request with its Idempotency-Key that
+/// holds a pending lock (normally a few ms) before answering SALE_BUSY.
+const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Refills one purchase may cause before it is answered SALE_BUSY (others' purchases
 /// took the units moved in for it each time).

@@ -48,6 +48,7 @@ pub enum SeatLockCode {
     SeatTaken = -5,
     UnknownCategory = -6,
     UnknownSeat = -7,
+    InFlight = -11,
 }
 
 impl ScriptCode for SeatLockCode {
@@ -60,6 +61,7 @@ impl ScriptCode for SeatLockCode {
         SeatLockCode::SeatTaken,
         SeatLockCode::UnknownCategory,
         SeatLockCode::UnknownSeat,
+        SeatLockCode::InFlight,
     ];
 
     fn code(self) -> i64 {
@@ -70,7 +72,7 @@ impl ScriptCode for SeatLockCode {
 impl SeatLockCode {
     fn refusal(self) -> Option<Refusal> {
         Some(match self {
-            SeatLockCode::Locked => return None,
+            SeatLockCode::Locked | SeatLockCode::InFlight => return None,
             SeatLockCode::NotLoaded | SeatLockCode::UnknownCategory => Refusal::Loading,
             SeatLockCode::NotOpen => Refusal::NotOpen,
             SeatLockCode::SoldOut => Refusal::SoldOut,
@@ -89,7 +91,18 @@ pub struct Locked {
     pub at_ms: i64,
 }
 
-/// Takes the purchase's seats as pending for `request_id`, or the refusal.
+/// What `seat_lock.lua` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lock {
+    Locked(Locked),
+    Refused(Refusal),
+    /// Another request with the same Idempotency-Key holds a pending lock: its answer
+    /// is this one's, once its bucket has it.
+    InFlight,
+}
+
+/// Takes the purchase's seats as pending for `request_id` (again the same seats if it
+/// did before), or the refusal.
 pub async fn lock(
     redis: &mut Redis,
     keys: &Keys,
@@ -97,7 +110,7 @@ pub async fn lock(
     request_id: OrderNo,
     idempotency_key: &str,
     now_ms: i64,
-) -> anyhow::Result<Result<Locked, Refusal>> {
+) -> anyhow::Result<Lock> {
     anyhow::ensure!(p.seats != Seats::None, "seat_lock for an unseated purchase");
     let (mode, cols, chosen) = p.seats.script_args();
     let e = p.bucket.event;
@@ -122,10 +135,13 @@ pub async fn lock(
         .invoke_async(redis)
         .await?;
     let code = SeatLockCode::from_code(code)?;
-    if let Some(refusal) = code.refusal() {
-        return Ok(Err(refusal));
+    if code == SeatLockCode::InFlight {
+        return Ok(Lock::InFlight);
     }
-    Ok(Ok(Locked {
+    if let Some(refusal) = code.refusal() {
+        return Ok(Lock::Refused(refusal));
+    }
+    Ok(Lock::Locked(Locked {
         seats: seats.split(',').map(str::to_owned).collect(),
         at_ms,
     }))
@@ -156,9 +172,12 @@ pub async fn confirm(
     Ok(Confirmed(
         CONFIRM
             .key(keys.seats(home, category))
+            .key(keys.pool(event))
+            .key(keys.sold_out(event))
             .key(keys.seat_locks(event))
             .key(keys.seat_lock_records(event))
             .arg(request_id)
+            .arg(category)
             .arg(seats)
             .invoke_async(redis)
             .await?,
@@ -189,6 +208,24 @@ pub async fn free(
             .invoke_async(redis)
             .await?,
     ))
+}
+
+/// Units of seats pending per category (the reconciler's books count them as stock:
+/// each goes back to it or becomes the buyer's).
+pub async fn pending_units(
+    redis: &mut Redis,
+    keys: &Keys,
+    event: EventId,
+) -> anyhow::Result<Vec<(u64, i64)>> {
+    let records: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(keys.seat_lock_records(event))
+        .query_async(redis)
+        .await?;
+    Ok(records
+        .iter()
+        .filter_map(|(request, record)| Pending::parse(request, record))
+        .map(|p| (p.category.0, p.seats.split(',').count() as i64))
+        .collect())
 }
 
 /// One pending lock as `seat_lock.lua` recorded it.
@@ -282,7 +319,8 @@ mod tests {
             "../../../lua/redis/seat_lock.lua"
         ));
         for &code in SeatLockCode::ALL {
-            assert_eq!(code.refusal().is_none(), code == SeatLockCode::Locked);
+            let answers = matches!(code, SeatLockCode::Locked | SeatLockCode::InFlight);
+            assert_eq!(code.refusal().is_none(), answers, "{code:?}");
         }
     }
 

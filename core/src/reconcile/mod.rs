@@ -234,7 +234,13 @@ impl Reconciler {
                 keys: self.keys.clone(),
             };
             let moving = mover.moving(EventId(event.id), event.buckets).await?;
-            for (c, units) in pool.into_iter().chain(moving) {
+            let pending = crate::admission::seat_lock::pending_units(
+                &mut redis,
+                &self.keys,
+                EventId(event.id),
+            )
+            .await?;
+            for (c, units) in pool.into_iter().chain(moving).chain(pending) {
                 *books.stock.entry(c).or_default() += units;
             }
         }

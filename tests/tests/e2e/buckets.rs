@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use stampede_core::buckets::Mover;
-use stampede_core::domain::{EventId, UserId};
+use stampede_core::domain::{CategoryId, EventId, UserId};
 use stampede_core::keys::{Bucket, slot};
 use stampede_e2e::{Buyer, TestApp, eventually, over_shards, purchase, scalar, spawn_app_with};
 
@@ -539,13 +539,60 @@ async fn a_seated_category_over_buckets_sells_every_seat_once() {
     assert_eq!(states.len(), 12);
     assert!(states.values().all(|s| s == "F"), "{states:?}");
 
+    // One buyer sends one purchase six times at once (one Idempotency-Key): one
+    // request, one seat, six identical 202s.
+    let buyers = app.buyers(31).await;
+    let (eager, buyers) = buyers.split_last().unwrap();
+    let same = all_at_once(
+        &app,
+        event,
+        (0..6)
+            .map(|_| (eager, json!({"category_id": seated, "seat_ids": ["3:4"]})))
+            .collect(),
+    )
+    .await;
+    let ids: HashSet<String> = same
+        .iter()
+        .map(|(_, status, answer)| {
+            assert_eq!(*status, 202, "{answer}");
+            assert_eq!(answer["seats"], json!(["3:4"]));
+            answer["request_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(ids.len(), 1, "{same:?}");
+    // A second seat brings them to the limit of 2; a third is refused before any seat
+    // is taken for them.
+    let (status, second) = app
+        .buy(
+            event,
+            eager,
+            "s2",
+            json!({"category_id": seated, "seat_ids": ["3:3"]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{second}");
+    let (status, third) = app
+        .buy(
+            event,
+            eager,
+            "s3",
+            json!({"category_id": seated, "seat_ids": ["3:2"]}),
+        )
+        .await;
+    assert_eq!(
+        (status, third["error"]["code"].as_str()),
+        (409, Some("LIMIT_REACHED")),
+        "{third}"
+    );
+    assert_eq!(seat_states(&app, event, seated).await["3:2"], "F");
+    assert_eq!(available(&app, event, seated).await, 10);
+
     // Eight buyers of every bucket choose seat 1:1 at once: one gets it.
-    let buyers = app.buyers(30).await;
     let bucket_of = |b: &Buyer| Bucket::of_buyer(event, BUCKETS, UserId(b.user_id)).index;
     let mut racers: Vec<&Buyer> = (0..BUCKETS)
         .map(|k| buyers.iter().find(|b| bucket_of(b) == k).unwrap())
         .collect();
-    for b in &buyers {
+    for b in buyers {
         if racers.len() < 8 && !racers.iter().any(|r| r.user_id == b.user_id) {
             racers.push(b);
         }
@@ -574,7 +621,7 @@ async fn a_seated_category_over_buckets_sells_every_seat_once() {
     let (first_user, _, first) = winners[0].clone();
     assert_eq!(first["seats"], json!(["1:1"]));
 
-    // The next twenty ask for the best seat: eleven get one, nine are told SOLD_OUT.
+    // The next twenty ask for the best seat: nine get one, eleven are told SOLD_OUT.
     let rush = all_at_once(
         &app,
         event,
@@ -589,12 +636,13 @@ async fn a_seated_category_over_buckets_sells_every_seat_once() {
         .iter()
         .filter(|a| a.1 == 409 && a.2["error"]["code"] == "SOLD_OUT")
         .count();
-    assert_eq!((admitted, sold_out), (11, 9), "{rush:?}");
+    assert_eq!((admitted, sold_out), (9, 11), "{rush:?}");
 
     // Every seat held once, by a request that was admitted; nothing pending; the edge's
     // flag set; the buyer's status in their own bucket.
     let mut holders: HashMap<String, String> = HashMap::new();
-    for (_, status, answer) in race.iter().chain(&rush) {
+    let eager_ones = [same[0].clone(), (eager.user_id, 202, second.clone())];
+    for (_, status, answer) in race.iter().chain(&rush).chain(&eager_ones) {
         if *status == 202 {
             let rid = answer["request_id"].as_str().unwrap().to_owned();
             for seat in answer["seats"].as_array().unwrap() {
@@ -656,7 +704,7 @@ async fn a_seated_category_over_buckets_sells_every_seat_once() {
     assert_eq!(available(&app, event, seated).await, 1);
     assert!(!flagged(&app, event, seated).await);
     let winner_bucket = Bucket::of_buyer(event, BUCKETS, UserId(first_user));
-    let late = others[20..]
+    let late = others
         .iter()
         .find(|b| Bucket::of_buyer(event, BUCKETS, UserId(b.user_id)) != winner_bucket)
         .expect("a buyer of another bucket");
@@ -664,7 +712,7 @@ async fn a_seated_category_over_buckets_sells_every_seat_once() {
         .buy(
             event,
             late,
-            "s1",
+            "late",
             json!({"category_id": seated, "seat_ids": ["1:1"]}),
         )
         .await;
@@ -748,20 +796,40 @@ async fn seat_locks_a_stopped_core_left_are_settled_by_the_sweeper() {
 
     // Locked, never reserved: the "stopped core" left it. Its time passes.
     let lost = purchase(buyers[0].user_id, (1, 1));
-    let locked = seat_lock::lock(&mut r, &keys, &lost, OrderNo(9_001), "lost", now())
-        .await
-        .unwrap()
-        .expect("locked");
+    let lock = |p: Purchase, rid: u64, key: &'static str| {
+        let (mut r, keys) = (app.redis.clone(), app.keys());
+        async move {
+            match seat_lock::lock(&mut r, &keys, &p, OrderNo(rid), key, now())
+                .await
+                .unwrap()
+            {
+                seat_lock::Lock::Locked(l) => l,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    let locked = lock(lost.clone(), 9_001, "lost").await;
     assert_eq!(locked.seats, vec!["1:1"]);
+    // The same request again (a retried call): the same seats, taken once.
+    assert_eq!(lock(lost.clone(), 9_001, "lost").await, locked);
+    // Another request with the same key while this one is pending: in flight.
+    let other = seat_lock::lock(
+        &mut r,
+        &keys,
+        &purchase(buyers[0].user_id, (1, 2)),
+        OrderNo(9_004),
+        "lost",
+        now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(other, seat_lock::Lock::InFlight);
     assert_eq!(seat_states(&app, event, seated).await["1:1"], "P:9001");
     assert_eq!(available(&app, event, seated).await, 3);
 
     // Locked and reserved, never confirmed.
     let kept = purchase(buyers[1].user_id, (2, 2));
-    let locked = seat_lock::lock(&mut r, &keys, &kept, OrderNo(9_002), "kept", now())
-        .await
-        .unwrap()
-        .expect("locked");
+    let locked = lock(kept.clone(), 9_002, "kept").await;
     let outcome = reserve::reserve(
         &mut r,
         &keys,
@@ -820,4 +888,41 @@ async fn seat_locks_a_stopped_core_left_are_settled_by_the_sweeper() {
     );
     let pending: u64 = r.zcard(keys.seat_locks(event)).await.unwrap();
     assert_eq!(pending, 0);
+
+    // A purchase whose Idempotency-Key an earlier request holds a pending lock for
+    // waits for that request, and answers what it got.
+    let first = purchase(buyers[1].user_id, (1, 2));
+    let locked = lock(first.clone(), 9_005, "twice").await;
+    let body = json!({"category_id": seated, "seat_ids": ["1:2"]});
+    let (answer, ()) = tokio::join!(app.buy(event, &buyers[1], "twice", body), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut r = app.redis.clone();
+        let admitted = reserve::reserve(
+            &mut r,
+            &keys,
+            &first,
+            OrderNo(9_005),
+            "twice",
+            now(),
+            1_000,
+            Some(&locked),
+        )
+        .await
+        .unwrap();
+        assert!(admitted.into_result().is_ok());
+        seat_lock::confirm(
+            &mut r,
+            &keys,
+            EventId(event),
+            CategoryId(seated),
+            OrderNo(9_005),
+            "1:2",
+        )
+        .await
+        .unwrap();
+    });
+    assert_eq!(answer.0, 202, "{}", answer.1);
+    assert_eq!(answer.1["request_id"], "9005");
+    assert_eq!(seat_states(&app, event, seated).await["1:2"], "L:9005");
+    assert_eq!(available(&app, event, seated).await, 2);
 }
