@@ -116,6 +116,21 @@ impl Keys {
         )
     }
 
+    /// Hash: `<carriage>:<seat>` → one character per route segment, `1` taken, `0`
+    /// free: a train class's seats (`lua/redis/lib/segments.lua`).
+    pub fn segments(&self, b: Bucket, category_id: impl Into<CategoryId>) -> String {
+        self.tagged(
+            &b.seat_home().tag(),
+            &format!("segs:{}", category_id.into()),
+        )
+    }
+
+    /// Hash: category id → changes to a train class's seats so far (a cache of its
+    /// availability is exact while this has not moved).
+    pub fn segment_versions(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "segver")
+    }
+
     /// Sorted set: request id → Redis time (ms) until which its seats are pending
     /// (`P:<request id>`), taken by `seat_lock.lua` for a purchase whose bucket is not
     /// the seats' slot (events of several buckets); confirmed or freed by the core, or

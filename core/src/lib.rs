@@ -32,6 +32,7 @@ pub mod shutdown;
 pub mod state;
 pub mod stock_sync;
 pub mod telemetry;
+pub mod trains;
 
 pub use app::{App, BuildError, TestFaults};
 pub use config::Settings;

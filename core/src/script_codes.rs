@@ -4,6 +4,30 @@
 //! its variant; the tests hold every enum to its script: the header's codes, the
 //! variants and the codes the script's body returns are the same set.
 
+/// A script of `lua/redis/` as Redis runs it: the pieces of `lua/redis/lib/` (seat
+/// choice, route segments) in front, so every script that chooses seats or counts
+/// segments does it the same way.
+#[macro_export]
+macro_rules! with_lua_lib {
+    ($script:literal) => {
+        concat!(
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../lua/redis/lib/seat_pick.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../lua/redis/lib/segments.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../lua/redis/",
+                $script
+            ))
+        )
+    };
+}
+
 /// An enum mirroring a script's answers: its variants, each with its code.
 pub trait ScriptCode: Copy + std::fmt::Debug + PartialEq + 'static {
     /// The script (for errors).
@@ -126,7 +150,8 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {file}: {e}", path.display()));
             assert!(
                 source.contains(&format!("pub enum {name} "))
-                    || source.contains(&format!("pub struct {name}(")),
+                    || source.contains(&format!("pub struct {name}("))
+                    || source.contains(&format!("pub struct {name} {{")),
                 "{} names {name}, which {file} does not define",
                 path.display()
             );

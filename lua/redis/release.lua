@@ -8,7 +8,11 @@
 -- ARGV[4] user id          ARGV[5] category id       ARGV[6] quantity
 -- ARGV[7] seats "r:c,r:c" or ""                      ARGV[8] reason
 -- ARGV[9] units back into KEYS[3]: the quantity, or 0 when the seats' own slot takes
---         them back (seat_free.lua: an event of several buckets, ARGV[7] then "")
+--         them back (seat_free.lua: an event of several buckets, ARGV[7] then "") and
+--         for a journey
+-- ARGV[10] a train journey "<from>:<to>", or "": its seats' segments go back
+--         (lib/segments.lua; KEYS[6] is then the class's segments hash, KEYS[7] its
+--         version hash)
 --
 -- Returns (mirrored by Released in core/src/orders/redis.rs):
 --    1 RELEASED      released
@@ -22,11 +26,20 @@ rcall('XDEL', KEYS[1], entry)
 local back = tonumber(ARGV[9])
 if back > 0 and rcall('HINCRBY', KEYS[3], cid, back) > 0 then rcall('HDEL', KEYS[4], cid) end
 if rcall('HINCRBY', KEYS[5], user, -qty) <= 0 then rcall('HDEL', KEYS[5], user) end
-local lock = 'L:' .. rid
-for seat in string.gmatch(ARGV[7], '[^,]+') do
-  if rcall('HGET', KEYS[6], seat) == lock then
-    rcall('HSET', KEYS[6], seat, 'F')
-    rcall('HINCRBY', KEYS[7], string.match(seat, '^(%d+):'), 1)
+local from_st, to_st = string.match(ARGV[10], '^(%d+):(%d+)$')
+if from_st then
+  local list = {}
+  for seat in string.gmatch(ARGV[7], '[^,]+') do list[#list + 1] = seat end
+  seg_set(KEYS[6], list, tonumber(from_st), tonumber(to_st), '0')
+  rcall('HINCRBY', KEYS[7], cid, 1)
+  seg_reopen(KEYS[4], cid)
+else
+  local lock = 'L:' .. rid
+  for seat in string.gmatch(ARGV[7], '[^,]+') do
+    if rcall('HGET', KEYS[6], seat) == lock then
+      rcall('HSET', KEYS[6], seat, 'F')
+      rcall('HINCRBY', KEYS[7], string.match(seat, '^(%d+):'), 1)
+    end
   end
 end
 if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then

@@ -19,6 +19,9 @@
 -- KEYS[7] stream   stream reservations for the order workers
 -- KEYS[8] seats    hash   "row:col" → "F" free, "L:<request id>" locked (seated mode)
 -- KEYS[9] rowfree  hash   row → free seats in it (seated mode)
+-- For a journey (a train's class, mode "segments:…") KEYS[8] is the class's segments
+-- hash (lib/segments.lua) and KEYS[9] its version hash (category id → changes), and
+-- KEYS[3] takes "<category>:<from>:<to>" → 1 once no seat is free on that journey.
 -- For an unseated category, or seats locked elsewhere, KEYS[8] and KEYS[9] are never
 -- touched (the core passes the bucket's stock key for both). Every key carries the
 -- bucket's hash tag.
@@ -27,6 +30,8 @@
 -- ARGV[4] request id (the order number)          ARGV[5] Idempotency-Key
 -- ARGV[6] now, ms since the epoch
 -- ARGV[7] seat mode: "none" (unseated), "auto" (best ARGV[3] seats), "pick" (ARGV[10..]),
+--         or "segments:<from>:<to>" (a train journey, stations 0-based; ARGV[10..] the
+--         chosen "<carriage>:<seat>", else the best),
 --         or "locked-auto" / "locked-pick": the seats ARGV[10..] are already locked in
 --         the seats' own slot (an event of several buckets: seat_lock.lua); nothing
 --         here touches seats or the category's stock
@@ -41,7 +46,8 @@
 --    2 REPLAYED          same key, same request before: its request id and seats
 --   -1 NOT_LOADED        the event is not in Redis (not published)
 --   -2 NOT_OPEN          closed, or outside the sale window
---   -3 SOLD_OUT          fewer units left than asked for
+--   -3 SOLD_OUT          fewer units left than asked for (a journey: fewer seats free
+--                        on every segment of it)
 --   -4 LIMIT_REACHED     the user would hold more than per_user_limit
 --   -5 SEAT_TAKEN        a chosen seat is not free, or no free seats to pick
 --   -6 UNKNOWN_CATEGORY  no stock entry for the category
@@ -67,6 +73,12 @@ if locked then
   mode = string.sub(mode, 8)
   locked_at = cols
 end
+-- "segments:<from>:<to>": a train's journey from station <from> to <to> (lib/segments.lua;
+-- ARGV[10..] chosen seats "<carriage>:<seat>", else the best); the mode is in the
+-- fingerprint, so a repeated key must ask for the same journey.
+local from_st, to_st = string.match(mode, '^segments:(%d+):(%d+)$')
+local journey = from_st ~= nil
+if journey then from_st, to_st = tonumber(from_st), tonumber(to_st) end
 local asked = (locked and mode == 'auto') and '' or concat(chosen, ',')
 local fingerprint = cid .. ':' .. qty .. ':' .. mode .. ':' .. asked
 
@@ -98,7 +110,7 @@ if locked then
     return {-9, '', ''}
   end
 end
-local stock = locked and tostring(qty) or rcall('HGET', KEYS[2], cid)
+local stock = (locked or journey) and tostring(qty) or rcall('HGET', KEYS[2], cid)
 if not stock then return {-6, '', ''} end
 local buckets = tonumber(meta[6] or '1')
 local held = tonumber(rcall('HGET', KEYS[4], user) or '0')
@@ -118,6 +130,16 @@ if held + qty > tonumber(meta[4]) then return {-4, '', ''} end
 local seats = {}
 if locked then
   seats = chosen
+elseif journey then
+  local refused
+  seats, refused = seg_pick(KEYS[8], from_st, to_st, qty, chosen)
+  if refused == -3 then
+    -- Proven: no qty seats free on this journey until something is given back.
+    rcall('HSET', KEYS[3], cid .. ':' .. from_st .. ':' .. to_st, 1)
+    return {-3, '', ''}
+  end
+  if refused == -7 then return {-7, '', ''} end
+  if not seats then return {-5, '', ''} end
 elseif mode == 'pick' or mode == 'auto' then
   local refused
   seats, refused = pick_seats(KEYS[8], KEYS[9], mode, qty, cols, chosen)
@@ -127,7 +149,10 @@ end
 
 -- 6. Everything checked: take it.
 local seat_list = concat(seats, ',')
-if not locked then
+if journey then
+  seg_set(KEYS[8], seats, from_st, to_st, '1')
+  rcall('HINCRBY', KEYS[9], cid, 1)
+elseif not locked then
   local lock = 'L:' .. rid
   for _, seat in ipairs(seats) do
     rcall('HSET', KEYS[8], seat, lock)
@@ -139,6 +164,11 @@ rcall('HINCRBY', KEYS[4], user, qty)
 rcall('HSET', KEYS[5], idem_field, rid .. '|' .. fingerprint .. '|' .. seat_list)
 rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)
 local seq = rcall('HINCRBY', KEYS[1], 'seq', buckets)
-rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now,
-  'e', meta[5] or '0', 'n', seq)
+if journey then
+  rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now,
+    'e', meta[5] or '0', 'n', seq, 'j', from_st .. ':' .. to_st)
+else
+  rcall('XADD', KEYS[7], '*', 'r', rid, 'u', user, 'c', cid, 'q', qty, 's', seat_list, 't', now,
+    'e', meta[5] or '0', 'n', seq)
+end
 return {1, rid, seat_list}

@@ -7,7 +7,11 @@
 -- ARGV[1] order no   ARGV[2] user id   ARGV[3] category id   ARGV[4] quantity
 -- ARGV[5] seats "r:c,r:c" or ""
 -- ARGV[6] units back into KEYS[2]: the quantity, or 0 when the seats' own slot takes
---         them back (seat_free.lua: an event of several buckets, ARGV[5] then "")
+--         them back (seat_free.lua: an event of several buckets, ARGV[5] then "") and
+--         for a journey
+-- ARGV[7] a train journey "<from>:<to>", or "": its seats' segments go back
+--         (lib/segments.lua; KEYS[6] is then the class's segments hash, KEYS[7] its
+--         version hash)
 --
 -- Returns (mirrored by Restocked in core/src/lifecycle/restock.rs):
 --    1 NOW     given back now
@@ -18,11 +22,20 @@ if rcall('SADD', KEYS[1], order) == 0 then return 0 end
 local back = tonumber(ARGV[6])
 if back > 0 and rcall('HINCRBY', KEYS[2], cid, back) > 0 then rcall('HDEL', KEYS[3], cid) end
 if rcall('HINCRBY', KEYS[4], user, -qty) <= 0 then rcall('HDEL', KEYS[4], user) end
-local lock = 'L:' .. order
-for seat in string.gmatch(ARGV[5], '[^,]+') do
-  if rcall('HGET', KEYS[6], seat) == lock then
-    rcall('HSET', KEYS[6], seat, 'F')
-    rcall('HINCRBY', KEYS[7], string.match(seat, '^(%d+):'), 1)
+local from_st, to_st = string.match(ARGV[7], '^(%d+):(%d+)$')
+if from_st then
+  local list = {}
+  for seat in string.gmatch(ARGV[5], '[^,]+') do list[#list + 1] = seat end
+  seg_set(KEYS[6], list, tonumber(from_st), tonumber(to_st), '0')
+  rcall('HINCRBY', KEYS[7], cid, 1)
+  seg_reopen(KEYS[3], cid)
+else
+  local lock = 'L:' .. order
+  for seat in string.gmatch(ARGV[5], '[^,]+') do
+    if rcall('HGET', KEYS[6], seat) == lock then
+      rcall('HSET', KEYS[6], seat, 'F')
+      rcall('HINCRBY', KEYS[7], string.match(seat, '^(%d+):'), 1)
+    end
   end
 end
 if rcall('HGET', KEYS[5], user) == 'CREATED:' .. order then

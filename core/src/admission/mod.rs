@@ -70,20 +70,26 @@ pub enum Seats {
     Best { cols: u32 },
     /// These seats, `(row, col)`.
     Chosen { cols: u32, seats: Vec<(u32, u32)> },
+    /// A train class's seats on one journey only: these `(carriage, seat)`, or the best
+    /// when empty (docs/trains.md).
+    Journey {
+        journey: crate::trains::Journey,
+        seats: Vec<(u32, u32)>,
+    },
 }
 
 impl Seats {
     /// The seat mode, columns per row and chosen seats `"row:col"` as the scripts that
     /// choose seats take them (`reserve.lua`, `seat_lock.lua`).
-    pub fn script_args(&self) -> (&'static str, u32, Vec<String>) {
+    pub fn script_args(&self) -> (String, u32, Vec<String>) {
+        let named = |seats: &[(u32, u32)]| seats.iter().map(|(r, c)| format!("{r}:{c}")).collect();
         match self {
-            Seats::None => ("none", 0, Vec::new()),
-            Seats::Best { cols } => ("auto", *cols, Vec::new()),
-            Seats::Chosen { cols, seats } => (
-                "pick",
-                *cols,
-                seats.iter().map(|(r, c)| format!("{r}:{c}")).collect(),
-            ),
+            Seats::Journey { journey, seats } => {
+                (format!("segments:{}", journey.encode()), 0, named(seats))
+            }
+            Seats::None => ("none".into(), 0, Vec::new()),
+            Seats::Best { cols } => ("auto".into(), *cols, Vec::new()),
+            Seats::Chosen { cols, seats } => ("pick".into(), *cols, named(seats)),
         }
     }
 }
@@ -139,7 +145,8 @@ impl Admission {
             tracing::warn!("order-number lease not renewed in time; admission paused");
             return Err(Refusal::Busy.into());
         };
-        let seats_elsewhere = purchase.seats != Seats::None && !purchase.bucket.holds_seats();
+        let seats_elsewhere = matches!(purchase.seats, Seats::Best { .. } | Seats::Chosen { .. })
+            && !purchase.bucket.holds_seats();
         let outcome = if seats_elsewhere {
             self.reserve_seats_elsewhere(
                 &purchase,

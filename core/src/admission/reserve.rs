@@ -9,8 +9,8 @@ use crate::domain::OrderNo;
 use crate::keys::Keys;
 use crate::script_codes::ScriptCode;
 
-/// reserve.lua as Redis runs it (seat_pick.lua in front).
-pub const RESERVE_LUA: &str = super::seat_lock::with_seat_pick!("../../../lua/redis/reserve.lua");
+/// reserve.lua as Redis runs it (lua/redis/lib/ in front).
+pub const RESERVE_LUA: &str = crate::with_lua_lib!("reserve.lua");
 
 static RESERVE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RESERVE_LUA));
 
@@ -118,9 +118,9 @@ pub async fn reserve(
     max_stream_depth: u64,
     locked: Option<&super::seat_lock::Locked>,
 ) -> anyhow::Result<Outcome> {
-    let (mode, cols, chosen): (&str, i64, Vec<String>) = match (&p.seats, locked) {
-        (Seats::Best { .. }, Some(l)) => ("locked-auto", l.at_ms, l.seats.clone()),
-        (Seats::Chosen { .. }, Some(l)) => ("locked-pick", l.at_ms, l.seats.clone()),
+    let (mode, cols, chosen): (String, i64, Vec<String>) = match (&p.seats, locked) {
+        (Seats::Best { .. }, Some(l)) => ("locked-auto".into(), l.at_ms, l.seats.clone()),
+        (Seats::Chosen { .. }, Some(l)) => ("locked-pick".into(), l.at_ms, l.seats.clone()),
         (seats, _) => {
             let (mode, cols, chosen) = seats.script_args();
             (mode, cols.into(), chosen)
@@ -128,7 +128,12 @@ pub async fn reserve(
     };
     let b = p.bucket;
     // Seats in another slot are never touched here: the bucket's own key stands in.
-    let (seats_key, row_free_key) = if b.holds_seats() {
+    let (seats_key, row_free_key) = if let Seats::Journey { .. } = p.seats {
+        (
+            keys.segments(b, p.category_id),
+            keys.segment_versions(b.event),
+        )
+    } else if b.holds_seats() {
         (
             keys.seats(b, p.category_id),
             keys.row_free(b, p.category_id),

@@ -14,19 +14,8 @@ use crate::script_codes::ScriptCode;
 
 use super::{Purchase, Refusal, Seats};
 
-/// seat_pick.lua in front of a script that chooses seats (reserve.lua, seat_lock.lua).
-macro_rules! with_seat_pick {
-    ($script:literal) => {
-        concat!(
-            include_str!("../../../lua/redis/lib/seat_pick.lua"),
-            include_str!($script)
-        )
-    };
-}
-pub(crate) use with_seat_pick;
-
 static LOCK: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(with_seat_pick!("../../../lua/redis/seat_lock.lua")));
+    LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("seat_lock.lua")));
 static CONFIRM: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/seat_confirm.lua")));
 static FREE: LazyLock<redis::Script> =
@@ -111,7 +100,10 @@ pub async fn lock(
     idempotency_key: &str,
     now_ms: i64,
 ) -> anyhow::Result<Lock> {
-    anyhow::ensure!(p.seats != Seats::None, "seat_lock for an unseated purchase");
+    anyhow::ensure!(
+        matches!(p.seats, Seats::Best { .. } | Seats::Chosen { .. }),
+        "seat_lock is for a seated purchase"
+    );
     let (mode, cols, chosen) = p.seats.script_args();
     let e = p.bucket.event;
     let (code, seats, at_ms): (i64, String, i64) = LOCK

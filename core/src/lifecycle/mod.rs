@@ -60,6 +60,8 @@ impl OrderView {
             category_id: CategoryId(self.category_id),
             quantity: self.quantity,
             seats: &self.seats,
+            // No order of a train is created yet (docs/trains.md "Status").
+            journey: None,
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::keys::{Bucket, Keys};
 use crate::script_codes::ScriptCode;
 
 static RESTOCK: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/restock.lua")));
+    LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("restock.lua")));
 
 /// `restock.lua`'s answers, one to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,8 @@ pub struct GiveBack<'a> {
     pub quantity: u32,
     /// `"row:col"`, empty for unseated tickets.
     pub seats: &'a [String],
+    /// A train ticket's journey: its seats go back on those segments only.
+    pub journey: Option<crate::trains::Journey>,
 }
 
 /// Gives a cancelled order's units and seats back in Redis, once: into the buyer's
@@ -55,13 +57,24 @@ pub async fn restock(redis: &mut Redis, keys: &Keys, o: GiveBack<'_>) -> anyhow:
         crate::admission::seat_lock::free(redis, keys, b.event, o.category_id, o.order_no, &seats)
             .await?;
     }
-    let (seats_key, row_free_key) = if b.holds_seats() {
+    let (seats_key, row_free_key) = if o.journey.is_some() {
+        (
+            keys.segments(b, o.category_id),
+            keys.segment_versions(b.event),
+        )
+    } else if b.holds_seats() {
         (
             keys.seats(b, o.category_id),
             keys.row_free(b, o.category_id),
         )
     } else {
         (keys.stock(b), keys.stock(b))
+    };
+    // A train's seats go back on their segments; a class has no unit count.
+    let back = if seats_elsewhere || o.journey.is_some() {
+        0
+    } else {
+        o.quantity
     };
     let code: i64 = RESTOCK
         .key(keys.restocked(b))
@@ -76,7 +89,8 @@ pub async fn restock(redis: &mut Redis, keys: &Keys, o: GiveBack<'_>) -> anyhow:
         .arg(o.category_id)
         .arg(o.quantity)
         .arg(if seats_elsewhere { "" } else { seats.as_str() })
-        .arg(if seats_elsewhere { 0 } else { o.quantity })
+        .arg(back)
+        .arg(o.journey.map(|j| j.encode()).unwrap_or_default())
         .invoke_async(redis)
         .await?;
     Restocked::from_code(code)

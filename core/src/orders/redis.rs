@@ -20,7 +20,7 @@ pub const GROUP: &str = "order-workers";
 static SETTLE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/settle.lua")));
 static RELEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/release.lua")));
+    LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("release.lua")));
 static REFUSE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/refuse.lua")));
 
@@ -238,13 +238,24 @@ pub async fn release(
         )
         .await?;
     }
-    let (seats_key, row_free_key) = if bucket.holds_seats() {
+    let (seats_key, row_free_key) = if r.journey.is_some() {
+        (
+            keys.segments(bucket, r.category_id),
+            keys.segment_versions(bucket.event),
+        )
+    } else if bucket.holds_seats() {
         (
             keys.seats(bucket, r.category_id),
             keys.row_free(bucket, r.category_id),
         )
     } else {
         (keys.stock(bucket), keys.stock(bucket))
+    };
+    // A train's seats go back on their segments; a class has no unit count.
+    let back = if seats_elsewhere || r.journey.is_some() {
+        0
+    } else {
+        r.quantity
     };
     let code: i64 = RELEASE
         .key(keys.order_stream(bucket))
@@ -266,7 +277,8 @@ pub async fn release(
             r.seats_raw.as_str()
         })
         .arg(reason)
-        .arg(if seats_elsewhere { 0 } else { r.quantity })
+        .arg(back)
+        .arg(r.journey.map(|j| j.encode()).unwrap_or_default())
         .invoke_async(redis)
         .await?;
     Released::from_code(code)

@@ -22,6 +22,9 @@ pub struct Reservation {
     /// Its number among the event's admissions (`meta.seq`); none in entries written
     /// before admissions were numbered.
     pub seq: Option<u64>,
+    /// A train journey (`"<from>:<to>"` in the entry), whose seats are held on its
+    /// segments only.
+    pub journey: Option<crate::trains::Journey>,
 }
 
 impl Reservation {
@@ -55,6 +58,13 @@ impl Reservation {
                 .contains_key("n")
                 .then(|| number("n"))
                 .transpose()?,
+            journey: match entry.get::<String>("j") {
+                None => None,
+                Some(j) => Some(
+                    crate::trains::Journey::parse(&j)
+                        .with_context(|| format!("stream entry {} field j", entry.id))?,
+                ),
+            },
         })
     }
 

@@ -194,6 +194,8 @@ impl Reconciler {
                     category_id: CategoryId(category_id),
                     quantity,
                     seats: &seats,
+                    // No order of a train is created yet (docs/trains.md "Status").
+                    journey: None,
                 },
             )
             .await?;

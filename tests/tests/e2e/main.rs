@@ -21,3 +21,4 @@ mod purchase;
 mod reconcile;
 mod recovery;
 mod redis_faults;
+mod trains;
