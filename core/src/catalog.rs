@@ -103,7 +103,23 @@ pub struct EventRecord {
     /// Redis buckets the stock is split over (docs/scaling.md); 1 for most events.
     pub buckets: u16,
     pub status: EventStatus,
+    /// "sale", or "train" (docs/trains.md).
+    pub kind: String,
+    /// A train's stations in route order; empty for any other event (and in listings).
+    pub stations: Vec<String>,
     pub categories: Vec<CategoryRecord>,
+}
+
+impl EventRecord {
+    /// True for a train (its categories are seat classes sold by route segment).
+    pub fn is_train(&self) -> bool {
+        self.kind == "train"
+    }
+
+    /// A train's segments (stations − 1); 0 for any other event.
+    pub fn segments(&self) -> usize {
+        self.stations.len().saturating_sub(1)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -131,8 +147,8 @@ pub async fn insert(pool: &Pool, e: &NewEvent) -> anyhow::Result<u64> {
         .context("Failed to get a MySQL connection")?;
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
     tx.exec_drop(
-        "INSERT INTO event (title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, buckets) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO event (title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, buckets, kind) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             &e.title,
             &e.venue,
@@ -142,17 +158,26 @@ pub async fn insert(pool: &Pool, e: &NewEvent) -> anyhow::Result<u64> {
             e.per_user_limit,
             e.pay_timeout_s,
             e.buckets,
+            if e.stations.is_empty() { "sale" } else { "train" },
         ),
     )
     .await
     .context("Failed to insert the event")?;
     let event_id = tx.last_insert_id().context("no id for the new event")?;
+    for (idx, name) in e.stations.iter().enumerate() {
+        tx.exec_drop(
+            "INSERT INTO event_station (event_id, idx, name) VALUES (?, ?, ?)",
+            (event_id, idx, name),
+        )
+        .await
+        .context("Failed to insert a station")?;
+    }
     for c in &e.categories {
         let (rows, cols) = match c.stock {
             Stock::Units(_) => (None, None),
             Stock::Seats { rows, cols } => (Some(rows), Some(cols)),
         };
-        let total = c.stock.total();
+        let total = e.units(c);
         tx.exec_drop(
             "INSERT INTO ticket_category (event_id, name, price_cents, total, remain, seat_rows, seat_cols) \
              VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -161,7 +186,8 @@ pub async fn insert(pool: &Pool, e: &NewEvent) -> anyhow::Result<u64> {
         .await
         .context("Failed to insert a ticket category")?;
         let category_id = tx.last_insert_id().context("no id for the new category")?;
-        if let Stock::Seats { rows, cols } = c.stock {
+        // A train's seats have no `seat` rows: their segments are in `seat_segment`.
+        if let (Stock::Seats { rows, cols }, true) = (c.stock, e.stations.is_empty()) {
             let seats: Vec<(u32, u32)> = (1..=rows)
                 .flat_map(|r| (1..=cols).map(move |c| (r, c)))
                 .collect();
@@ -198,9 +224,10 @@ type EventRow = (
     u32,
     u16,
     String,
+    String,
 );
 
-const EVENT_COLUMNS: &str = "id, title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, buckets, status";
+const EVENT_COLUMNS: &str = "id, title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, buckets, status, kind";
 
 /// The event with its categories, or None.
 pub async fn load(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventRecord>> {
@@ -217,6 +244,15 @@ pub async fn load(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventReco
         .context("Failed to read the event")?;
     let Some(row) = row else { return Ok(None) };
     let mut event = event_from_row(row)?;
+    if event.is_train() {
+        event.stations = conn
+            .exec(
+                "SELECT name FROM event_station WHERE event_id = ? ORDER BY idx",
+                (event_id,),
+            )
+            .await
+            .context("Failed to read the stations")?;
+    }
     event.categories = conn
         .exec_map(
             "SELECT id, name, price_cents, total, remain, seat_rows, seat_cols \
@@ -272,6 +308,7 @@ fn event_from_row(
         pay_timeout_s,
         buckets,
         status,
+        kind,
     ): EventRow,
 ) -> anyhow::Result<EventRecord> {
     Ok(EventRecord {
@@ -285,6 +322,8 @@ fn event_from_row(
         pay_timeout_s,
         buckets: buckets.max(1),
         status: EventStatus::parse(&status)?,
+        kind,
+        stations: Vec::new(),
         categories: Vec::new(),
     })
 }

@@ -13,7 +13,7 @@ pub const MAX_STATIONS: usize = 64;
 
 /// A journey from station `from` to station `to` (0-based, `from < to`): it uses the
 /// segments `from + 1 ..= to`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Journey {
     pub from: u16,
     pub to: u16,
@@ -43,6 +43,11 @@ impl Journey {
         let (f, t) = text.split_once(':')?;
         let (from, to) = (f.parse().ok()?, t.parse().ok()?);
         (from < to).then_some(Journey { from, to })
+    }
+
+    /// How many segments it uses.
+    pub fn span(self) -> u32 {
+        u32::from(self.to - self.from)
     }
 
     /// The segments it uses, as 0-based indexes.

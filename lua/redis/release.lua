@@ -7,9 +7,9 @@
 -- ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] request id
 -- ARGV[4] user id          ARGV[5] category id       ARGV[6] quantity
 -- ARGV[7] seats "r:c,r:c" or ""                      ARGV[8] reason
--- ARGV[9] units back into KEYS[3]: the quantity, or 0 when the seats' own slot takes
---         them back (seat_free.lua: an event of several buckets, ARGV[7] then "") and
---         for a journey
+-- ARGV[9] units back into KEYS[3]: the quantity (a journey's seat-segments), or 0 when
+--         the seats' own slot takes them back (seat_free.lua: an event of several
+--         buckets, ARGV[7] then "")
 -- ARGV[10] a train journey "<from>:<to>", or "": its seats' segments go back
 --         (lib/segments.lua; KEYS[6] is then the class's segments hash, KEYS[7] its
 --         version hash)

@@ -10,7 +10,7 @@
 --                         buckets (B, absent = 1), seq (the admissions' number: grows by
 --                         B with each, so bucket k's are ≡ k mod B; a rebuild sets it
 --                         from MySQL's largest stock_log.seq of the bucket)
--- KEYS[2] stock    hash   category id → units available
+-- KEYS[2] stock    hash   category id → units available (a train class: seat-segments)
 -- KEYS[3] soldout  hash   category id → 1 once stock reached 0 (with one bucket the
 --                         edge's flag; with more, the bucket's own)
 -- KEYS[4] held     hash   user id → units the user holds in this event
@@ -21,7 +21,8 @@
 -- KEYS[9] rowfree  hash   row → free seats in it (seated mode)
 -- For a journey (a train's class, mode "segments:…") KEYS[8] is the class's segments
 -- hash (lib/segments.lua) and KEYS[9] its version hash (category id → changes), and
--- KEYS[3] takes "<category>:<from>:<to>" → 1 once no seat is free on that journey.
+-- KEYS[3] takes "<category>:<from>:<to>" → 1 once no seat at all is free on that
+-- journey (the edge reads them as journey flags, apart from the category flags).
 -- For an unseated category, or seats locked elsewhere, KEYS[8] and KEYS[9] are never
 -- touched (the core passes the bucket's stock key for both). Every key carries the
 -- bucket's hash tag.
@@ -110,11 +111,20 @@ if locked then
     return {-9, '', ''}
   end
 end
-local stock = (locked or journey) and tostring(qty) or rcall('HGET', KEYS[2], cid)
+-- A journey's units are seat-segments: seats × segments of the journey.
+local units = journey and qty * (to_st - from_st) or qty
+local stock = locked and tostring(qty) or rcall('HGET', KEYS[2], cid)
 if not stock then return {-6, '', ''} end
+if journey and tonumber(stock) < units then
+  -- Fewer free seat-segments than one seat needs: no seat is free on the journey.
+  if tonumber(stock) < to_st - from_st then
+    rcall('HSET', KEYS[3], cid .. ':' .. from_st .. ':' .. to_st, 1)
+  end
+  return {-3, '', ''}
+end
 local buckets = tonumber(meta[6] or '1')
 local held = tonumber(rcall('HGET', KEYS[4], user) or '0')
-if tonumber(stock) < qty then
+if not journey and tonumber(stock) < qty then
   -- A buyer at their limit is told so before the core moves units for them.
   if buckets > 1 then
     if held + qty > tonumber(meta[4]) then return {-4, '', ''} end
@@ -131,11 +141,11 @@ local seats = {}
 if locked then
   seats = chosen
 elseif journey then
-  local refused
-  seats, refused = seg_pick(KEYS[8], from_st, to_st, qty, chosen)
+  local refused, free
+  seats, refused, free = seg_pick(KEYS[8], from_st, to_st, qty, chosen)
   if refused == -3 then
-    -- Proven: no qty seats free on this journey until something is given back.
-    rcall('HSET', KEYS[3], cid .. ':' .. from_st .. ':' .. to_st, 1)
+    -- Proven: no seat free on this journey until something is given back.
+    if free == 0 then rcall('HSET', KEYS[3], cid .. ':' .. from_st .. ':' .. to_st, 1) end
     return {-3, '', ''}
   end
   if refused == -7 then return {-7, '', ''} end
@@ -152,6 +162,7 @@ local seat_list = concat(seats, ',')
 if journey then
   seg_set(KEYS[8], seats, from_st, to_st, '1')
   rcall('HINCRBY', KEYS[9], cid, 1)
+  if rcall('HINCRBY', KEYS[2], cid, -units) == 0 then rcall('HSET', KEYS[3], cid, 1) end
 elseif not locked then
   local lock = 'L:' .. rid
   for _, seat in ipairs(seats) do

@@ -6,9 +6,9 @@
 -- KEYS[6] seats      KEYS[7] rowfree   (the order's category's)
 -- ARGV[1] order no   ARGV[2] user id   ARGV[3] category id   ARGV[4] quantity
 -- ARGV[5] seats "r:c,r:c" or ""
--- ARGV[6] units back into KEYS[2]: the quantity, or 0 when the seats' own slot takes
---         them back (seat_free.lua: an event of several buckets, ARGV[5] then "") and
---         for a journey
+-- ARGV[6] units back into KEYS[2]: the quantity (a journey's seat-segments), or 0 when
+--         the seats' own slot takes them back (seat_free.lua: an event of several
+--         buckets, ARGV[5] then "")
 -- ARGV[7] a train journey "<from>:<to>", or "": its seats' segments go back
 --         (lib/segments.lua; KEYS[6] is then the class's segments hash, KEYS[7] its
 --         version hash)

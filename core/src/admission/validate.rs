@@ -14,8 +14,11 @@ use crate::domain::UserId;
 pub struct OrderBody {
     pub category_id: u64,
     pub quantity: Option<i64>,
-    /// Seats as `"row:col"`, for seated categories.
+    /// Seats as `"row:col"`, for seated categories (a train's `"carriage:seat"`).
     pub seat_ids: Option<Vec<String>>,
+    /// A train ticket's journey: station indexes along the route (docs/trains.md).
+    pub from: Option<i64>,
+    pub to: Option<i64>,
 }
 
 /// What one check sees.
@@ -26,6 +29,17 @@ struct Candidate<'a> {
 }
 
 impl Candidate<'_> {
+    /// A train ticket's journey, once `journey_on_the_route` passed.
+    fn journey(&self) -> Option<crate::trains::Journey> {
+        let (from, to) = (self.body.from?, self.body.to?);
+        crate::trains::Journey::new(
+            u16::try_from(from).ok()?,
+            u16::try_from(to).ok()?,
+            self.event.stations.len(),
+        )
+        .ok()
+    }
+
     fn category(&self) -> Option<&CategoryRecord> {
         self.event
             .categories
@@ -37,10 +51,11 @@ impl Candidate<'_> {
 type Check = fn(&Candidate) -> Result<(), Refusal>;
 
 /// The chain, in order: cheapest and most common refusals first.
-const CHAIN: [(&str, Check); 5] = [
+const CHAIN: [(&str, Check); 6] = [
     ("one kind of purchase", one_kind_of_purchase),
     ("event on sale", event_on_sale),
     ("category exists", category_exists),
+    ("journey on the route", journey_on_the_route),
     ("quantity within limit", quantity_within_limit),
     ("seats belong to category", seats_belong_to_category),
 ];
@@ -82,6 +97,26 @@ fn checked(
         }
     }
     let category = candidate.category().expect("checked by category_exists");
+    if let Some(journey) = candidate.journey() {
+        let chosen: Vec<(u32, u32)> = body
+            .seat_ids
+            .iter()
+            .flatten()
+            .map(|s| parse_seat(s).expect("checked"))
+            .collect();
+        let quantity = body.quantity.map_or(chosen.len() as u32, |q| q as u32);
+        return Ok(Purchase {
+            event_id: event.id,
+            category_id: category.id,
+            user_id,
+            quantity,
+            seats: Seats::Journey {
+                journey,
+                seats: chosen,
+            },
+            bucket: crate::keys::Bucket::of_buyer(event.id, event.buckets, UserId(user_id)),
+        });
+    }
     let (quantity, seats) = match (&category.seats, &body.seat_ids, body.quantity) {
         (None, _, Some(q)) => (q as u32, Seats::None),
         (Some(grid), None, Some(q)) => (q as u32, Seats::Best { cols: grid.cols }),
@@ -133,6 +168,35 @@ fn category_exists(c: &Candidate) -> Result<(), Refusal> {
             c.body.category_id, c.event.id
         ))
     })
+}
+
+fn journey_on_the_route(c: &Candidate) -> Result<(), Refusal> {
+    let (from, to) = (c.body.from, c.body.to);
+    if !c.event.is_train() {
+        return match (from, to) {
+            (None, None) => Ok(()),
+            _ => Err(Refusal::Invalid(format!(
+                "event {} is not a train: no from or to",
+                c.event.id
+            ))),
+        };
+    }
+    let (Some(from), Some(to)) = (from, to) else {
+        return Err(Refusal::Invalid(
+            "a train ticket needs from and to (station indexes along the route)".into(),
+        ));
+    };
+    let stations = c.event.stations.len();
+    let index = |v: i64| u16::try_from(v).ok().filter(|&i| usize::from(i) < stations);
+    let (Some(from), Some(to)) = (index(from), index(to)) else {
+        return Err(Refusal::Invalid(format!(
+            "from and to must be stations of the route (0 … {})",
+            stations - 1
+        )));
+    };
+    crate::trains::Journey::new(from, to, stations)
+        .map(|_| ())
+        .map_err(Refusal::Invalid)
 }
 
 fn quantity_within_limit(c: &Candidate) -> Result<(), Refusal> {
@@ -202,6 +266,8 @@ mod tests {
             pay_timeout_s: 60,
             buckets: 1,
             status: EventStatus::Published,
+            kind: "sale".into(),
+            stations: Vec::new(),
             categories: vec![
                 CategoryRecord {
                     id: 1,
@@ -234,6 +300,8 @@ mod tests {
             category_id,
             quantity,
             seat_ids: seats.map(|s| s.iter().map(|x| x.to_string()).collect()),
+            from: None,
+            to: None,
         }
     }
 

@@ -25,6 +25,10 @@ pub struct EventRequest {
     pub pay_timeout_s: i64,
     /// Redis buckets the stock is split over (1 when absent: one hash tag).
     pub buckets: Option<i64>,
+    /// "sale" (absent) or "train" (docs/trains.md).
+    pub kind: Option<String>,
+    /// A train's stations along its route, in order.
+    pub stations: Option<Vec<String>>,
     pub categories: Vec<CategoryRequest>,
 }
 
@@ -55,7 +59,20 @@ pub struct NewEvent {
     pub per_user_limit: u32,
     pub pay_timeout_s: u32,
     pub buckets: u32,
+    /// A train's stations (2 … 64, docs/trains.md); empty for any other event.
+    pub stations: Vec<String>,
     pub categories: Vec<NewCategory>,
+}
+
+impl NewEvent {
+    /// Units of a category as the stock books count them: for a train's class its
+    /// seat-segments (seats × segments of the route), else its units or seats.
+    pub fn units(&self, c: &NewCategory) -> u32 {
+        match self.stations.len() {
+            0 => c.stock.total(),
+            n => c.stock.total() * (n as u32 - 1),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -150,6 +167,43 @@ impl TryFrom<EventRequest> for NewEvent {
                 stock,
             });
         }
+        let stations = match (r.kind.as_deref(), r.stations) {
+            (None | Some("sale"), None) => Vec::new(),
+            (None | Some("sale"), Some(_)) => {
+                return Err("stations are for kind \"train\"".into());
+            }
+            (Some("train"), None) => return Err("a train needs its stations".into()),
+            (Some("train"), Some(names)) => {
+                let max = crate::trains::MAX_STATIONS;
+                if !(2..=max).contains(&names.len()) {
+                    return Err(format!("a train has 2 to {max} stations"));
+                }
+                let mut stations: Vec<String> = Vec::with_capacity(names.len());
+                for (i, name) in names.iter().enumerate() {
+                    let name = text(&format!("stations[{i}]"), name, 100)?;
+                    if stations.contains(&name) {
+                        return Err(format!("stations[{i}] {name:?} is on the route twice"));
+                    }
+                    stations.push(name);
+                }
+                if buckets != 1 {
+                    return Err("a train has 1 bucket (a seat's segments stay in one slot)".into());
+                }
+                if let Some(i) = categories
+                    .iter()
+                    .position(|c| !matches!(c.stock, Stock::Seats { .. }))
+                {
+                    return Err(format!(
+                        "categories[{i}] of a train is a class: it needs seats \
+                         (rows = carriages, cols = seats per carriage), not a quantity"
+                    ));
+                }
+                stations
+            }
+            (Some(other), _) => {
+                return Err(format!("kind must be \"sale\" or \"train\", not {other:?}"));
+            }
+        };
         Ok(NewEvent {
             title,
             venue,
@@ -159,6 +213,7 @@ impl TryFrom<EventRequest> for NewEvent {
             per_user_limit,
             pay_timeout_s,
             buckets,
+            stations,
             categories,
         })
     }
@@ -210,6 +265,69 @@ mod tests {
             "categories": categories,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_train_has_stations_and_seated_classes_counted_in_seat_segments() {
+        let classes = serde_json::json!([
+            {"name": "first", "price_cents": 2000, "seats": {"rows": 2, "cols": 10}},
+        ]);
+        let train = |kind: serde_json::Value, stations: serde_json::Value| {
+            let r = serde_json::json!({
+                "title": "G1", "venue": "Line 1",
+                "show_time": "2030-01-02T20:00:00Z",
+                "sale_start": "2030-01-01T10:00:00Z", "sale_end": "2030-01-01T12:00:00Z",
+                "per_user_limit": 4, "pay_timeout_s": 900,
+                "kind": kind, "stations": stations, "categories": classes,
+            });
+            serde_json::from_value::<EventRequest>(r)
+                .map_err(|e| e.to_string())
+                .and_then(NewEvent::try_from)
+        };
+        let e = train("train".into(), serde_json::json!(["A", "B", "C", "D"])).unwrap();
+        assert_eq!(e.stations, ["A", "B", "C", "D"]);
+        assert_eq!(e.units(&e.categories[0]), 20 * 3);
+        for (kind, stations, why) in [
+            (
+                serde_json::json!("train"),
+                serde_json::json!(["A"]),
+                "2 to 64",
+            ),
+            (
+                serde_json::json!("train"),
+                serde_json::json!(["A", "B", "A"]),
+                "twice",
+            ),
+            (
+                serde_json::json!("train"),
+                serde_json::json!(["A", ""]),
+                "stations[1]",
+            ),
+            (
+                serde_json::json!("train"),
+                serde_json::Value::Null,
+                "needs its stations",
+            ),
+            (
+                serde_json::json!("sale"),
+                serde_json::json!(["A", "B"]),
+                "for kind",
+            ),
+            (
+                serde_json::json!("boat"),
+                serde_json::json!(["A", "B"]),
+                "kind must be",
+            ),
+        ] {
+            let err = train(kind, stations).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+        let many: Vec<String> = (0..65).map(|i| format!("S{i}")).collect();
+        assert!(train("train".into(), serde_json::json!(many)).is_err());
+        let mut r = request(serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 9}]));
+        r.kind = Some("train".into());
+        r.stations = Some(vec!["A".into(), "B".into()]);
+        assert!(NewEvent::try_from(r).unwrap_err().contains("needs seats"));
     }
 
     #[test]

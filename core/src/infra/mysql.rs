@@ -64,6 +64,11 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V15__category_name_exact",
         include_str!("../../../sql/V15__category_name_exact.sql"),
     ),
+    ("V16__trains", include_str!("../../../sql/V16__trains.sql")),
+    (
+        "V17__order_item_journey",
+        include_str!("../../../sql/V17__order_item_journey.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

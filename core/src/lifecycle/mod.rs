@@ -43,8 +43,11 @@ pub struct OrderView {
     pub amount_cents: u64,
     pub status: OrderStatus,
     pub pay_deadline: chrono::DateTime<chrono::Utc>,
-    /// Seats as `"row:col"`; empty for unseated tickets.
+    /// Seats as `"row:col"` (a train's `"carriage:seat"`); empty for unseated tickets.
     pub seats: Vec<String>,
+    /// A train ticket's journey: station indexes along the route.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journey: Option<crate::trains::Journey>,
     /// The event's Redis bucket count (its keys' layout), not shown.
     #[serde(skip)]
     pub buckets: u16,
@@ -60,9 +63,14 @@ impl OrderView {
             category_id: CategoryId(self.category_id),
             quantity: self.quantity,
             seats: &self.seats,
-            // No order of a train is created yet (docs/trains.md "Status").
-            journey: None,
+            journey: self.journey,
         }
+    }
+
+    /// What it holds of the category's stock: its quantity, or a train ticket's
+    /// seat-segments.
+    pub fn units(&self) -> u32 {
+        self.quantity * self.journey.map_or(1, |j| j.span())
     }
 }
 
@@ -100,15 +108,22 @@ pub(crate) async fn load_in<Q: Queryable>(
     else {
         return Ok(None);
     };
-    let seats: Vec<(u32, u32)> = conn
+    let seats: Vec<(u32, u32, Option<u16>, Option<u16>)> = conn
         .exec(
             format!(
-                "SELECT row_no, col_no FROM {} WHERE order_no = ? AND row_no IS NOT NULL ORDER BY row_no, col_no",
+                "SELECT row_no, col_no, from_station, to_station FROM {} \
+                 WHERE order_no = ? AND row_no IS NOT NULL ORDER BY row_no, col_no",
                 order_tables::items(n)
             ),
             (order_no,),
         )
         .await?;
+    let journey = seats.first().and_then(|&(_, _, from, to)| {
+        Some(crate::trains::Journey {
+            from: from?,
+            to: to?,
+        })
+    });
     Ok(Some(OrderView {
         order_no: order_no.to_string(),
         user_id,
@@ -118,7 +133,11 @@ pub(crate) async fn load_in<Q: Queryable>(
         amount_cents,
         status: OrderStatus::parse(&status)?,
         pay_deadline: deadline.and_utc(),
-        seats: seats.into_iter().map(|(r, c)| format!("{r}:{c}")).collect(),
+        seats: seats
+            .into_iter()
+            .map(|(r, c, _, _)| format!("{r}:{c}"))
+            .collect(),
+        journey,
         buckets,
     }))
 }
@@ -203,14 +222,14 @@ impl Lifecycle {
         if synced == Some(1) {
             tx.exec_drop(
                 "UPDATE ticket_category SET remain = remain + ? WHERE id = ?",
-                (order.quantity, order.category_id),
+                (order.units(), order.category_id),
             )
             .await?;
         }
         // The guards' counters: the units and the buyer's share are free again.
         tx.exec_drop(
             "UPDATE ticket_category SET committed = committed - ? WHERE id = ?",
-            (order.quantity, order.category_id),
+            (order.units(), order.category_id),
         )
         .await?;
         tx.exec_drop(
@@ -229,6 +248,10 @@ impl Lifecycle {
             (order_no,),
         )
         .await?;
+        if order.journey.is_some() {
+            tx.exec_drop("DELETE FROM seat_segment WHERE order_no = ?", (order_no,))
+                .await?;
+        }
         tx.commit()
             .await
             .context("Failed to commit the cancellation")?;

@@ -70,12 +70,9 @@ pub async fn restock(redis: &mut Redis, keys: &Keys, o: GiveBack<'_>) -> anyhow:
     } else {
         (keys.stock(b), keys.stock(b))
     };
-    // A train's seats go back on their segments; a class has no unit count.
-    let back = if seats_elsewhere || o.journey.is_some() {
-        0
-    } else {
-        o.quantity
-    };
+    // A train ticket's units are its seat-segments.
+    let units = o.quantity * o.journey.map_or(1, |j| j.span());
+    let back = if seats_elsewhere { 0 } else { units };
     let code: i64 = RESTOCK
         .key(keys.restocked(b))
         .key(keys.stock(b))

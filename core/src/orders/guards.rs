@@ -117,6 +117,7 @@ pub async fn judge<'a>(
     let mut held: HashMap<u64, i64> = holds.into_iter().collect();
     let wanted: Vec<(u64, u32, u32)> = fresh
         .iter()
+        .filter(|r| r.journey.is_none())
         .flat_map(|r| {
             r.seats()
                 .into_iter()
@@ -137,10 +138,50 @@ pub async fn judge<'a>(
             seat_owner.insert((c, r, col), (status != "FREE").then_some(owner).flatten());
         }
     }
+    // A train's seats, per segment (docs/trains.md): who holds each one asked for.
+    let wanted_segments: Vec<(u64, u32, u32, usize)> =
+        fresh.iter().flat_map(|r| seat_segments(r)).collect();
+    let mut segment_owner: HashMap<(u64, u32, u32, usize), u64> = HashMap::new();
+    if !wanted_segments.is_empty() {
+        let rows: Vec<(u64, u32, u32, usize, u64)> = tx
+            .query(format!(
+                "SELECT category_id, row_no, col_no, segment, order_no FROM seat_segment \
+                 WHERE (category_id, row_no, col_no, segment) IN ({}) FOR UPDATE",
+                wanted_segments
+                    .iter()
+                    .map(|(c, r, col, k)| format!("({c},{r},{col},{k})"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ))
+            .await
+            .map_err(classify)?;
+        for (c, r, col, k, owner) in rows {
+            segment_owner.insert((c, r, col, k), owner);
+        }
+    }
+    let seats_in_grid = |r: &Reservation| {
+        let grid = event
+            .categories
+            .iter()
+            .find(|c| c.id == r.category_id.0)
+            .and_then(|c| c.seats);
+        r.seats().iter().all(|&(row, col)| {
+            grid.is_some_and(|g| (1..=g.rows).contains(&row) && (1..=g.cols).contains(&col))
+        })
+    };
     let limit = i64::from(event.per_user_limit);
     let mut claimed: HashSet<(u64, u32, u32)> = HashSet::new();
+    let mut claimed_segments: HashSet<(u64, u32, u32, usize)> = HashSet::new();
     for r in fresh {
         let q = i64::from(r.quantity);
+        let units = i64::from(r.units());
+        let segments = seat_segments(r);
+        let segment_free = |s: &(u64, u32, u32, usize)| {
+            !claimed_segments.contains(s)
+                && segment_owner
+                    .get(s)
+                    .is_none_or(|owner| *owner == r.order_no.0)
+        };
         let seats: Vec<(u64, u32, u32)> = r
             .seats()
             .into_iter()
@@ -157,20 +198,29 @@ pub async fn judge<'a>(
         };
         let category_room = room.get(&r.category_id.0).copied().unwrap_or(0);
         let user_held = held.get(&r.user_id.0).copied().unwrap_or(0);
-        let decision = if category_room < q {
+        let seats_taken = match r.journey {
+            None => !seats.iter().all(seat_free),
+            Some(_) => {
+                !seats_in_grid(r) || segments.is_empty() || !segments.iter().all(segment_free)
+            }
+        };
+        let decision = if category_room < units {
             Err(Declined::SoldOut)
         } else if user_held + q > limit {
             Err(Declined::OverLimit)
-        } else if !seats.iter().all(seat_free) {
+        } else if seats_taken {
             Err(Declined::SeatTaken)
         } else {
             Ok(())
         };
         match decision {
             Ok(()) => {
-                room.insert(r.category_id.0, category_room - q);
+                room.insert(r.category_id.0, category_room - units);
                 held.insert(r.user_id.0, user_held + q);
-                claimed.extend(seats);
+                if r.journey.is_none() {
+                    claimed.extend(seats);
+                }
+                claimed_segments.extend(segments);
                 verdict.accepted.push(r);
             }
             Err(why) => verdict.declined.push((r, why)),
@@ -180,8 +230,20 @@ pub async fn judge<'a>(
     Ok(verdict)
 }
 
+/// A train ticket's (category, carriage, seat, segment) for each of its seats and each
+/// segment of its journey (segment i runs from station i to i + 1); none for others.
+fn seat_segments(r: &Reservation) -> Vec<(u64, u32, u32, usize)> {
+    let Some(j) = r.journey else {
+        return Vec::new();
+    };
+    r.seats()
+        .into_iter()
+        .flat_map(|(row, col)| j.segments().map(move |k| (r.category_id.0, row, col, k)))
+        .collect()
+}
+
 /// Writes what [`judge`] let through: one UPDATE per category, one upsert of the holds,
-/// one of the seats (locked for their orders).
+/// one of the seats (locked for their orders), one insert of a train's seat-segments.
 pub async fn record(
     tx: &mut Transaction<'_>,
     event_id: EventId,
@@ -190,9 +252,16 @@ pub async fn record(
     let mut units: BTreeMap<u64, u64> = BTreeMap::new();
     let mut holds: BTreeMap<u64, u64> = BTreeMap::new();
     let mut seats = Vec::new();
+    let mut segments = Vec::new();
     for r in accepted {
-        *units.entry(r.category_id.0).or_default() += u64::from(r.quantity);
+        *units.entry(r.category_id.0).or_default() += u64::from(r.units());
         *holds.entry(r.user_id.0).or_default() += u64::from(r.quantity);
+        if r.journey.is_some() {
+            for (c, row, col, k) in seat_segments(r) {
+                segments.push(format!("({c},{row},{col},{k},{},{event_id})", r.order_no));
+            }
+            continue;
+        }
         for (row, col) in r.seats() {
             seats.push(format!(
                 "({},{row},{col},{event_id},'LOCKED',{})",
@@ -227,6 +296,16 @@ pub async fn record(
             "INSERT INTO seat (category_id, row_no, col_no, event_id, status, order_no) VALUES {} \
              ON DUPLICATE KEY UPDATE status = 'LOCKED', order_no = VALUES(order_no)",
             seats.join(",")
+        ))
+        .await
+        .map_err(classify)?;
+    }
+    if !segments.is_empty() {
+        // The primary key is the backstop: a seat sold twice on a segment fails the batch.
+        tx.query_drop(format!(
+            "INSERT INTO seat_segment (category_id, row_no, col_no, segment, order_no, event_id) \
+             VALUES {}",
+            segments.join(",")
         ))
         .await
         .map_err(classify)?;

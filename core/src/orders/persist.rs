@@ -213,22 +213,29 @@ pub async fn create_orders(
                 batch.event_id,
                 r.category_id,
                 r.quantity,
-                price * u64::from(r.quantity),
+                // A train class's price is per segment (docs/trains.md).
+                price * u64::from(r.units()),
                 r.order_no,
                 deadline.format("%Y-%m-%d %H:%M:%S%.3f"),
             ));
             let seats = r.seats();
+            let (from, to) = r
+                .journey
+                .map_or(("NULL".to_owned(), "NULL".to_owned()), |j| {
+                    (j.from.to_string(), j.to.to_string())
+                });
+            let price = price * u64::from(r.journey.map_or(1, |j| j.span()));
             if seats.is_empty() {
                 for _ in 0..r.quantity {
                     items.push(format!(
-                        "({},{},NULL,NULL,{price})",
+                        "({},{},NULL,NULL,{price},NULL,NULL)",
                         r.order_no, r.category_id
                     ));
                 }
             } else {
                 for (row, col) in seats {
                     items.push(format!(
-                        "({},{},{row},{col},{price})",
+                        "({},{},{row},{col},{price},{from},{to})",
                         r.order_no, r.category_id
                     ));
                 }
@@ -238,7 +245,7 @@ pub async fn create_orders(
                 r.order_no,
                 batch.event_id,
                 r.category_id,
-                r.quantity,
+                r.units(),
                 batch.batch_id,
                 r.seq.map_or("NULL".to_owned(), |n| n.to_string())
             ));
@@ -253,7 +260,8 @@ pub async fn create_orders(
         .await
         .map_err(classify)?;
         tx.query_drop(format!(
-            "INSERT INTO {} (order_no, category_id, row_no, col_no, price_cents) VALUES {}",
+            "INSERT INTO {} (order_no, category_id, row_no, col_no, price_cents, from_station, \
+             to_station) VALUES {}",
             order_tables::items(shard),
             items.join(",")
         ))

@@ -251,12 +251,7 @@ pub async fn release(
     } else {
         (keys.stock(bucket), keys.stock(bucket))
     };
-    // A train's seats go back on their segments; a class has no unit count.
-    let back = if seats_elsewhere || r.journey.is_some() {
-        0
-    } else {
-        r.quantity
-    };
+    let back = if seats_elsewhere { 0 } else { r.units() };
     let code: i64 = RELEASE
         .key(keys.order_stream(bucket))
         .key(keys.purchase_status(bucket))

@@ -125,9 +125,14 @@ impl Preloader {
             self.write_sales_index(redis, event).await?;
             return Ok(PreloadReport::default());
         }
-        let snap =
-            snapshot::fence_and_read(&self.mysql, self.shards, EventId(event.id), event.buckets)
-                .await?;
+        let snap = snapshot::fence_and_read(
+            &self.mysql,
+            self.shards,
+            EventId(event.id),
+            event.buckets,
+            event.is_train(),
+        )
+        .await?;
         let e = event.id;
         let count = event.buckets;
         let mut report = PreloadReport {
@@ -277,6 +282,10 @@ impl Preloader {
         snap: &snapshot::Snapshot,
         report: &mut PreloadReport,
     ) -> anyhow::Result<()> {
+        if event.is_train() {
+            self.write_segments(pipe, event, b, snap, report);
+            return Ok(());
+        }
         for c in event.categories.iter().filter(|c| c.seats.is_some()) {
             let (seats_key, row_free_key) = (self.keys.seats(b, c.id), self.keys.row_free(b, c.id));
             pipe.del(&[&seats_key, &row_free_key]).ignore();
@@ -305,6 +314,51 @@ impl Preloader {
             report.seat_maps_written += 1;
         }
         Ok(())
+    }
+
+    /// A train's classes (docs/trains.md): every seat's segments, taken where a live
+    /// order's journey uses them. The classes' versions move, so no cached availability
+    /// outlives the rebuild.
+    fn write_segments(
+        &self,
+        pipe: &mut redis::Pipeline,
+        event: &EventRecord,
+        b: Bucket,
+        snap: &snapshot::Snapshot,
+        report: &mut PreloadReport,
+    ) {
+        let free = crate::trains::free_seat(event.stations.len());
+        for c in &event.categories {
+            let Some(grid) = c.seats else { continue };
+            let mut seats: HashMap<(u32, u32), Vec<u8>> = HashMap::new();
+            for &(_, row, col, journey) in snap.journeys.iter().filter(|j| j.0 == c.id) {
+                let taken = seats
+                    .entry((row, col))
+                    .or_insert_with(|| free.clone().into_bytes());
+                for k in journey.segments() {
+                    if let Some(s) = taken.get_mut(k) {
+                        *s = b'1';
+                    }
+                }
+            }
+            let key = self.keys.segments(b, c.id);
+            pipe.del(&key).ignore();
+            let all: Vec<(String, String)> = (1..=grid.rows)
+                .flat_map(|r| (1..=grid.cols).map(move |s| (r, s)))
+                .map(|(r, s)| {
+                    let state = seats
+                        .get(&(r, s))
+                        .map_or_else(|| free.clone(), |t| String::from_utf8_lossy(t).into_owned());
+                    (format!("{r}:{s}"), state)
+                })
+                .collect();
+            for chunk in all.chunks(FIELDS_PER_HSET) {
+                pipe.hset_multiple(&key, chunk).ignore();
+            }
+            pipe.hincr(self.keys.segment_versions(event.id), c.id, 1)
+                .ignore();
+            report.seat_maps_written += 1;
+        }
     }
 
     /// True when the event's metadata and stock are in Redis (for an event of several

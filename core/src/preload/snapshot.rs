@@ -36,6 +36,9 @@ pub struct Snapshot {
     pub given_back: Vec<(u64, u64)>,
     /// Seats of live orders: (category, row, col) → `L:<no>` or `S:<no>`.
     pub seat_owner: HashMap<(u64, u32, u32), String>,
+    /// A train's seats of live orders on their journeys: (class, carriage, seat,
+    /// journey); their seat-segments are in `live_units`.
+    pub journeys: Vec<(u64, u32, u32, crate::trains::Journey)>,
 }
 
 /// The purchase-status word an order of this status shows its buyer.
@@ -91,12 +94,14 @@ pub async fn max_seq_per_bucket<Q: Queryable>(
     Ok(seq)
 }
 
-/// Increments the event's redis_epoch and reads its orders, in one transaction.
+/// Increments the event's redis_epoch and reads its orders, in one transaction (for a
+/// `train`, its tickets' journeys too).
 pub async fn fence_and_read(
     pool: &Pool,
     shards: u32,
     event_id: EventId,
     buckets: u16,
+    train: bool,
 ) -> anyhow::Result<Snapshot> {
     let mut conn = pool
         .get_conn()
@@ -136,7 +141,10 @@ pub async fn fence_and_read(
     for (order_no, user, category, quantity, status) in orders {
         let status = OrderStatus::parse(&status)?;
         if status.is_live() {
-            *snap.live_units.entry(category).or_default() += quantity;
+            // A train ticket's units are its seat-segments, counted from its items below.
+            if !train {
+                *snap.live_units.entry(category).or_default() += quantity;
+            }
             *snap.held.entry(user).or_default() += quantity;
         } else {
             snap.given_back.push((order_no, user));
@@ -147,12 +155,14 @@ pub async fn fence_and_read(
                 .insert(user, format!("{}:{order_no}", status_word(status)));
         }
     }
-    let seats: Vec<(u64, u64, u32, u32, String)> = tx
+    type SeatRow = (u64, u64, u32, u32, String, Option<u16>, Option<u16>);
+    let seats: Vec<SeatRow> = tx
         .exec(
             order_tables::over_shards(
                 shards,
                 &format!(
-                    "SELECT i.order_no, i.category_id, i.row_no, i.col_no, o.status \
+                    "SELECT i.order_no, i.category_id, i.row_no, i.col_no, o.status, \
+                     i.from_station, i.to_station \
                      FROM {{items}} i JOIN {{orders}} o ON o.order_no = i.order_no \
                      WHERE o.event_id = ? AND o.status IN {} AND i.row_no IS NOT NULL",
                     OrderStatus::LIVE_SQL
@@ -162,7 +172,13 @@ pub async fn fence_and_read(
         )
         .await
         .context("Failed to read the seats of live orders")?;
-    for (order_no, category, row, col, status) in seats {
+    for (order_no, category, row, col, status, from, to) in seats {
+        if let (Some(from), Some(to)) = (from, to) {
+            let journey = crate::trains::Journey { from, to };
+            *snap.live_units.entry(category).or_default() += i64::from(journey.span());
+            snap.journeys.push((category, row, col, journey));
+            continue;
+        }
         let state = if OrderStatus::parse(&status)? == OrderStatus::Paid {
             SeatState::Sold(OrderNo(order_no))
         } else {

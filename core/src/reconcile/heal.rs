@@ -173,17 +173,26 @@ impl Reconciler {
                 continue;
             }
             let order_no = OrderNo(order_no);
-            let seats: Vec<String> = conn
-                .exec_map(
+            let items: Vec<(u32, u32, Option<u16>, Option<u16>)> = conn
+                .exec(
                     format!(
-                        "SELECT row_no, col_no FROM {} \
+                        "SELECT row_no, col_no, from_station, to_station FROM {} \
                          WHERE order_no = ? AND row_no IS NOT NULL",
                         order_tables::items(order_tables::shard_of_order(order_no, self.shards))
                     ),
                     (order_no.0,),
-                    |(r, c): (u32, u32)| format!("{r}:{c}"),
                 )
                 .await?;
+            let seats: Vec<String> = items
+                .iter()
+                .map(|(r, c, _, _)| format!("{r}:{c}"))
+                .collect();
+            let journey = items.first().and_then(|&(_, _, from, to)| {
+                Some(crate::trains::Journey {
+                    from: from?,
+                    to: to?,
+                })
+            });
             let done = restock(
                 &mut redis,
                 &self.keys,
@@ -194,14 +203,13 @@ impl Reconciler {
                     category_id: CategoryId(category_id),
                     quantity,
                     seats: &seats,
-                    // No order of a train is created yet (docs/trains.md "Status").
-                    journey: None,
+                    journey,
                 },
             )
             .await?;
             if done == Restocked::Now {
                 orders += 1;
-                units += i64::from(quantity);
+                units += i64::from(quantity * journey.map_or(1, |j| j.span()));
             }
         }
         Ok((orders, units))

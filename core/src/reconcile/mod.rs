@@ -217,7 +217,12 @@ impl Reconciler {
                 if let (true, Some(c), Some(q)) =
                     (current, entry.get::<u64>("c"), entry.get::<i64>("q"))
                 {
-                    *books.queued.entry(c).or_default() += q;
+                    // A train ticket's units are its seat-segments.
+                    let segments = entry
+                        .get::<String>("j")
+                        .and_then(|j| crate::trains::Journey::parse(&j))
+                        .map_or(1, |j| i64::from(j.span()));
+                    *books.queued.entry(c).or_default() += q * segments;
                 }
             }
         }

@@ -56,12 +56,15 @@ local function limited(route, uid, event_id)
   if wait then return reject(429, "RATE_LIMITED", "too many requests", wait) end
 end
 
--- The category of a purchase, read from its (small, buffered) body; only asked for
--- when some but not all categories of the event are sold out.
+-- The category of a purchase, and a train ticket's from and to stations, read from its
+-- (small, buffered) body; only asked for when some but not all categories of the event
+-- (or some train journeys) are sold out.
 local function category_of()
   ngx.req.read_body()
   local body = ngx.req.get_body_data()
-  return body and match(body, '"category_id"%s*:%s*(%d+)')
+  if not body then return nil end
+  return match(body, '"category_id"%s*:%s*(%d+)'), match(body, '"from"%s*:%s*(%d+)'),
+    match(body, '"to"%s*:%s*(%d+)')
 end
 
 local function passed_key(uid, event_id)

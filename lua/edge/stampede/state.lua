@@ -40,7 +40,8 @@ local function pull()
     local status, start_ms, end_ms = string.match(sales[i + 1], "^(%a+):(%d+):(%d+)$")
     if status then
       ids[#ids + 1] = id
-      snap.events[id] = { open = status == "open", start_ms = tonumber(start_ms), end_ms = tonumber(end_ms), sold = {} }
+      snap.events[id] = { open = status == "open", start_ms = tonumber(start_ms), end_ms = tonumber(end_ms),
+        sold = {}, journeys = {} }
       cmds[#cmds + 1] = { "hgetall", p .. format(layout.sold_out, id) }
       cmds[#cmds + 1] = { "hget", p .. format(layout.meta, id), "categories" }
     end
@@ -52,8 +53,14 @@ local function pull()
     local sold = 0
     if type(flags) == "table" then
       for j = 1, #flags, 2 do
-        ev.sold[flags[j]] = true
-        sold = sold + 1
+        local field = flags[j]
+        -- "<category>" sold out; "<category>:<from>:<to>": no seat on a train journey.
+        if string.find(field, ":", 1, true) then
+          ev.journeys[field] = true
+        else
+          ev.sold[field] = true
+          sold = sold + 1
+        end
       end
     end
     local count = 0
@@ -120,9 +127,12 @@ function _M.gate(event_id, category_of)
   if ev.all_sold then
     return 409, "SOLD_OUT", "sold out"
   end
-  if next(ev.sold) then
-    local cid = category_of()
+  if next(ev.sold) or next(ev.journeys or {}) then
+    local cid, from, to = category_of()
     if cid and ev.sold[cid] then return 409, "SOLD_OUT", "sold out" end
+    if cid and from and to and ev.journeys[cid .. ":" .. from .. ":" .. to] then
+      return 409, "SOLD_OUT", "no seat on this journey"
+    end
   end
 end
 

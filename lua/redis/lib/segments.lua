@@ -30,7 +30,8 @@ local function seg_fit(occupied, f, t)
 end
 
 -- The seats of hash `seats` to take for n passengers from f to t, or nil and a refusal:
--- -3 SOLD_OUT (fewer than n seats free on the whole journey), -5 SEAT_TAKEN (a chosen
+-- -3 SOLD_OUT (fewer than n seats free on the whole journey; then also how many are),
+-- -5 SEAT_TAKEN (a chosen
 -- seat is not free on it), -7 UNKNOWN_SEAT (a chosen seat is not in the class).
 -- `chosen` (a list of "<carriage>:<seat>") takes exactly those; else the best n: for a
 -- group, n seats next to each other in one carriage when some are (the best fitting
@@ -54,7 +55,7 @@ local function seg_pick(seats, f, t, n, chosen)
         fit = seg_fit(all[i + 1], f, t)}
     end
   end
-  if #free < n then return nil, -3 end
+  if #free < n then return nil, -3, #free end
   table.sort(free, function(a, b)
     if a.car ~= b.car then return a.car < b.car end
     return a.num < b.num

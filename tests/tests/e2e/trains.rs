@@ -45,6 +45,18 @@ async fn train(app: &TestApp, event: u64, stations: usize, carriages: u32, seats
         .hset_multiple(keys.segments(b, CLASS), &fields)
         .await
         .unwrap();
+    // The class's stock: its free seat-segments.
+    let units = fields.len() * (stations - 1);
+    let () = r.hset(keys.stock(b), CLASS, units).await.unwrap();
+}
+
+/// The class's free seat-segments as Redis counts them.
+async fn stock(app: &TestApp, event: u64) -> usize {
+    app.redis
+        .clone()
+        .hget(app.keys().stock(Bucket::only(event)), CLASS)
+        .await
+        .unwrap()
 }
 
 /// One purchase of `n` seats on `j` (the best, or `chosen`): the request id and seats,
@@ -200,6 +212,11 @@ async fn journeys_share_a_seat_only_on_segments_they_do_not_both_use() {
         .await
         .unwrap();
     assert_eq!(flag, None, "the flag goes with the seats given back");
+    assert_eq!(
+        stock(&app, event).await,
+        3,
+        "three seat-segments free again"
+    );
     // Again: nothing more is freed (the order's give-back runs once).
     cancel(&app, event, 5, 106, j(a, c), &ac).await;
     let again = buy(&app, event, 7, 108, j(a, c), 1, &[]).await.unwrap();
@@ -321,8 +338,11 @@ async fn availability_matches_a_brute_force_count_after_every_step() {
             );
         }
     }
-    // Redis's seats are the model's, character for character.
+    // Redis's seats are the model's, character for character, and its stock their
+    // free seat-segments.
     let seen = occupancy(&app, event).await;
+    let free: usize = model.values().flatten().filter(|t| !**t).count();
+    assert_eq!(stock(&app, event).await, free);
     for (name, taken) in &model {
         let expected: String = taken.iter().map(|t| if *t { '1' } else { '0' }).collect();
         assert_eq!(seen[name], expected, "{name}");
@@ -332,4 +352,124 @@ async fn availability_matches_a_brute_force_count_after_every_step() {
         bought > 500 && refused > 100 && cancelled > 300,
         "{bought} {refused} {cancelled}"
     );
+}
+
+/// A train through the APIs: created with its stations and a class, published, tickets
+/// bought by journey, orders in MySQL with their segments, a cancellation giving back
+/// exactly its segments, and bad journeys refused with nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_train_sells_journeys_through_the_api() {
+    use serde_json::json;
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, classes) = app
+        .create_event(json!({
+            "title": "G1", "venue": "Line 1", "kind": "train",
+            "stations": ["A", "B", "C", "D"],
+            "show_time": "2031-06-01T20:00:00Z",
+            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+            "per_user_limit": 2, "pay_timeout_s": 900,
+            "categories": [{"name": "first", "price_cents": 1000, "seats": {"rows": 1, "cols": 2}}],
+        }))
+        .await;
+    let class = classes[0];
+    let (_, shown) = app.get(&format!("/admin/events/{event}")).await;
+    assert_eq!(shown["kind"], "train", "{shown}");
+    assert_eq!(shown["stations"], json!(["A", "B", "C", "D"]));
+    assert_eq!(shown["categories"][0]["total"], 6, "2 seats × 3 segments");
+    app.publish(event).await;
+    let buyers = app.buyers(5).await;
+    let ticket =
+        |from: u16, to: u16| json!({"category_id": class, "quantity": 1, "from": from, "to": to});
+
+    // Hostile journeys: refused, nothing taken.
+    for bad in [
+        json!({"category_id": class, "quantity": 1}),
+        json!({"category_id": class, "quantity": 1, "from": 2, "to": 2}),
+        json!({"category_id": class, "quantity": 1, "from": 3, "to": 1}),
+        json!({"category_id": class, "quantity": 1, "from": 0, "to": 4}),
+        json!({"category_id": class, "quantity": 1, "from": -1, "to": 2}),
+        json!({"category_id": class, "quantity": 1, "from": "A", "to": "B"}),
+    ] {
+        let (status, answer) = app.buy(event, &buyers[0], "bad", bad.clone()).await;
+        assert_eq!(status, 400, "{bad}: {answer}");
+    }
+
+    // A→D, then A→B and C→D on one seat, then B→C fills its gap: the train is full.
+    let (status, ad) = app.buy(event, &buyers[0], "1", ticket(0, 3)).await;
+    assert_eq!(status, 202, "{ad}");
+    let (status, ab) = app.buy(event, &buyers[1], "1", ticket(0, 1)).await;
+    assert_eq!(status, 202, "{ab}");
+    let (status, cd) = app.buy(event, &buyers[2], "1", ticket(2, 3)).await;
+    assert_eq!(status, 202, "{cd}");
+    assert_eq!(ab["seats"], cd["seats"], "A→B and C→D share a seat");
+    assert_ne!(ab["seats"], ad["seats"]);
+    let (status, bc) = app.buy(event, &buyers[3], "1", ticket(1, 2)).await;
+    assert_eq!(status, 202, "{bc}");
+    assert_eq!(bc["seats"], ab["seats"]);
+    let (status, none) = app.buy(event, &buyers[4], "1", ticket(0, 1)).await;
+    assert_eq!(
+        (status, none["error"]["code"].as_str()),
+        (409, Some("SOLD_OUT")),
+        "{none}"
+    );
+
+    // Orders in MySQL with their journeys and prices by segment; one row per seat and
+    // segment in MySQL's guard, never two.
+    let ad_order = crate::lifecycle::created(&app, event, &buyers[0]).await;
+    for b in &buyers[1..4] {
+        crate::lifecycle::created(&app, event, b).await;
+    }
+    let segments = app
+        .count(&format!(
+            "SELECT COUNT(*) FROM seat_segment WHERE category_id = {class}"
+        ))
+        .await;
+    assert_eq!(segments, 6, "every seat-segment held once");
+    let (_, order) = crate::lifecycle::call(
+        &app,
+        reqwest::Method::GET,
+        &format!("/api/orders/{ad_order}"),
+        &buyers[0],
+    )
+    .await;
+    assert_eq!(order["journey"], json!({"from": 0, "to": 3}), "{order}");
+    assert_eq!(order["amount_cents"], 3000, "3 segments × 1000");
+
+    // The A→D ticket is cancelled: its seat is free on every segment again.
+    let (status, _) = crate::lifecycle::call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{ad_order}/cancel"),
+        &buyers[0],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let seat = ad["seats"][0].as_str().unwrap().to_owned();
+    let seats: HashMap<String, String> = app
+        .redis
+        .clone()
+        .hgetall(app.keys().segments(Bucket::only(event), class))
+        .await
+        .unwrap();
+    assert_eq!(seats[&seat], "000");
+    let segments = app
+        .count(&format!(
+            "SELECT COUNT(*) FROM seat_segment WHERE category_id = {class}"
+        ))
+        .await;
+    assert_eq!(segments, 3);
+    let free = trains::available(
+        &mut app.redis.clone(),
+        &app.keys(),
+        EventId(event),
+        &[CategoryId(class)],
+        j(0, 3),
+    )
+    .await
+    .unwrap()[0]
+        .free;
+    assert_eq!(free, 1);
+    let (status, again) = app.buy(event, &buyers[4], "2", ticket(1, 3)).await;
+    assert_eq!(status, 202, "{again}");
+    assert_eq!(again["seats"][0], seat.as_str());
 }
