@@ -204,7 +204,7 @@ async fn apply_once(
             format!(
                 "INSERT INTO seat (category_id, row_no, col_no, event_id, status, order_no) \
                  SELECT category_id, row_no, col_no, ?, 'SOLD', order_no FROM {} \
-                 WHERE order_no = ? AND row_no IS NOT NULL \
+                 WHERE order_no = ? AND row_no IS NOT NULL AND from_station IS NULL \
                  ON DUPLICATE KEY UPDATE status = 'SOLD', order_no = VALUES(order_no)",
                 order_tables::items(n)
             ),

@@ -77,6 +77,12 @@ pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response,
     let grid = category
         .seats
         .ok_or_else(|| ApiError::Invalid(format!("category {category_id} has no seats")))?;
+    if event.is_train() {
+        // A train seat is free or taken per segment; its map needs a journey.
+        return Err(ApiError::Invalid(format!(
+            "category {category_id} is a train class: no seat map without a journey yet"
+        )));
+    }
     let mut redis = state.redis.clone();
     let states: HashMap<String, String> = redis::cmd("HGETALL")
         .arg(state.keys.seats(Bucket::only(event.id), category_id))

@@ -59,7 +59,8 @@ impl Balance {
     }
 }
 
-/// Units in orders per (category, status), over every order shard.
+/// Units in orders per (category, status), over every order shard: a train ticket's
+/// are its seat-segments (quantity × its journey's segments), as the stock counts them.
 pub async fn units_by_status(
     pool: &Pool,
     shards: u32,
@@ -68,7 +69,10 @@ pub async fn units_by_status(
     let union = order_tables::over_shards(
         shards,
         &format!(
-            "SELECT category_id, status, quantity FROM {{orders}} WHERE event_id = {event_id}"
+            "SELECT o.category_id, o.status, o.quantity * COALESCE((SELECT MAX(i.to_station - \
+             i.from_station) FROM {{items}} i WHERE i.order_no = o.order_no \
+             AND i.from_station IS NOT NULL), 1) AS quantity FROM {{orders}} o \
+             WHERE o.event_id = {event_id}"
         ),
     );
     let sql = format!(

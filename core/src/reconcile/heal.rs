@@ -57,7 +57,14 @@ impl Reconciler {
             // the pass, not "healed" again at every one.
             let lower = gap < 0 && c.redis_available.is_some_and(|a| a > 0);
             let raise = gap > 0 && !running;
-            if lower || raise {
+            if (lower || raise) && event.is_train() {
+                // A train's stock is its seats' free segments: a counter changed alone
+                // would no longer match them. A rebuild rewrites both (docs/trains.md).
+                actions.push(format!(
+                    "train class {}: Redis is {gap} seat-segments off MySQL; left for a rebuild",
+                    c.category_id
+                ));
+            } else if lower || raise {
                 let Some(mut measured) = c.redis_available else {
                     continue;
                 };

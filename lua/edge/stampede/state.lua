@@ -130,7 +130,7 @@ function _M.gate(event_id, category_of)
   if next(ev.sold) or next(ev.journeys or {}) then
     local cid, from, to = category_of()
     if cid and ev.sold[cid] then return 409, "SOLD_OUT", "sold out" end
-    if cid and from and to and ev.journeys[cid .. ":" .. from .. ":" .. to] then
+    if cid and from and to and (ev.journeys or {})[cid .. ":" .. from .. ":" .. to] then
       return 409, "SOLD_OUT", "no seat on this journey"
     end
   end

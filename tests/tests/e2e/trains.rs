@@ -472,4 +472,19 @@ async fn a_train_sells_journeys_through_the_api() {
     let (status, again) = app.buy(event, &buyers[4], "2", ticket(1, 3)).await;
     assert_eq!(status, 202, "{again}");
     assert_eq!(again["seats"][0], seat.as_str());
+
+    // The books balance in seat-segments: Redis, the orders and MySQL's counters agree.
+    crate::lifecycle::created(&app, event, &buyers[4]).await;
+    let balanced = stampede_e2e::eventually(std::time::Duration::from_secs(20), || async {
+        let (_, report) = app
+            .post(&format!("/admin/events/{event}/reconcile"), json!({}))
+            .await;
+        let c = &report["balance"]["categories"][0];
+        c["gap"] == 0 && c["oversold"] == 0 && c["remain_gap"] == 0
+    })
+    .await;
+    let (_, report) = app
+        .post(&format!("/admin/events/{event}/reconcile"), json!({}))
+        .await;
+    assert!(balanced, "{report:#}");
 }
