@@ -389,11 +389,12 @@ pub fn edge_layout() -> String {
     format!(
         "-- Generated from core/src/keys.rs (keys::edge_layout); do not edit. After a change\n\
          -- there, `STAMPEDE_WRITE_EDGE_LAYOUT=1 cargo test -p stampede-core keys` rewrites it.\n\
-         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n}}\n",
+         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n  segment_versions = \"{}\",\n}}\n",
         k.sales_index(),
         k.edge_limits(),
         event(k.sold_out(ID)),
         event(k.event_meta(ID)),
+        event(k.segment_versions(ID)),
     )
 }
 

@@ -95,6 +95,33 @@ pub fn segments(path: &str) -> Option<Vec<&str>> {
     (!segs.iter().any(|s| s.is_empty())).then_some(segs)
 }
 
+/// A query's parameters as canonical decimal numbers (`?category=3&from=0`), each of
+/// `names` at most once. Anything else — an unknown or repeated name, an empty, signed,
+/// zero-padded or escaped value, a number past u64 — is a 400 naming it, so a query too
+/// has one spelling.
+pub fn query_numbers(
+    query: Option<&str>,
+    names: &[&'static str],
+) -> Result<std::collections::HashMap<&'static str, u64>, ApiError> {
+    let mut found = std::collections::HashMap::new();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let Some(&known) = names.iter().find(|n| **n == name) else {
+            return Err(ApiError::Invalid(format!(
+                "unknown query parameter {name:?}: this endpoint takes {}",
+                names.join(", ")
+            )));
+        };
+        let number = crate::domain::ids::canonical_id(value).ok_or_else(|| {
+            ApiError::Invalid(format!("{known} must be a decimal number, not {value:?}"))
+        })?;
+        if found.insert(known, number).is_some() {
+            return Err(ApiError::Invalid(format!("{known} is given twice")));
+        }
+    }
+    Ok(found)
+}
+
 /// Whether `method` is one of an endpoint's `allow` ("GET", "GET, PUT"): else 405
 /// naming them, the one answer both ports give.
 pub fn allowed(allow: &'static str, method: &http::Method) -> Result<(), ApiError> {
@@ -108,6 +135,32 @@ pub fn allowed(allow: &'static str, method: &http::Method) -> Result<(), ApiErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_query_has_one_spelling() {
+        let q = query_numbers(Some("category=3&from=0&to=12"), &["category", "from", "to"])
+            .expect("valid");
+        assert_eq!((q["category"], q["from"], q["to"]), (3, 0, 12));
+        assert!(query_numbers(None, &["from"]).expect("empty").is_empty());
+        for hostile in [
+            "from=1&from=2",
+            "from=01",
+            "from=+1",
+            "from=-1",
+            "from=",
+            "from",
+            "from=1.0",
+            "from=%31",
+            "From=1",
+            "other=1",
+            "from=18446744073709551616",
+        ] {
+            assert!(
+                query_numbers(Some(hostile), &["from"]).is_err(),
+                "{hostile}"
+            );
+        }
+    }
 
     #[test]
     fn one_spelling_per_path() {

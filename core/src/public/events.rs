@@ -1,4 +1,5 @@
-//! What buyers see of events: the list, one event with availability, a seat map.
+//! What buyers see of events: the list, one event with availability, a seat map, a
+//! train's availability by journey.
 
 use std::collections::HashMap;
 
@@ -7,10 +8,11 @@ use http::StatusCode;
 use serde_json::json;
 
 use crate::catalog::{EventRecord, EventStatus};
-use crate::domain::EventId;
-use crate::http::{ApiError, Request, Response, json};
+use crate::domain::{CategoryId, EventId};
+use crate::http::{ApiError, Request, Response, json, query_numbers};
 use crate::keys::{Bucket, SeatState};
 use crate::state::AppState;
+use crate::trains::{self, Journey};
 
 pub async fn list(state: &AppState) -> Result<Response, ApiError> {
     let events = state.events.on_sale().await?;
@@ -57,15 +59,69 @@ pub async fn one(state: &AppState, id: u64) -> Result<Response, ApiError> {
     Ok(json(StatusCode::OK, &body))
 }
 
+/// A train's journey from a query's `from` and `to`, or why not.
+fn journey_of(
+    event: &EventRecord,
+    q: &std::collections::HashMap<&'static str, u64>,
+) -> Result<Journey, ApiError> {
+    let (Some(&from), Some(&to)) = (q.get("from"), q.get("to")) else {
+        return Err(ApiError::Invalid(
+            "give ?from=<station>&to=<station> (indexes along the route)".into(),
+        ));
+    };
+    let station = |n: u64| u16::try_from(n).unwrap_or(u16::MAX);
+    Journey::new(station(from), station(to), event.stations.len()).map_err(ApiError::Invalid)
+}
+
+/// `GET /api/events/{id}/availability?from=&to=`: per class of a train, the seats free
+/// on every segment of the journey, counted from the seats themselves in one round trip
+/// (`train_available.lua`); the edge keeps the answer until a class's seats change.
+pub async fn availability(state: &AppState, id: u64, req: &Request) -> Result<Response, ApiError> {
+    let event = visible(state, id).await?;
+    let q = query_numbers(req.uri().query(), &["from", "to"])?;
+    if !event.is_train() {
+        return Err(ApiError::Invalid(format!(
+            "event {id} is not a train: its availability is on GET /api/events/{id}"
+        )));
+    }
+    let journey = journey_of(&event, &q)?;
+    let classes: Vec<CategoryId> = event.categories.iter().map(|c| CategoryId(c.id)).collect();
+    let mut redis = state.redis.clone();
+    let counts = trains::available(
+        &mut redis,
+        &state.keys,
+        EventId(event.id),
+        &classes,
+        journey,
+    )
+    .await?;
+    let span = u64::from(journey.span());
+    let classes: Vec<_> = event
+        .categories
+        .iter()
+        .zip(&counts)
+        .map(|(c, n)| {
+            let seats = c.seats.map_or(0, |g| u64::from(g.rows) * u64::from(g.cols));
+            json!({
+                "id": c.id, "name": c.name, "seats": seats, "free": n.free,
+                "sold_out": n.free == 0, "price_cents": c.price_cents * span,
+            })
+        })
+        .collect();
+    Ok(json(
+        StatusCode::OK,
+        &json!({"event_id": event.id, "from": journey.from, "to": journey.to, "classes": classes}),
+    ))
+}
+
 /// `GET /api/events/{id}/seats?category={cid}`: one string per row, a letter per seat:
-/// `F` free, `L` locked (held by a purchase), `S` sold.
+/// `F` free, `L` locked (held by a purchase), `S` sold. A train's class needs the
+/// journey too (`&from=&to=`): a seat is `F` when free on every segment of it, else `S`.
 pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response, ApiError> {
     let event = visible(state, id).await?;
-    let category_id: u64 = req
-        .uri()
-        .query()
-        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("category=")))
-        .and_then(|v| v.parse().ok())
+    let q = query_numbers(req.uri().query(), &["category", "from", "to"])?;
+    let category_id = *q
+        .get("category")
         .ok_or_else(|| ApiError::Invalid("give ?category=<category id>".into()))?;
     let category = event
         .categories
@@ -77,32 +133,46 @@ pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response,
     let grid = category
         .seats
         .ok_or_else(|| ApiError::Invalid(format!("category {category_id} has no seats")))?;
-    if event.is_train() {
-        // A train seat is free or taken per segment; its map needs a journey.
+    let journey = if event.is_train() {
+        Some(journey_of(&event, &q)?)
+    } else if q.contains_key("from") || q.contains_key("to") {
         return Err(ApiError::Invalid(format!(
-            "category {category_id} is a train class: no seat map without a journey yet"
+            "event {id} is not a train: its seat map takes no from or to"
         )));
-    }
+    } else {
+        None
+    };
+    let key = match journey {
+        Some(_) => state.keys.segments(Bucket::only(event.id), category_id),
+        None => state.keys.seats(Bucket::only(event.id), category_id),
+    };
     let mut redis = state.redis.clone();
     let states: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(state.keys.seats(Bucket::only(event.id), category_id))
+        .arg(key)
         .query_async(&mut redis)
         .await?;
+    // A seat the scripts have not written (or could not) shows as taken.
+    let letter = |s: Option<&String>| match journey {
+        Some(j) => {
+            let segs = s.map(|s| s.as_bytes().get(j.segments()));
+            let free = segs.flatten().is_some_and(|b| b.iter().all(|&c| c == b'0'));
+            if free { 'F' } else { 'S' }
+        }
+        None => s
+            .and_then(|s| SeatState::parse(s))
+            .map_or(SeatState::TAKEN, SeatState::letter),
+    };
     let rows: Vec<String> = (1..=grid.rows)
         .map(|r| {
             (1..=grid.cols)
-                .map(|c| {
-                    // A seat the script has not written (or could not) shows as taken.
-                    states
-                        .get(&format!("{r}:{c}"))
-                        .and_then(|s| SeatState::parse(s))
-                        .map_or(SeatState::TAKEN, SeatState::letter)
-                })
+                .map(|c| letter(states.get(&format!("{r}:{c}"))))
                 .collect()
         })
         .collect();
-    Ok(json(
-        StatusCode::OK,
-        &json!({"event_id": event.id, "category_id": category_id, "rows": grid.rows, "cols": grid.cols, "seats": rows}),
-    ))
+    let mut body = json!({"event_id": event.id, "category_id": category_id, "rows": grid.rows, "cols": grid.cols, "seats": rows});
+    if let Some(j) = journey {
+        body["from"] = j.from.into();
+        body["to"] = j.to.into();
+    }
+    Ok(json(StatusCode::OK, &body))
 }

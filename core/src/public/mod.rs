@@ -30,6 +30,7 @@ enum Endpoint {
     Events,
     Event(u64),
     Seats(u64),
+    Availability(u64),
     Purchase(u64),
     PurchaseStatus(u64),
     Order(u64),
@@ -50,6 +51,7 @@ impl Endpoint {
             ["api", "events"] => Events,
             ["api", "events", e] => Event(id(e)?),
             ["api", "events", e, "seats"] => Seats(id(e)?),
+            ["api", "events", e, "availability"] => Availability(id(e)?),
             ["api", "events", e, "orders"] => Purchase(id(e)?),
             ["api", "events", e, "orders", "status"] => PurchaseStatus(id(e)?),
             ["api", "orders", n] => Order(id(n)?),
@@ -63,7 +65,8 @@ impl Endpoint {
     fn allow(self) -> &'static str {
         use Endpoint::*;
         match self {
-            Healthz | Readyz | Events | Event(_) | Seats(_) | PurchaseStatus(_) | Order(_) => "GET",
+            Healthz | Readyz | Events | Event(_) | Seats(_) | Availability(_)
+            | PurchaseStatus(_) | Order(_) => "GET",
             Login | PaymentCallback | Purchase(_) | Cancel(_) | Pay(_) => "POST",
         }
     }
@@ -97,6 +100,7 @@ pub async fn route(state: &AppState, req: Request) -> Response {
                 Events => events::list(state).await,
                 Event(id) => events::one(state, id).await,
                 Seats(id) => events::seats(state, id, &req).await,
+                Availability(id) => events::availability(state, id, &req).await,
                 Purchase(id) => orders::create(state, id, user_id, req).await,
                 PurchaseStatus(id) => orders::status(state, id, user_id).await,
                 Order(no) => orders::order(state, no, user_id).await,

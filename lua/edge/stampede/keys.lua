@@ -5,4 +5,5 @@ return {
   edge_limits = "edge:limits",
   sold_out = "{ev:%s}:soldout",
   meta = "{ev:%s}:meta",
+  segment_versions = "{ev:%s}:segver",
 }

@@ -19,9 +19,21 @@ local _M = {}
 
 local dict, cfg
 local version = -1
-local events = {} -- event id → {open, start_ms, end_ms, all_sold, sold = {[cid string] = true}}
+-- event id → {open, start_ms, end_ms, all_sold, sold = {[cid string] = true},
+-- journeys = {["<cid>:<from>:<to>"] = true}, seat_stamp}
+local events = {}
 
 local LOCK, SNAPSHOT, VERSION = "refresh-lock", "snapshot", "version"
+
+-- A train's seat versions (class → changes to its seats) as one string, or nil for an
+-- event without any: equal stamps mean no seat of the train changed in between.
+local function stamp(versions)
+  if type(versions) ~= "table" or #versions == 0 then return nil end
+  local pairs_ = {}
+  for i = 1, #versions, 2 do pairs_[#pairs_ + 1] = versions[i] .. "=" .. versions[i + 1] end
+  table.sort(pairs_)
+  return table.concat(pairs_, ",")
+end
 
 -- Reads everything from Redis (one Redis, or the nodes of a cluster that own the keys);
 -- the snapshot table, or nil and an error.
@@ -44,12 +56,14 @@ local function pull()
         sold = {}, journeys = {} }
       cmds[#cmds + 1] = { "hgetall", p .. format(layout.sold_out, id) }
       cmds[#cmds + 1] = { "hget", p .. format(layout.meta, id), "categories" }
+      cmds[#cmds + 1] = { "hgetall", p .. format(layout.segment_versions, id) }
     end
   end
   local replies, perr = store.run(cmds)
   if not replies then return nil, "events: " .. tostring(perr) end
   for i, id in ipairs(ids) do
-    local ev, flags, categories = snap.events[id], replies[2 * i - 1], replies[2 * i]
+    local ev, flags, categories = snap.events[id], replies[3 * i - 2], replies[3 * i - 1]
+    ev.seat_stamp = stamp(replies[3 * i])
     local sold = 0
     if type(flags) == "table" then
       for j = 1, #flags, 2 do
@@ -114,6 +128,12 @@ end
 function _M.start()
   assert(ngx.timer.every(cfg.interval_s, refresh))
   assert(ngx.timer.at(0, refresh))
+end
+
+-- The seat stamp of a train (string) as of the last snapshot, or nil.
+function _M.seat_stamp(event_id)
+  local ev = events[event_id]
+  return ev and ev.seat_stamp
 end
 
 -- The sale gate and sold-out check for an event id (string). Returns nil when the

@@ -488,3 +488,240 @@ async fn a_train_sells_journeys_through_the_api() {
         .await;
     assert!(balanced, "{report:#}");
 }
+
+/// `GET {path}` through the stack's edge with a buyer's token: status, X-Cache, body.
+async fn edge_get(
+    app: &stampede_e2e::StackApp,
+    path: &str,
+    token: &str,
+) -> (u16, String, serde_json::Value) {
+    let r = app
+        .http
+        .get(format!("{}{path}", app.edge_url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("the edge answers");
+    let cache = r
+        .headers()
+        .get("x-cache")
+        .map(|v| v.to_str().unwrap_or("").to_owned())
+        .unwrap_or_default();
+    (
+        r.status().as_u16(),
+        cache,
+        r.json().await.unwrap_or_default(),
+    )
+}
+
+/// Free seats of each class on a journey, from the edge's availability answer.
+fn free_by_class(answer: &serde_json::Value) -> Vec<u64> {
+    answer["classes"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| c["free"].as_u64().unwrap_or(u64::MAX))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_trains_availability_seat_map_and_journey_flags_through_the_edge() {
+    use crate::edge::{core_answers, open_sale};
+    use serde_json::json;
+    use std::time::Duration;
+
+    let (app, _edge) = stampede_e2e::stack_app().await;
+    let (event, classes) = open_sale(
+        &app,
+        json!({
+            "title": "G2", "venue": "Line 2", "kind": "train",
+            "stations": ["A", "B", "C", "D"],
+            "show_time": "2031-06-01T20:00:00Z",
+            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+            "per_user_limit": 2, "pay_timeout_s": 900,
+            "categories": [
+                {"name": "first", "price_cents": 1000, "seats": {"rows": 1, "cols": 2}},
+                {"name": "second", "price_cents": 400, "seats": {"rows": 1, "cols": 1}},
+            ],
+        }),
+    )
+    .await;
+    let (first, second) = (classes[0], classes[1]);
+    let buyers = app.admin.buyers(6).await;
+    let token = buyers[0].token.as_str();
+    let avail = |f: u16, t: u16| format!("/api/events/{event}/availability?from={f}&to={t}");
+    let map =
+        |c: u64, f: u16, t: u16| format!("/api/events/{event}/seats?category={c}&from={f}&to={t}");
+
+    // Counted by the core once, then answered by the edge while no seat changes.
+    let (status, cache, ad) = edge_get(&app, &avail(0, 3), token).await;
+    assert_eq!((status, cache.as_str()), (200, "MISS"), "{ad}");
+    assert_eq!(ad["classes"][0]["id"], first);
+    assert_eq!(ad["classes"][0]["seats"], 2);
+    assert_eq!(ad["classes"][0]["price_cents"], 3000, "3 segments × 1000");
+    assert_eq!(ad["classes"][1]["price_cents"], 1200);
+    assert_eq!(free_by_class(&ad), [2, 1]);
+    let (status, cache, again) = edge_get(&app, &avail(0, 3), buyers[1].token.as_str()).await;
+    assert_eq!((status, cache.as_str()), (200, "HIT"), "{again}");
+    assert_eq!(again, ad);
+
+    // A→D in second, A→B on first's seat 1:1: the edge's answer follows the seats.
+    let ticket =
+        |c: u64, f: u16, t: u16| json!({"category_id": c, "quantity": 1, "from": f, "to": t});
+    let (status, answer) = app.buy(event, &buyers[0], "ad", ticket(second, 0, 3)).await;
+    assert_eq!(status, 202, "{answer}");
+    let mut ab = ticket(first, 0, 1);
+    ab["seat_ids"] = json!(["1:1"]);
+    ab.as_object_mut().unwrap().remove("quantity");
+    let (status, answer) = app.buy(event, &buyers[1], "ab", ab).await;
+    assert_eq!(status, 202, "{answer}");
+    let mut last = json!(null);
+    let mut followed = false;
+    for _ in 0..30 {
+        let (_, _, a) = edge_get(&app, &avail(0, 3), token).await;
+        followed = free_by_class(&a) == [1, 0] && a["classes"][1]["sold_out"] == true;
+        last = a;
+        if followed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        followed,
+        "availability A→D never showed the two tickets: {last}"
+    );
+    let (_, _, ab) = edge_get(&app, &avail(0, 1), token).await;
+    assert_eq!(free_by_class(&ab), [1, 0], "{ab}");
+    let (_, _, bd) = edge_get(&app, &avail(1, 3), token).await;
+    assert_eq!(free_by_class(&bd), [2, 0], "seat 1:1 is free after B: {bd}");
+
+    // The seat map for a journey: F when free on every segment of it.
+    for (f, t, row) in [(0, 1, "SF"), (1, 3, "FF"), (0, 3, "SF")] {
+        let (status, _, m) = edge_get(&app, &map(first, f, t), token).await;
+        assert_eq!(status, 200, "{m}");
+        assert_eq!(m["seats"], json!([row]), "{f}→{t}: {m}");
+        assert_eq!(
+            (m["from"].as_u64(), m["to"].as_u64()),
+            (Some(f.into()), Some(t.into()))
+        );
+    }
+    let (_, _, m) = edge_get(&app, &map(second, 2, 3), token).await;
+    assert_eq!(m["seats"], json!(["S"]), "{m}");
+
+    // second's one seat is taken A→D: the whole class is sold out (its stock is 0).
+    let (status, answer) = app
+        .buy(event, &buyers[2], "second", ticket(second, 1, 2))
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (409, Some("SOLD_OUT")),
+        "{answer}"
+    );
+    // first: B→C fills 1:1's gap after A→B, A→C takes 1:2: no first seat is free before
+    // C, yet first still has C→D to sell. The core finds no seat for A→B once and flags
+    // that journey; then the edge answers it itself (the core's count of 409s stays
+    // put) while C→D still reaches the core and sells.
+    let (status, answer) = app.buy(event, &buyers[3], "bc", ticket(first, 1, 2)).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["seats"], json!(["1:1"]), "B→C fills the gap of 1:1");
+    let (status, answer) = app.buy(event, &buyers[4], "ac", ticket(first, 0, 2)).await;
+    assert_eq!(status, 202, "{answer}");
+    let (status, answer) = app
+        .buy(event, &buyers[2], "ab-0", ticket(first, 0, 1))
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (409, Some("SOLD_OUT")),
+        "{answer}"
+    );
+    let mut n = 0;
+    let edge_says = stampede_e2e::eventually(Duration::from_secs(5), || {
+        n += 1;
+        let (app, buyer, key, body) = (&app, &buyers[2], format!("ab-{n}"), ticket(first, 0, 1));
+        async move {
+            let before = core_answers(app, 409).await;
+            let (status, answer) = app.buy(event, buyer, &key, body).await;
+            status == 409
+                && answer["error"]["code"] == "SOLD_OUT"
+                && core_answers(app, 409).await == before
+        }
+    })
+    .await;
+    assert!(
+        edge_says,
+        "the edge never answered the flagged journey itself"
+    );
+    let (status, answer) = app.buy(event, &buyers[5], "cd", ticket(first, 2, 3)).await;
+    assert_eq!(status, 202, "first still sells C→D: {answer}");
+
+    // Hostile queries: 400 from the core through the edge, never cached, nothing else.
+    for q in [
+        "from=3&to=1",
+        "from=1&to=1",
+        "from=0&to=4",
+        "from=01&to=2",
+        "from=0",
+        "to=2",
+        "from=0&to=2&x=1",
+        "from=0&from=1&to=2",
+        "from=-1&to=2",
+        "from=0&to=%32",
+        "from=0&to=99999999999999999999",
+        "",
+    ] {
+        let path = format!("/api/events/{event}/availability?{q}");
+        let (status, _, a) = edge_get(&app, &path, token).await;
+        assert_eq!(
+            (status, a["error"]["code"].as_str()),
+            (400, Some("INVALID")),
+            "{q}: {a}"
+        );
+    }
+    for q in [
+        format!("category={first}"),
+        format!("category={first}&from=2&to=2"),
+    ] {
+        let path = format!("/api/events/{event}/seats?{q}");
+        let (status, _, a) = edge_get(&app, &path, token).await;
+        assert_eq!(status, 400, "a train's seat map needs a journey: {q}: {a}");
+    }
+    let (concert, seated) = open_sale(&app, stampede_e2e::small_sale(5, 1, 2, 1)).await;
+    let path = format!("/api/events/{concert}/availability?from=0&to=1");
+    let (status, _, a) = edge_get(&app, &path, token).await;
+    assert_eq!(status, 400, "not a train: {a}");
+    let path = format!(
+        "/api/events/{concert}/seats?category={}&from=0&to=1",
+        seated[1]
+    );
+    let (status, _, a) = edge_get(&app, &path, token).await;
+    assert_eq!(status, 400, "a concert's map takes no journey: {a}");
+    let (status, _, a) = edge_get(
+        &app,
+        "/api/events/999999999/availability?from=0&to=1",
+        token,
+    )
+    .await;
+    assert_eq!(status, 404, "{a}");
+    let (status, _, a) = edge_get(&app, &avail(0, 1), "not-a-token").await;
+    assert_eq!(status, 401, "{a}");
+    let r = app
+        .http
+        .post(format!("{}{}", app.edge_url, avail(0, 1)))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    for spelling in [
+        format!("/api/events/{event}/availability/?from=0&to=1"),
+        format!("/api/events/{event}//availability?from=0&to=1"),
+        format!("/api/events/0{event}/availability?from=0&to=1"),
+        format!("/api/events/{event}/%61vailability?from=0&to=1"),
+        format!("/_core/api/events/{event}/availability?from=0&to=1"),
+    ] {
+        let (status, _, a) = edge_get(&app, &spelling, token).await;
+        assert_eq!(status, 404, "{spelling}: {a}");
+    }
+}
