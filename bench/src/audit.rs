@@ -1,7 +1,7 @@
 //! The invariants of DESIGN.md, checked from MySQL and the core's books after a sale
 //! has settled. Each violation names the offending rows.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use mysql_async::prelude::*;
 use serde::Serialize;
@@ -27,6 +27,10 @@ pub struct Audit {
     pub ordered_202: u64,
     pub failed_202: u64,
     pub lost_202: u64,
+    /// A train's seat-segments in its orders of any status (what the sale sold), and
+    /// in live ones (fewer once orders are cancelled); 0 for any other event.
+    pub seat_segments_ordered: u64,
+    pub seat_segments_held: u64,
 }
 
 impl Audit {
@@ -111,13 +115,14 @@ pub async fn run(
             .collect(),
     );
 
-    // 4. No seat in two live orders.
+    // 4. No seat in two live orders (a train's seats: by segment, below).
     let items = over_shards(
         shards,
         &format!(
             "SELECT i.category_id, i.row_no, i.col_no, i.order_no FROM {{items}} i \
              JOIN {{orders}} o ON o.order_no = i.order_no \
-             WHERE o.event_id = {event} AND o.status IN {LIVE} AND i.row_no IS NOT NULL"
+             WHERE o.event_id = {event} AND o.status IN {LIVE} AND i.row_no IS NOT NULL \
+             AND i.from_station IS NULL"
         ),
     );
     let doubled: Vec<(u64, u32, u32, String)> = conn
@@ -197,6 +202,156 @@ pub async fn run(
             .map(|(o, c)| format!("order {o} (category {c}) not synced"))
             .collect(),
     );
+    let kind: Option<String> = conn
+        .exec_first("SELECT kind FROM event WHERE id = ?", (event,))
+        .await?;
+    if kind.as_deref() == Some("train") {
+        seat_segments(stack, &mut conn, shards, event, &mut audit).await?;
+    }
     audit.ok = audit.violations.is_empty();
     Ok(audit)
+}
+
+/// A seat of a train class: (class, carriage, seat).
+type Seat = (u64, u32, u32);
+
+/// 7–10, for a train (docs/trains.md): no seat-segment in two live orders; MySQL's
+/// `seat_segment` guard holds exactly the live orders' seat-segments; no class sold
+/// beyond seats × segments; Redis's seats are taken exactly there, and its class stock
+/// plus the seat-segments sold is the total.
+async fn seat_segments(
+    stack: &Stack,
+    conn: &mut mysql_async::Conn,
+    shards: u32,
+    event: u64,
+    audit: &mut Audit,
+) -> anyhow::Result<()> {
+    let journeys: Vec<(u64, u32, u32, u8, u8, u64)> = conn
+        .query(over_shards(
+            shards,
+            &format!(
+                "SELECT i.category_id, i.row_no, i.col_no, i.from_station, i.to_station, \
+                 i.order_no FROM {{items}} i JOIN {{orders}} o ON o.order_no = i.order_no \
+                 WHERE o.event_id = {event} AND o.status IN {LIVE} AND i.from_station IS NOT NULL"
+            ),
+        ))
+        .await?;
+    // (seat, segment) → the live order holding it.
+    let mut held: HashMap<(Seat, u8), u64> = HashMap::new();
+    let mut doubled = Vec::new();
+    for (c, row, col, from, to, order) in journeys {
+        for k in from..to {
+            if let Some(other) = held.insert(((c, row, col), k), order) {
+                doubled.push(format!(
+                    "class {c} seat {row}:{col} segment {k} in orders {other} and {order}"
+                ));
+            }
+        }
+    }
+    audit.seat_segments_held = held.len() as u64;
+    audit.seat_segments_ordered = conn
+        .query_first::<u64, _>(format!(
+            "SELECT CAST(COALESCE(SUM(n), 0) AS UNSIGNED) FROM ({}) s",
+            over_shards(
+                shards,
+                &format!(
+                    "SELECT i.to_station - i.from_station AS n FROM {{items}} i \
+                     JOIN {{orders}} o ON o.order_no = i.order_no \
+                     WHERE o.event_id = {event} AND i.from_station IS NOT NULL"
+                ),
+            )
+        ))
+        .await?
+        .unwrap_or(0);
+    doubled.truncate(20);
+    audit.check("one order per seat-segment", doubled);
+
+    let guard: HashMap<(Seat, u8), u64> = conn
+        .query::<(u64, u32, u32, u8, u64), _>(format!(
+            "SELECT category_id, row_no, col_no, segment, order_no FROM seat_segment \
+             WHERE event_id = {event}"
+        ))
+        .await?
+        .into_iter()
+        .map(|(c, row, col, k, order)| (((c, row, col), k), order))
+        .collect();
+    let mut differ: Vec<String> = held
+        .iter()
+        .filter(|(at, order)| guard.get(at) != Some(order))
+        .map(|(((c, r, s), k), order)| {
+            format!("class {c} seat {r}:{s} segment {k}: held by order {order}, no guard row of it")
+        })
+        .collect();
+    differ.extend(guard.iter().filter(|(at, _)| !held.contains_key(at)).map(
+        |(((c, r, s), k), order)| {
+            format!("class {c} seat {r}:{s} segment {k}: guard row of order {order}, not live")
+        },
+    ));
+    differ.truncate(20);
+    audit.check("seat_segment guard = live journeys", differ);
+
+    let segments: u32 = conn
+        .exec_first(
+            "SELECT COUNT(*) - 1 FROM event_station WHERE event_id = ?",
+            (event,),
+        )
+        .await?
+        .unwrap_or(0);
+    let classes: Vec<(u64, i64, u32, u32)> = conn
+        .exec(
+            "SELECT id, total, seat_rows, seat_cols FROM ticket_category WHERE event_id = ?",
+            (event,),
+        )
+        .await?;
+    let keys =
+        stampede_core::keys::Keys::new(&stampede_core::Settings::defaults().redis.key_prefix);
+    let b = stampede_core::keys::Bucket::only(event);
+    let mut redis = stack.redis().await?;
+    let (mut beyond, mut apart) = (Vec::new(), Vec::new());
+    for (c, total, rows, cols) in classes {
+        let sold = held.keys().filter(|((class, ..), _)| *class == c).count() as i64;
+        if total != i64::from(rows * cols * segments) || sold > total {
+            beyond.push(format!(
+                "class {c}: {sold} seat-segments sold of {total}; {rows} × {cols} seats, {segments} segments"
+            ));
+        }
+        let stock: Option<i64> = redis::cmd("HGET")
+            .arg(keys.stock(b))
+            .arg(c)
+            .query_async(&mut redis)
+            .await?;
+        if stock != Some(total - sold) {
+            apart.push(format!(
+                "class {c}: Redis stock {stock:?} + {sold} sold ≠ {total}"
+            ));
+        }
+        let strings: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(keys.segments(b, c))
+            .query_async(&mut redis)
+            .await?;
+        if strings.len() != (rows * cols) as usize {
+            apart.push(format!(
+                "class {c}: {} seats in Redis, not {rows} × {cols}",
+                strings.len()
+            ));
+        }
+        for row in 1..=rows {
+            for col in 1..=cols {
+                // `1` on each segment a live order holds, `0` elsewhere.
+                let want: String = (0..segments as u8)
+                    .map(|k| char::from(b'0' + u8::from(held.contains_key(&((c, row, col), k)))))
+                    .collect();
+                let got = strings.get(&format!("{row}:{col}"));
+                if got != Some(&want) {
+                    apart.push(format!(
+                        "class {c} seat {row}:{col}: Redis {got:?}, live orders {want}"
+                    ));
+                }
+            }
+        }
+    }
+    audit.check("seat-segments within seats × segments", beyond);
+    apart.truncate(20);
+    audit.check("Redis seats and stock = live journeys", apart);
+    Ok(())
 }

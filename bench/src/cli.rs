@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::sale;
 use crate::stack::StackArgs;
+use crate::train::Train;
 
 #[derive(Parser)]
 #[command(
@@ -110,6 +111,16 @@ pub struct SaleArgs {
     /// A seated block ROWSxCOLS as well (e.g. 10x20); buyers who pick seats buy there.
     #[arg(long, value_parser = parse_grid)]
     pub seats: Option<(u32, u32)>,
+    /// A train instead (docs/trains.md): STATIONS (2 … 64) and SEATS (1 … 1000) of one
+    /// class, e.g. 10:200; every buyer asks for a journey drawn uniformly over the
+    /// route's (from, to) pairs. One Redis bucket.
+    #[arg(
+        long,
+        value_name = "STATIONS:SEATS",
+        value_parser = Train::parse,
+        conflicts_with_all = ["units", "categories", "seats", "seat_share"]
+    )]
+    pub train: Option<Train>,
     #[arg(long, default_value_t = 1)]
     pub per_user_limit: u32,
     /// Redis buckets the event's stock is split over (1 … 16; docs/scaling.md): on the
@@ -163,6 +174,15 @@ pub struct SaleArgs {
     /// cancelled, never both (the chaos suite's pay-race).
     #[arg(long, default_value_t = 0)]
     pub pay_race: u64,
+}
+
+impl SaleArgs {
+    /// What clap cannot check by itself: a train has one bucket, whatever --buckets' value.
+    pub fn conflicts(&self) -> Option<&'static str> {
+        (self.train.is_some() && self.buckets > 1).then_some(
+            "--train has one Redis bucket (a seat's segments stay in one slot): drop --buckets",
+        )
+    }
 }
 
 fn parse_grid(s: &str) -> Result<(u32, u32), String> {

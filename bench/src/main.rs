@@ -14,11 +14,12 @@ mod record;
 mod report;
 mod sale;
 mod stack;
+mod train;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use cli::{Baseline, Cli, Command};
 use compare::compare;
@@ -28,6 +29,13 @@ use stack::Stack;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Sale { sale, .. } | Command::Compare { sale, .. } = &cli.command
+        && let Some(why) = sale.conflicts()
+    {
+        Cli::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, why)
+            .exit();
+    }
     match run(cli).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

@@ -1,5 +1,6 @@
 //! The sale's report as a table, and its timeline as an SVG.
 
+use crate::train::TrainReport;
 use crate::{record, sale};
 
 pub fn print_sale(r: &sale::SaleReport) {
@@ -59,6 +60,9 @@ pub fn print_sale(r: &sale::SaleReport) {
             );
         }
     }
+    if let Some(t) = &r.train {
+        print_train(t);
+    }
     println!(
         "  audit: {}",
         if r.audit.ok {
@@ -73,6 +77,41 @@ pub fn print_sale(r: &sale::SaleReport) {
     for v in &r.audit.violations {
         println!("    {v}");
     }
+}
+
+fn print_train(t: &TrainReport) {
+    let pct = |x: f64| x * 100.0;
+    println!(
+        "  train: {} stations, {} seats ({} × {}), {} seat-segments",
+        t.stations, t.seats, t.carriages, t.seats_per_carriage, t.seat_segments_total
+    );
+    println!(
+        "    journeys decided  {:>8}  asking {} seat-segments; {} heard SOLD_OUT",
+        t.requests, t.demanded, t.sold_out
+    );
+    println!(
+        "    Stampede sold     {:>8}  seat-segments = {:.1} % of the train, {:.1} % of demand{}",
+        t.sold,
+        pct(t.utilisation),
+        pct(t.sold_of_demanded),
+        if t.held == t.sold {
+            String::new()
+        } else {
+            format!(" ({} still held)", t.held)
+        }
+    );
+    println!(
+        "    12306's counters  {:>8}  = {:.1} % of the train; {} refused, {} of them with a seat free",
+        t.counters_12306_sold,
+        pct(t.counters_12306_utilisation),
+        t.counters_12306_refused,
+        t.counters_12306_false_sold_outs
+    );
+    println!(
+        "    exact, first fit  {:>8}  = {:.1} % of the train",
+        t.first_fit_sold,
+        pct(t.first_fit_sold as f64 / t.seat_segments_total.max(1) as f64)
+    );
 }
 
 pub fn plot_timeline(path: &std::path::Path, timeline: &[(f64, u64, u64)]) -> anyhow::Result<()> {

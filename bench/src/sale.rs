@@ -17,8 +17,9 @@ use crate::fault::{FaultReport, inject};
 use crate::load::{Conn, Request};
 use crate::nodes::{self, NodeUse};
 use crate::payrace::{self, PayRace};
-use crate::record::{Latency, Recorder};
+use crate::record::{Latency, Recorder, error_code};
 use crate::stack::{Stack, event_body};
+use crate::train::{self, TrainReport};
 
 /// What one submission is.
 #[derive(Clone)]
@@ -71,6 +72,8 @@ pub struct SaleReport {
     pub masters_spread: Option<f64>,
     /// The Redis buckets the event's stock was split over (--buckets).
     pub buckets: u16,
+    /// A train's seat-segments and what 12306's counters would have sold (--train).
+    pub train: Option<TrainReport>,
     /// (bucket start s, admitted, rejected) per 100 ms.
     #[serde(skip)]
     pub timeline: Vec<(f64, u64, u64)>,
@@ -87,21 +90,28 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
             && (0.0..=1.0).contains(&a.seat_share),
         "shares are between 0 and 1"
     );
-    let mut body = event_body(
-        "stampede-bench sale",
-        a.units,
-        a.categories.max(1),
-        a.seats,
-        a.per_user_limit,
-        Duration::from_secs(a.open_in_s),
-    );
+    let mut body = match a.train {
+        Some(t) => t.event_body(a.per_user_limit, Duration::from_secs(a.open_in_s)),
+        None => event_body(
+            "stampede-bench sale",
+            a.units,
+            a.categories.max(1),
+            a.seats,
+            a.per_user_limit,
+            Duration::from_secs(a.open_in_s),
+        ),
+    };
+    let units = match a.train {
+        Some(t) => u64::from(t.seats * t.segments()),
+        None => a.units + a.seats.map_or(0, |(r, c)| u64::from(r * c)),
+    };
     body["pay_timeout_s"] = a.pay_timeout_s.into();
     body["buckets"] = a.buckets.into();
     let opens_at = Instant::now() + Duration::from_secs(a.open_in_s);
     let (event, categories) = stack.event(&body).await?;
     eprintln!(
-        "event {event}: {} units, {} buyers over {} connections",
-        a.units, a.buyers, a.connections
+        "event {event}: {units} units, {} buyers over {} connections",
+        a.buyers, a.connections
     );
     let (_, tokens) = stack.buyers(a.buyers).await?;
     let tokens = Arc::new(tokens);
@@ -114,10 +124,17 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         .map(|_| *categories.last().expect("a seated category"));
     let mut queue = VecDeque::new();
     let mut repeaters = vec![false; a.buyers as usize];
+    // A train's buyer keeps one journey over all their submissions.
+    let mut journeys = Vec::new();
     for (b, repeats) in repeaters.iter_mut().enumerate() {
         let bot = rng.gen_bool(a.bot_share);
         *repeats = !bot && rng.gen_bool(a.repeat_share);
+        let journey = a.train.map(|t| t.journey(&mut rng));
+        journeys.extend(journey);
         let order = |rng: &mut rand::rngs::StdRng| -> serde_json::Value {
+            if let Some(j) = journey {
+                return serde_json::json!({"category_id": categories[0], "quantity": 1, "from": j.from, "to": j.to});
+            }
             match (seated, a.seats) {
                 (Some(cid), Some((rows, cols))) if rng.gen_bool(a.seat_share) => {
                     let seat = format!("{}:{}", rng.gen_range(1..=rows), rng.gen_range(1..=cols));
@@ -146,6 +163,9 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
     let pending = Arc::new(AtomicUsize::new(total_attempts));
     let queue = Arc::new(Mutex::new(queue));
     let admitted_ids = Arc::new(std::sync::Mutex::new(Vec::<(u64, u64)>::new()));
+    // A train's decisions: (µs after the open, buyer, admitted) of each 202 and SOLD_OUT.
+    let decisions = Arc::new(std::sync::Mutex::new(Vec::<(u64, usize, bool)>::new()));
+    let is_train = a.train.is_some();
 
     let redis_before = nodes::snapshot(stack).await?;
     tokio::time::sleep_until(opens_at.into()).await;
@@ -181,7 +201,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
             admitted_ids.clone(),
         );
         let (bar, answered, edge) = (bar.clone(), answered.clone(), stack.edge_for(c));
-        let first_answered = first_answered.clone();
+        let (first_answered, decisions) = (first_answered.clone(), decisions.clone());
         let sent = sent.clone();
         let max_retries = a.max_retries;
         tasks.push(tokio::spawn(async move {
@@ -223,9 +243,16 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
                     }
                 };
                 rec.record(&answer);
+                let at = started.elapsed().as_micros() as u64;
                 if attempt.first {
-                    let at = started.elapsed().as_micros() as u64;
                     first_answered.fetch_max(at, Ordering::Relaxed);
+                }
+                let sold_out = answer.status == 409 && error_code(&answer.body) == Some("SOLD_OUT");
+                if is_train && (answer.status == 202 || sold_out) {
+                    decisions
+                        .lock()
+                        .expect("not poisoned")
+                        .push((at, attempt.buyer, !sold_out));
                 }
                 answered.fetch_add(1, Ordering::Relaxed);
                 bar.inc(1);
@@ -308,10 +335,14 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         audit.add("paid or cancelled, never both", race.violations.clone());
     }
     let persisted_window = (settled_at - started).as_secs_f64().max(1e-3);
+    let train = a.train.map(|t| {
+        let decisions = std::mem::take(&mut *decisions.lock().expect("not poisoned"));
+        train::report(t, &journeys, decisions, &audit)
+    });
     Ok(SaleReport {
         event_id: event,
         buyers: a.buyers,
-        units: a.units + a.seats.map_or(0, |(r, c)| u64::from(r * c)),
+        units,
         connections: a.connections,
         requests: rec.total(),
         burst_s,
@@ -334,6 +365,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
             / admitted.len().max(1) as f64,
         masters_spread: nodes::spread(&redis_nodes),
         buckets: a.buckets,
+        train,
         redis_nodes,
     })
 }

@@ -55,3 +55,59 @@ async fn a_small_bench_sale_through_the_edge_passes_its_audit() {
         "{report:#}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_train_sale_passes_its_seat_segment_audit_and_reports_utilisation() {
+    let _heavy = heavy().await;
+    let (_app, _edge) = stack_app().await;
+    let run = tokio::process::Command::new(root().join("target/debug/stampede-bench"))
+        .args([
+            "sale",
+            "--train",
+            "8:40",
+            "--buyers",
+            "400",
+            "--connections",
+            "16",
+            "--max-seconds",
+            "60",
+            "--settle-timeout-s",
+            "60",
+            "--json",
+        ])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the bench ends within 2 minutes")
+        .expect("target/debug/stampede-bench (cargo build -p stampede-bench)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("--json prints JSON");
+    assert_eq!(report["audit"]["ok"], true, "{report:#}");
+    assert_eq!(report["audit"]["checks"].as_array().unwrap().len(), 10);
+    // 40 seats × 7 segments; what was sold is what the audit counted in MySQL, all held.
+    let train = &report["train"];
+    assert_eq!(train["seat_segments_total"], 280, "{report:#}");
+    assert_eq!(train["sold"], report["audit"]["seat_segments_ordered"]);
+    assert_eq!(train["held"], train["sold"]);
+    let sold = train["sold"].as_u64().unwrap();
+    assert!(sold > 0 && sold <= 280, "{report:#}");
+    assert!(train["counters_12306_sold"].as_u64().unwrap() <= 280);
+    for share in [
+        "utilisation",
+        "sold_of_demanded",
+        "counters_12306_utilisation",
+    ] {
+        assert!(
+            train[share]
+                .as_f64()
+                .is_some_and(|x| (0.0..=1.0).contains(&x)),
+            "{share}"
+        );
+    }
+}
