@@ -65,6 +65,19 @@ async function sale({ title, ga, rows, cols, limit = 2, startInS = 0 }) {
   return { id: created.event_id, categories: created.categories.map((c) => c.id) };
 }
 
+/** A published train selling now: its classes' ids, first class first. */
+async function train({ title, stations, classes, limit = 2 }) {
+  const now = Date.now();
+  const iso = (ms) => new Date(ms).toISOString();
+  const created = await admin("POST", "/admin/events", {
+    title, venue: "Line 7", kind: "train", stations, show_time: iso(now + 30 * 86400e3),
+    sale_start: iso(now), sale_end: iso(now + 3600e3),
+    per_user_limit: limit, pay_timeout_s: 600, categories: classes,
+  });
+  await admin("POST", `/admin/events/${created.event_id}/publish`);
+  return { id: created.event_id, categories: created.categories.map((c) => c.id) };
+}
+
 async function signIn(page, username, password) {
   await page.fill('input[name="username"]', username);
   await page.fill('input[name="password"]', password);
@@ -166,6 +179,73 @@ test("a sold-out sale says so and offers nothing to buy", async () => {
   assert.match(await text(page, `avail-${ev.categories[0]}`), /Sold out/);
   assert.equal(await page.isDisabled('[data-testid="buy"]'), true);
   await shot(page, "08-sold-out");
+});
+
+test("a train buyer picks a journey, sees its free seats and price, buys a seat; another buyer sees it free before and taken across", async () => {
+  const password = "pw-" + Math.random().toString(36).slice(2);
+  const [alice, bob] = await users(2, password);
+  const ev = await train({
+    title: "Coastal Express — browser test",
+    stations: ["A-town", "B-ville", "C-city", "D-port"],
+    classes: [
+      { name: "First", price_cents: 1000, seats: { rows: 1, cols: 2 } },
+      { name: "Second", price_cents: 500, seats: { rows: 2, cols: 4 } },
+    ],
+  });
+  const [first, second] = ev.categories;
+  await new Promise((ok) => setTimeout(ok, 1000)); // the edge learns of the new sale
+
+  const page = await (await browser.newContext({ viewport: { width: 1200, height: 900 } })).newPage();
+  await page.goto(`${EDGE}/#/event/${ev.id}`);
+  await signIn(page, alice, password);
+  // The whole route by default; To offers only the stations after From.
+  await page.waitForSelector(`[data-testid="avail-${first}"]:has-text("2 free")`);
+  assert.equal(await page.inputValue('[data-testid="from"]'), "0");
+  assert.equal(await page.inputValue('[data-testid="to"]'), "3");
+  await page.selectOption('[data-testid="from"]', { label: "B-ville" });
+  assert.deepEqual(await page.$$eval('[data-testid="to"] option', (os) => os.map((o) => o.textContent)), ["C-city", "D-port"]);
+  assert.equal(await page.inputValue('[data-testid="to"]'), "3", "To stays D-port");
+  // Two segments: 2 × € 10.00 in First, 2 × € 5.00 in Second.
+  await page.waitForSelector(`[data-testid="price-${first}"]:has-text("€ 20.00")`);
+  assert.equal(await text(page, `avail-${first}`), "2 free");
+  assert.equal(await text(page, `price-${second}`), "€ 10.00");
+  assert.equal(await text(page, `avail-${second}`), "8 free");
+
+  await page.check(`[data-testid="cat-${first}"]`);
+  await page.waitForSelector('[data-testid="carriage-1"] [data-seat="1:1"][data-state="F"]');
+  assert.match(await text(page, "carriage-1"), /Carriage 1/);
+  assert.equal(await page.$('[data-testid="carriage-2"]'), null, "First has one carriage");
+  await page.waitForSelector('[data-testid="buy"]:not([disabled])');
+  await page.click('[data-seat="1:1"]');
+  await page.click('[data-testid="buy"]');
+  await page.waitForSelector('[data-testid="purchase-status"]:has-text("CREATED")', { timeout: 30_000 });
+  // The availability follows the purchase.
+  await page.waitForSelector(`[data-testid="avail-${first}"]:has-text("1 free")`, { timeout: 10_000 });
+  await page.click('[data-testid="order-link"]');
+  await page.waitForSelector('[data-testid="order-status"]:has-text("UNPAID")');
+  assert.equal(await text(page, "order-journey"), "B-ville → D-port");
+  assert.equal(await text(page, "order-seats"), "Carriage 1 seat 1");
+  await shot(page, "10-train-order");
+
+  // A second buyer: seat 1:1 is free A-town → B-ville, taken A-town → D-port.
+  const other = await (await browser.newContext({ viewport: { width: 1200, height: 900 } })).newPage();
+  await other.goto(`${EDGE2}/#/event/${ev.id}`);
+  await signIn(other, bob, password);
+  await other.waitForSelector('[data-testid="from"]');
+  await other.selectOption('[data-testid="to"]', { label: "B-ville" });
+  await other.waitForSelector(`[data-testid="avail-${first}"]:has-text("2 free")`);
+  assert.equal(await text(other, `price-${first}`), "€ 10.00");
+  await other.check(`[data-testid="cat-${first}"]`);
+  await other.waitForSelector('[data-seat="1:1"][data-state="F"]');
+  assert.equal(await other.isDisabled('[data-seat="1:1"]'), false);
+  await shot(other, "11-train-seat-free-before-the-journey");
+  await other.selectOption('[data-testid="to"]', { label: "D-port" });
+  await other.waitForSelector('[data-seat="1:1"][data-state="S"]');
+  assert.equal(await other.isDisabled('[data-seat="1:1"]'), true);
+  assert.equal(await other.getAttribute('[data-seat="1:2"]', "data-state"), "F");
+  await other.waitForSelector(`[data-testid="avail-${first}"]:has-text("1 free")`);
+  assert.equal(await text(other, `price-${first}`), "€ 30.00");
+  await shot(other, "12-train-seat-taken-across-the-journey");
 });
 
 test("the ops dashboard shows a sale's numbers live while buyers stream in", async () => {

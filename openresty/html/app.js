@@ -1,5 +1,7 @@
 // Stampede's buyer app: plain JS, no build step. Routes: #/ (events), #/event/<id>,
 // #/order/<order no>. Every call goes through the edge's /api/ with the user's token.
+// A train (kind "train") sells journeys: its page picks from/to, its classes show the
+// seats free on that journey and a carriage map for it.
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -12,6 +14,7 @@ const MESSAGES = {
   RATE_LIMITED: "Too many tries at once.",
   NOT_OPEN: "The sale is not open right now.",
   SOLD_OUT: "Sold out — every ticket in this category is taken.",
+  SOLD_OUT_JOURNEY: "Sold out — no seat of this class is free on the whole journey.",
   LIMIT_REACHED: "You already hold as many tickets as this event allows per person.",
   SEAT_TAKEN: "Someone was faster: a seat you picked is taken. Pick another.",
   DUPLICATE: "This purchase was already submitted.",
@@ -176,10 +179,14 @@ async function eventView(id) {
   if (r.status !== 200) { view.innerHTML = `<p class="error">${esc(errorText(r))}</p>`; return; }
   learnClock(r.body, sent);
   let ev = r.body;
+  const train = ev.kind === "train";
   const picked = new Set();
   let chosen = ev.categories[0] && ev.categories[0].id;
   let blockedUntil = 0;
   let busy = false;
+  // A train's journey (station indexes) and its classes' availability on it, by id.
+  let from = 0, to = train ? ev.stations.length - 1 : 0;
+  let onJourney = {};
 
   view.innerHTML = `
     <div class="card">
@@ -187,10 +194,14 @@ async function eventView(id) {
       <div class="muted">${esc(ev.venue)} · ${new Date(ev.show_time).toLocaleString()} · up to ${ev.per_user_limit} per person</div>
       <p><span id="pill" class="pill"></span></p>
       <div id="countdown" class="countdown" data-testid="countdown"></div>
-      <div id="soldout" class="error" data-testid="soldout" hidden>Sold out: every ticket of this sale is taken.</div>
+      <div id="soldout" class="error" data-testid="soldout" hidden>${train ? "Sold out: no seat is free on this journey." : "Sold out: every ticket of this sale is taken."}</div>
     </div>
     <div class="card">
-      <table data-testid="categories"><thead><tr><th></th><th>Category</th><th>Price</th><th>Availability</th></tr></thead>
+      ${train ? `<div class="row journey">
+        <label>From <select id="from" data-testid="from"></select></label>
+        <label>To <select id="to" data-testid="to"></select></label>
+      </div>` : ""}
+      <table data-testid="categories"><thead><tr><th></th><th>${train ? "Class" : "Category"}</th><th>${train ? "Price of the journey" : "Price"}</th><th>${train ? "Free seats on the journey" : "Availability"}</th></tr></thead>
       <tbody id="cats"></tbody></table>
       <div id="picker"></div>
       <div class="row">
@@ -204,21 +215,62 @@ async function eventView(id) {
       <div id="pdetail" class="muted"></div>
     </div>`;
 
-  const category = () => ev.categories.find((c) => c.id === chosen);
+  // A category as the buyer sees it. A train's class: the event's numbers are
+  // seat-segments, meaningless to a buyer, so its price, free seats and sold-out come
+  // from the journey's availability (unknown until that answers).
+  function shown(c) {
+    if (!c || !train) return c;
+    const a = onJourney[c.id];
+    return a ? { ...c, price_cents: a.price_cents, available: a.free, sold_out: a.sold_out }
+      : { ...c, price_cents: null, available: null, sold_out: false };
+  }
+  const category = () => shown(ev.categories.find((c) => c.id === chosen));
+  const journeyQuery = () => (train ? `&from=${from}&to=${to}` : "");
 
   function renderCategories() {
-    $("#cats").innerHTML = ev.categories.map((c) => `
+    const cats = ev.categories.map(shown);
+    $("#cats").innerHTML = cats.map((c) => `
       <tr>
-        <td><input type="radio" name="cat" value="${c.id}" ${c.id === chosen ? "checked" : ""} ${c.sold_out ? "disabled" : ""} aria-label="${esc(c.name)}"></td>
-        <td>${esc(c.name)}${c.seats ? ' <span class="muted">(seated)</span>' : ""}</td>
-        <td>${money(c.price_cents)}</td>
-        <td data-testid="avail-${c.id}">${c.sold_out ? '<span class="pill out">Sold out</span>' : c.available == null ? "—" : c.available + " left"}</td>
+        <td><input type="radio" name="cat" value="${c.id}" ${c.id === chosen ? "checked" : ""} ${c.sold_out ? "disabled" : ""} aria-label="${esc(c.name)}" data-testid="cat-${c.id}"></td>
+        <td>${esc(c.name)}${c.seats && !train ? ' <span class="muted">(seated)</span>' : ""}</td>
+        <td data-testid="price-${c.id}">${c.price_cents == null ? "—" : money(c.price_cents)}</td>
+        <td data-testid="avail-${c.id}">${c.sold_out ? '<span class="pill out">Sold out</span>' : c.available == null ? "—" : c.available + (train ? " free" : " left")}</td>
       </tr>`).join("");
     for (const input of view.querySelectorAll('input[name="cat"]')) {
       input.onchange = () => { chosen = Number(input.value); picked.clear(); renderPicker(); };
     }
-    const allGone = ev.categories.every((c) => c.sold_out);
+    const allGone = cats.every((c) => c.sold_out);
     $("#soldout").hidden = !allGone;
+  }
+
+  // From: every station but the last; To: the stations after From.
+  function renderJourney() {
+    const options = (first, last, selected) => ev.stations.slice(first, last).map((name, k) =>
+      `<option value="${first + k}" ${first + k === selected ? "selected" : ""}>${esc(name)}</option>`).join("");
+    $("#from").innerHTML = options(0, -1, from);
+    $("#to").innerHTML = options(from + 1, undefined, to);
+  }
+
+  async function loadJourney() {
+    const [f, t] = [from, to];
+    const a = await api("GET", `/api/events/${id}/availability?from=${f}&to=${t}`);
+    if (f !== from || t !== to) return; // the journey changed meanwhile
+    if (a.status !== 200) { onJourney = {}; $("#buy-error").textContent = errorText(a); return; }
+    onJourney = Object.fromEntries(a.body.classes.map((c) => [c.id, c]));
+  }
+
+  async function journeyChanged() {
+    from = Number($("#from").value);
+    to = Math.max(Number($("#to").value), from + 1);
+    renderJourney();
+    picked.clear();
+    onJourney = {};
+    $("#buy-error").textContent = "";
+    renderCategories();
+    renderPicker();
+    await loadJourney();
+    renderCategories();
+    tick();
   }
 
   async function renderPicker() {
@@ -229,20 +281,33 @@ async function eventView(id) {
       $("#picker").innerHTML = `<p><label>Tickets <select id="qty" data-testid="quantity">${options}</select></label></p>`;
       return;
     }
-    const s = await api("GET", `/api/events/${id}/seats?category=${c.id}`);
-    if (s.status !== 200 || chosen !== c.id) return;
+    const journey = journeyQuery();
+    const s = await api("GET", `/api/events/${id}/seats?category=${c.id}${journey}`);
+    if (chosen !== c.id || journey !== journeyQuery()) return;
+    if (s.status !== 200) { $("#picker").innerHTML = `<p class="error">${esc(errorText(s))}</p>`; return; }
     for (const seat of [...picked]) {
       const [row, col] = seat.split(":").map(Number);
       if (s.body.seats[row - 1][col - 1] !== "F") picked.delete(seat);
     }
-    $("#picker").innerHTML = `
+    const seat = (st, r, ci) => {
+      const name = `${r + 1}:${ci + 1}`;
+      const cls = picked.has(name) ? "F picked" : st;
+      const title = train ? `Carriage ${r + 1}, seat ${ci + 1}` : `Row ${r + 1}, seat ${ci + 1}`;
+      return `<button class="seat ${cls}" data-seat="${name}" data-state="${st}" title="${title}" ${st !== "F" ? "disabled" : ""}>${train ? ci + 1 : ""}</button>`;
+    };
+    $("#picker").innerHTML = train ? `
+      <p class="muted">Pick up to ${ev.per_user_limit} seats, or none for the best available.</p>
+      <div class="carriages" data-testid="seatmap">
+        ${s.body.seats.map((row, r) => `
+          <div class="carriage" data-testid="carriage-${r + 1}">
+            <span class="carriage-name">Carriage ${r + 1}</span>
+            <div class="seatmap" style="grid-template-columns: repeat(${s.body.cols}, 26px)">${[...row].map((st, ci) => seat(st, r, ci)).join("")}</div>
+          </div>`).join("")}
+      </div>
+      <div class="legend"><span><i style="background:#a7f3d0"></i>free on this journey</span><span><i style="background:#9ca3af"></i>taken on part of it</span><span><i style="background:#4f46e5"></i>yours</span></div>` : `
       <p class="muted">Pick up to ${ev.per_user_limit} seats, or none for the best available.</p>
       <div class="seatmap" data-testid="seatmap" style="grid-template-columns: repeat(${s.body.cols}, 26px)">
-        ${s.body.seats.map((row, r) => [...row].map((st, ci) => {
-          const name = `${r + 1}:${ci + 1}`;
-          const cls = picked.has(name) ? "F picked" : st;
-          return `<button class="seat ${cls}" data-seat="${name}" data-state="${st}" title="Row ${r + 1}, seat ${ci + 1}" ${st !== "F" ? "disabled" : ""}></button>`;
-        }).join("")).join("")}
+        ${s.body.seats.map((row, r) => [...row].map((st, ci) => seat(st, r, ci)).join("")).join("")}
       </div>
       <div class="stage">STAGE</div>
       <div class="legend"><span><i style="background:#a7f3d0"></i>free</span><span><i style="background:#fcd34d"></i>held</span><span><i style="background:#9ca3af"></i>sold</span><span><i style="background:#4f46e5"></i>yours</span></div>`;
@@ -274,8 +339,9 @@ async function eventView(id) {
     if (again.status === 200) {
       learnClock(again.body, sent);
       ev = again.body;
-      renderCategories();
     }
+    if (train) await loadJourney();
+    if (again.status === 200 || train) renderCategories();
   }
 
   async function follow() {
@@ -306,6 +372,7 @@ async function eventView(id) {
     busy = true; tick();
     $("#buy-error").textContent = "";
     const body = { category_id: c.id };
+    if (train) Object.assign(body, { from, to });
     if (c.seats && picked.size) body.seat_ids = [...picked];
     else body.quantity = c.seats ? 1 : Number(($("#qty") || {}).value || 1);
     const r = await api("POST", `/api/events/${id}/orders`, body, crypto.randomUUID());
@@ -319,15 +386,23 @@ async function eventView(id) {
       picked.clear();
       follow();
       renderPicker();
+      if (train) refresh();
     } else {
       if (r.status === 429) blockedUntil = Date.now() + 1000 * Math.max(1, r.retryAfter);
-      $("#buy-error").textContent = errorText(r);
+      const soldOut = r.body && r.body.error && r.body.error.code === "SOLD_OUT";
+      $("#buy-error").textContent = train && soldOut ? MESSAGES.SOLD_OUT_JOURNEY : errorText(r);
       refresh();
       renderPicker();
     }
     tick();
   };
 
+  if (train) {
+    renderJourney();
+    $("#from").onchange = journeyChanged;
+    $("#to").onchange = journeyChanged;
+    await loadJourney();
+  }
   renderCategories();
   renderPicker();
   every(250, tick);
@@ -340,6 +415,13 @@ async function orderView(no, query) {
   if (r.status !== 200) { view.innerHTML = `<p class="error">${esc(errorText(r))}</p>`; return; }
   const o = r.body;
   const note = query.get("payment");
+  // A train ticket's journey is station indexes: the names are the event's.
+  let journey = "";
+  if (o.journey) {
+    const e = await api("GET", `/api/events/${o.event_id}`);
+    const name = (i) => (e.status === 200 && e.body.stations[i]) || `stop ${i + 1}`;
+    journey = `${name(o.journey.from)} → ${name(o.journey.to)}`;
+  }
   view.innerHTML = `
     <div class="card">
       <h1>Order ${esc(o.order_no)}</h1>
@@ -347,7 +429,8 @@ async function orderView(no, query) {
       <div>Status: <span class="status ${esc(o.status)}" data-testid="order-status">${esc(o.status)}</span></div>
       <table>
         <tr><th>Tickets</th><td>${o.quantity}</td></tr>
-        <tr><th>Seats</th><td data-testid="order-seats">${o.seats.length ? o.seats.map((s) => { const [r, c] = s.split(":"); return `Row ${r} seat ${c}`; }).join(", ") : "Unseated"}</td></tr>
+        ${o.journey ? `<tr><th>Journey</th><td data-testid="order-journey">${esc(journey)}</td></tr>` : ""}
+        <tr><th>Seats</th><td data-testid="order-seats">${o.seats.length ? o.seats.map((s) => { const [r, c] = s.split(":"); return `${o.journey ? "Carriage" : "Row"} ${r} seat ${c}`; }).join(", ") : "Unseated"}</td></tr>
         <tr><th>Amount</th><td>${money(o.amount_cents)}</td></tr>
         <tr><th>Pay by</th><td>${new Date(o.pay_deadline).toLocaleString()} <span id="left" class="muted"></span></td></tr>
       </table>
