@@ -33,6 +33,51 @@ pub struct CategoryBalance {
     /// Units in live orders beyond the total (0 unless MySQL sold more than there was,
     /// which its guards refuse): no pass can heal it; it raises one alarm.
     pub oversold: i64,
+    /// A train's class: its books per route segment (null for other categories, and
+    /// while `queued` is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segments: Option<Vec<SegmentBalance>>,
+}
+
+/// One route segment of a train's class: the seats Redis has taken on it against the
+/// seats queued reservations and live orders (MySQL's `seat_segment` rows) hold there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SegmentBalance {
+    /// 0-based: segment k runs from station k to station k + 1.
+    pub segment: usize,
+    pub redis_taken: i64,
+    pub queued: i64,
+    pub in_orders: i64,
+    /// redis_taken − (queued + in_orders): 0 once settled. Positive: seats Redis no
+    /// longer offers on that segment though no order holds them; negative: Redis offers
+    /// a seat an order holds there.
+    pub gap: i64,
+}
+
+impl SegmentBalance {
+    /// A class's segments from Redis's seats taken and queued per segment and the
+    /// seat-segments live orders hold.
+    pub fn of(
+        taken: &[i64],
+        queued: &[i64],
+        in_orders: impl Fn(usize) -> i64,
+    ) -> Vec<SegmentBalance> {
+        taken
+            .iter()
+            .zip(queued)
+            .enumerate()
+            .map(|(k, (&t, &q))| {
+                let o = in_orders(k);
+                SegmentBalance {
+                    segment: k,
+                    redis_taken: t,
+                    queued: q,
+                    in_orders: o,
+                    gap: t - (q + o),
+                }
+            })
+            .collect()
+    }
 }
 
 /// An event's books at one moment.
@@ -53,9 +98,9 @@ pub struct Balance {
 impl Balance {
     /// Every gap is 0.
     pub fn settled(&self) -> bool {
-        self.categories
-            .iter()
-            .all(|c| c.gap == Some(0) && c.remain_gap == 0)
+        self.categories.iter().all(|c| {
+            c.gap == Some(0) && c.remain_gap == 0 && c.segments.iter().flatten().all(|s| s.gap == 0)
+        })
     }
 }
 
@@ -83,4 +128,21 @@ pub async fn units_by_status(
     rows.into_iter()
         .map(|(c, s, n)| Ok(((c, OrderStatus::parse(&s)?), n)))
         .collect()
+}
+
+/// A train's seat-segments held by live orders, per (class, segment): MySQL's
+/// `seat_segment` rows (an order's are deleted when it is cancelled or expires).
+pub async fn seat_segments_in_orders(
+    pool: &Pool,
+    event_id: u64,
+) -> anyhow::Result<HashMap<(u64, usize), i64>> {
+    let mut conn = pool.get_conn().await?;
+    let rows: Vec<(u64, usize, i64)> = conn
+        .exec(
+            "SELECT category_id, segment, COUNT(*) FROM seat_segment WHERE event_id = ? \
+             GROUP BY category_id, segment",
+            (event_id,),
+        )
+        .await?;
+    Ok(rows.into_iter().map(|(c, k, n)| ((c, k), n)).collect())
 }

@@ -13,7 +13,7 @@ mod books;
 mod heal;
 pub mod report;
 
-pub use books::{Balance, CategoryBalance, units_by_status};
+pub use books::{Balance, CategoryBalance, SegmentBalance, units_by_status};
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -58,6 +58,8 @@ struct RedisBooks {
     loaded: bool,
     backlog: u64,
     queued: HashMap<u64, i64>,
+    /// A train's classes: seats taken and seats queued per segment.
+    segments: HashMap<u64, (Vec<i64>, Vec<i64>)>,
 }
 
 #[derive(Clone)]
@@ -127,9 +129,15 @@ impl Reconciler {
             loaded,
             backlog,
             queued,
+            segments,
         } = read;
         let counted = redis_unavailable.is_none() && backlog <= MAX_COUNTED_BACKLOG as u64;
         let held = units_by_status(&self.mysql, self.shards, e).await?;
+        let in_orders = if event.is_train() {
+            books::seat_segments_in_orders(&self.mysql, e).await?
+        } else {
+            HashMap::new()
+        };
         let unsynced: HashMap<u64, i64> = catalog::unsynced_units(&self.mysql, e)
             .await?
             .into_iter()
@@ -164,6 +172,12 @@ impl Reconciler {
                     unsynced,
                     remain_gap: c.remain - (total - unpaid - paid + unsynced),
                     oversold: (unpaid + paid - total).max(0),
+                    segments: segments.get(&c.id).filter(|_| counted && loaded).map(
+                        |(taken, queued)| {
+                            let held = |k| in_orders.get(&(c.id, k)).copied().unwrap_or(0);
+                            SegmentBalance::of(taken, queued, held)
+                        },
+                    ),
                 }
             })
             .collect();
@@ -226,6 +240,9 @@ impl Reconciler {
                 }
             }
         }
+        if event.is_train() {
+            books.segments = self.read_segments(event).await?;
+        }
         if event.buckets > 1 {
             let (pool, present): (HashMap<u64, i64>, u32) = redis::pipe()
                 .hgetall(self.keys.pool(event.id))
@@ -247,6 +264,70 @@ impl Reconciler {
             .await?;
             for (c, units) in pool.into_iter().chain(moving).chain(pending) {
                 *books.stock.entry(c).or_default() += units;
+            }
+        }
+        Ok(books)
+    }
+
+    /// A train's classes: seats taken per segment in Redis, and seats per segment in the
+    /// reservations queued (of the keys' current generation), in one atomic read.
+    async fn read_segments(
+        &self,
+        event: &EventRecord,
+    ) -> anyhow::Result<HashMap<u64, (Vec<i64>, Vec<i64>)>> {
+        let b = Bucket::only(event.id);
+        let segments = event.segments();
+        let mut pipe = redis::pipe();
+        pipe.atomic().hget(self.keys.meta(b), "epoch").xrange_count(
+            self.keys.order_stream(b),
+            "-",
+            "+",
+            MAX_COUNTED_BACKLOG,
+        );
+        for c in &event.categories {
+            pipe.hvals(self.keys.segments(b, c.id));
+        }
+        let mut redis = self.redis.clone();
+        let (head, seats): (Vec<redis::Value>, Vec<Vec<String>>) = {
+            let mut all: Vec<redis::Value> = pipe
+                .query_async(&mut redis)
+                .await
+                .context("Failed to read the train's seats")?;
+            let seats = all
+                .split_off(2)
+                .into_iter()
+                .map(|v| redis::from_redis_value(&v))
+                .collect::<Result<_, _>>()?;
+            (all, seats)
+        };
+        let epoch: Option<u64> = redis::from_redis_value(&head[0])?;
+        let entries: redis::streams::StreamRangeReply = redis::from_redis_value(&head[1])?;
+        let mut books: HashMap<u64, (Vec<i64>, Vec<i64>)> = HashMap::new();
+        for (c, seats) in event.categories.iter().zip(seats) {
+            let mut taken = vec![0; segments];
+            for seat in seats {
+                for (k, state) in seat.bytes().take(segments).enumerate() {
+                    taken[k] += i64::from(state == b'1');
+                }
+            }
+            books.insert(c.id, (taken, vec![0; segments]));
+        }
+        let epoch = epoch.unwrap_or(0);
+        for entry in &entries.ids {
+            let current = entry.get::<u64>("e").unwrap_or(0) >= epoch;
+            let journey = entry
+                .get::<String>("j")
+                .and_then(|j| crate::trains::Journey::parse(&j));
+            if let (true, Some(c), Some(q), Some(j)) = (
+                current,
+                entry.get::<u64>("c"),
+                entry.get::<i64>("q"),
+                journey,
+            ) && let Some((_, queued)) = books.get_mut(&c)
+            {
+                for k in j.segments().filter(|&k| k < segments) {
+                    queued[k] += q;
+                }
             }
         }
         Ok(books)

@@ -487,6 +487,57 @@ async fn a_train_sells_journeys_through_the_api() {
         .post(&format!("/admin/events/{event}/reconcile"), json!({}))
         .await;
     assert!(balanced, "{report:#}");
+    // And per segment: A→B, B→C, C→D on one seat, B→D on the other.
+    let books = |report: &serde_json::Value| -> Vec<(i64, i64, i64)> {
+        report["balance"]["categories"][0]["segments"]
+            .as_array()
+            .map(|s| {
+                s.iter()
+                    .map(|k| {
+                        let n = |f: &str| k[f].as_i64().unwrap_or(i64::MIN);
+                        (n("redis_taken"), n("in_orders"), n("gap"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        books(&report),
+        [(1, 1, 0), (2, 2, 0), (2, 2, 0)],
+        "{report:#}"
+    );
+
+    // A seat taken on a segment in Redis that no order holds, the class's counter left
+    // alone: only the books per segment see it (and nothing heals it by the counter).
+    let mut redis = app.redis.clone();
+    let key = app.keys().segments(Bucket::only(event), class);
+    let _: () = redis.hset(&key, &seat, "111").await.unwrap();
+    let (_, report) = app
+        .post(&format!("/admin/events/{event}/reconcile"), json!({}))
+        .await;
+    assert_eq!(
+        books(&report),
+        [(2, 1, 1), (2, 2, 0), (2, 2, 0)],
+        "{report:#}"
+    );
+    assert_eq!(
+        report["balance"]["categories"][0]["gap"], 0,
+        "the counter agrees"
+    );
+    let (_, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
+    assert_eq!(
+        stats["categories"][0]["segments"][0]["gap"], 1,
+        "the stats show it: {stats:#}"
+    );
+    let _: () = redis.hset(&key, &seat, "011").await.unwrap();
+    let (_, report) = app
+        .post(&format!("/admin/events/{event}/reconcile"), json!({}))
+        .await;
+    assert_eq!(
+        books(&report),
+        [(1, 1, 0), (2, 2, 0), (2, 2, 0)],
+        "{report:#}"
+    );
 }
 
 /// `GET {path}` through the stack's edge with a buyer's token: status, X-Cache, body.
