@@ -17,6 +17,9 @@ use crate::keys::Bucket;
 use crate::lifecycle::restock::{GiveBack, Restocked, restock};
 use crate::order_tables::{self, OrderStatus};
 
+static REPAIR: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("seat_repair.lua")));
+
 static ADJUST: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/adjust_stock.lua")));
 
@@ -57,13 +60,11 @@ impl Reconciler {
             // the pass, not "healed" again at every one.
             let lower = gap < 0 && c.redis_available.is_some_and(|a| a > 0);
             let raise = gap > 0 && !running;
-            if (lower || raise) && event.is_train() {
-                // A train's stock is its seats' free segments: a counter changed alone
-                // would no longer match them. A rebuild rewrites both (docs/trains.md).
-                actions.push(format!(
-                    "train class {}: Redis is {gap} seat-segments off MySQL; left for a rebuild",
-                    c.category_id
-                ));
+            // A train's seats off their orders: the seats are mended (and the stock
+            // with them); a counter off seats that are right is adjusted like any other.
+            if c.segments.iter().flatten().any(|s| s.gap != 0) {
+                self.repair_seats(event, c.category_id, running, actions)
+                    .await?;
             } else if lower || raise {
                 let Some(mut measured) = c.redis_available else {
                     continue;
@@ -128,6 +129,86 @@ impl Reconciler {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A train class whose seats in Redis are not its live orders' (docs/trains.md):
+    /// each seat's string set to the segments MySQL's `seat_segment` rows hold, only
+    /// while it is the string read here, the class's stock moved with it
+    /// (`seat_repair.lua`). Segments taken in Redis that no order holds are freed only
+    /// once the sale is not running (as stock is raised only then); segments an order
+    /// holds that Redis offers are taken back at once. Redis is read before MySQL and
+    /// only with no reservation queued, so an order committed in between was queued.
+    async fn repair_seats(
+        &self,
+        event: &EventRecord,
+        class: u64,
+        running: bool,
+        actions: &mut Vec<String>,
+    ) -> anyhow::Result<()> {
+        let b = Bucket::only(event.id);
+        let key = self.keys.segments(b, class);
+        let mut redis = self.redis.clone();
+        let (seats, queued): (std::collections::HashMap<String, String>, u64) = redis::pipe()
+            .atomic()
+            .hgetall(&key)
+            .xlen(self.keys.order_stream(b))
+            .query_async(&mut redis)
+            .await?;
+        if queued > 0 {
+            return Ok(());
+        }
+        let mut conn = self.mysql.get_conn().await?;
+        let held: Vec<(u32, u32, usize)> = conn
+            .exec(
+                "SELECT row_no, col_no, segment FROM seat_segment WHERE event_id = ? AND category_id = ?",
+                (event.id, class),
+            )
+            .await?;
+        let mut wanted: std::collections::HashMap<String, Vec<u8>> =
+            std::collections::HashMap::new();
+        for (row, col, k) in held {
+            let seat = format!("{row}:{col}");
+            let Some(now) = seats.get(&seat) else {
+                continue;
+            };
+            // What Redis may keep: while the sale runs, nothing is freed.
+            let w = wanted.entry(seat).or_insert_with(|| match running {
+                true => now.as_bytes().to_vec(),
+                false => vec![b'0'; now.len()],
+            });
+            if let Some(s) = w.get_mut(k) {
+                *s = b'1';
+            }
+        }
+        let mut call = REPAIR.prepare_invoke();
+        call.key(&key)
+            .key(self.keys.stock(b))
+            .key(self.keys.sold_out(event.id))
+            .key(self.keys.segment_versions(event.id))
+            .arg(class);
+        let mut fixes = 0;
+        for (seat, now) in &seats {
+            let want = match wanted.get(seat) {
+                Some(w) => String::from_utf8_lossy(w).into_owned(),
+                None if running => continue,
+                None => "0".repeat(now.len()),
+            };
+            if &want != now {
+                call.arg(seat).arg(now).arg(want);
+                fixes += 1;
+            }
+        }
+        if fixes == 0 {
+            return Ok(());
+        }
+        let (changed, left): (u64, i64) = call
+            .invoke_async(&mut redis)
+            .await
+            .context("Failed to repair the train's seats")?;
+        actions.push(format!(
+            "train class {class}: {changed} seats set to their live orders' segments, stock now {left}"
+        ));
         Ok(())
     }
 
