@@ -7,7 +7,8 @@
 -- KEYS[1] the class's segments hash   KEYS[2] stock   KEYS[3] soldout   KEYS[4] versions
 -- ARGV[1] category id, then per seat: "<carriage>:<seat>", measured string, wanted string
 --
--- Returns {seats changed, the class's stock after}.
+-- Returns (mirrored by Repaired in core/src/reconcile/heal.rs) {seats changed, the
+-- class's stock after}.
 local rcall = redis.call
 local cid = ARGV[1]
 

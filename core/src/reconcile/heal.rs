@@ -20,6 +20,10 @@ use crate::order_tables::{self, OrderStatus};
 static REPAIR: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("seat_repair.lua")));
 
+/// `seat_repair.lua`'s answer: the seats it changed and the class's stock after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repaired(pub u64, pub i64);
+
 static ADJUST: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/adjust_stock.lua")));
 
@@ -202,9 +206,10 @@ impl Reconciler {
         if fixes == 0 {
             return Ok(());
         }
-        let (changed, left): (u64, i64) = call
+        let Repaired(changed, left) = call
             .invoke_async(&mut redis)
             .await
+            .map(|(changed, left)| Repaired(changed, left))
             .context("Failed to repair the train's seats")?;
         actions.push(format!(
             "train class {class}: {changed} seats set to their live orders' segments, stock now {left}"
