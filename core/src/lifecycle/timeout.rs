@@ -17,23 +17,43 @@ use crate::shutdown::Shutdown;
 /// cancels it.
 const OVERDUE_S: u64 = 30;
 
-/// The `order-timeout` consumer.
+/// Batches whose orders are being expired at once, past which a delivered message is
+/// handed back to the broker for later.
+const EXPIRING_AT_ONCE: usize = 64;
+
+/// The `order-timeout` consumer. A message is acknowledged once its batch is handed to
+/// a task of the core's runtime, not when the batch is done: a message a little early
+/// waits for its orders' deadlines (seconds), and waiting in the listener would hold one
+/// of the RocketMQ client's threads for that long — enough early messages at once and
+/// the client has none left for anything else. A batch the task fails to finish (an
+/// error, a core stopped) is cancelled by the overdue sweep ([`OVERDUE_S`] past the
+/// deadline); more than [`EXPIRING_AT_ONCE`] at once go back to the broker.
 pub fn consumer(lifecycle: Lifecycle, names: &Names) -> Subscription {
     let lifecycle = Arc::new(lifecycle);
+    let expiring = Arc::new(tokio::sync::Semaphore::new(EXPIRING_AT_ONCE));
     Subscription {
         topic: names.order_timeout.clone(),
         group: names.timeout_group.clone(),
         batch_max: 8,
         what: "order timeout",
         apply: Arc::new(move |message: BatchMessage| {
-            let lifecycle = lifecycle.clone();
+            let (lifecycle, expiring) = (lifecycle.clone(), expiring.clone());
             Box::pin(async move {
-                let n = lifecycle.expire_batch(&message.batch_id).await?;
-                tracing::debug!(
-                    batch = message.batch_id,
-                    cancelled = n,
-                    "order timeout applied"
-                );
+                let permit = expiring.try_acquire_owned().map_err(|_| {
+                    anyhow::anyhow!("{EXPIRING_AT_ONCE} batches are expiring already")
+                })?;
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    let batch = message.batch_id;
+                    match lifecycle.expire_batch(&batch).await {
+                        Ok(n) => tracing::debug!(batch, cancelled = n, "order timeout applied"),
+                        Err(e) => tracing::warn!(
+                            batch,
+                            error = format!("{e:#}"),
+                            "order timeout failed; the overdue sweep cancels what is left"
+                        ),
+                    }
+                });
                 Ok(())
             })
         }),
