@@ -5,14 +5,34 @@ use std::time::Duration;
 
 use stampede_e2e::{heavy, root, stack_app};
 
+/// `stampede-bench sale <args> --json` (the debug build), within `limit_s`: its report.
+async fn bench(args: &[&str], limit_s: u64) -> serde_json::Value {
+    let run = tokio::process::Command::new(root().join("target/debug/stampede-bench"))
+        .arg("sale")
+        .args(args)
+        .arg("--json")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(limit_s), run)
+        .await
+        .unwrap_or_else(|_| panic!("the bench ends within {limit_s} s"))
+        .expect("target/debug/stampede-bench (cargo build -p stampede-bench)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).expect("--json prints JSON")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_bench_sale_through_the_edge_passes_its_audit() {
     let _heavy = heavy().await;
     // The bench uses the stack's edge and core, with nginx.conf's limits.
     let (_app, _edge) = stack_app().await;
-    let run = tokio::process::Command::new(root().join("target/debug/stampede-bench"))
-        .args([
-            "sale",
+    let report = bench(
+        &[
             "--buyers",
             "3000",
             "--units",
@@ -29,21 +49,10 @@ async fn a_small_bench_sale_through_the_edge_passes_its_audit() {
             "60",
             "--settle-timeout-s",
             "60",
-            "--json",
-        ])
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), run)
-        .await
-        .expect("the bench ends within 3 minutes")
-        .expect("target/debug/stampede-bench (cargo build -p stampede-bench)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(&stdout).expect("--json prints JSON");
+        ],
+        180,
+    )
+    .await;
     assert_eq!(report["audit"]["ok"], true, "{report:#}");
     assert_eq!(report["audit"]["checks"].as_array().unwrap().len(), 6);
     // 3 000 buyers for 450 units: sold out, never oversold, each 202 an order.
@@ -60,9 +69,8 @@ async fn a_small_bench_sale_through_the_edge_passes_its_audit() {
 async fn a_bench_train_sale_passes_its_seat_segment_audit_and_reports_utilisation() {
     let _heavy = heavy().await;
     let (_app, _edge) = stack_app().await;
-    let run = tokio::process::Command::new(root().join("target/debug/stampede-bench"))
-        .args([
-            "sale",
+    let report = bench(
+        &[
             "--train",
             "8:40",
             "--buyers",
@@ -73,21 +81,10 @@ async fn a_bench_train_sale_passes_its_seat_segment_audit_and_reports_utilisatio
             "60",
             "--settle-timeout-s",
             "60",
-            "--json",
-        ])
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the bench ends within 2 minutes")
-        .expect("target/debug/stampede-bench (cargo build -p stampede-bench)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(&stdout).expect("--json prints JSON");
+        ],
+        120,
+    )
+    .await;
     assert_eq!(report["audit"]["ok"], true, "{report:#}");
     assert_eq!(report["audit"]["checks"].as_array().unwrap().len(), 10);
     // 40 seats × 7 segments; what was sold is what the audit counted in MySQL, all held.
