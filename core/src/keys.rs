@@ -508,12 +508,18 @@ mod tests {
             (
                 "release.lua",
                 include_str!("../../lua/redis/release.lua"),
-                &[SeatState::FREE, SeatState::LOCKED][..],
+                &[SeatState::LOCKED][..],
             ),
             (
                 "restock.lua",
                 include_str!("../../lua/redis/restock.lua"),
-                &[SeatState::FREE, SeatState::LOCKED][..],
+                &[SeatState::LOCKED][..],
+            ),
+            (
+                // seats_give_back, for release.lua and restock.lua
+                "lib/segments.lua",
+                include_str!("../../lua/redis/lib/segments.lua"),
+                &[SeatState::FREE][..],
             ),
             (
                 "sold.lua",

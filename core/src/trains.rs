@@ -45,11 +45,28 @@ impl Journey {
         (from < to).then_some(Journey { from, to })
     }
 
+    /// From an order item's `from_station`, `to_station` columns (NULL for a ticket
+    /// that is not a train's).
+    pub fn from_columns(from: Option<u16>, to: Option<u16>) -> Option<Journey> {
+        Some(Journey {
+            from: from?,
+            to: to?,
+        })
+    }
+
     /// How many segments it uses.
     pub fn span(self) -> u32 {
         u32::from(self.to - self.from)
     }
+}
 
+/// The units a ticket of `quantity` counts in the stock: its seat-segments on a train
+/// (quantity × the journey's segments), else the quantity.
+pub fn units(quantity: u32, journey: Option<Journey>) -> u32 {
+    quantity * journey.map_or(1, Journey::span)
+}
+
+impl Journey {
     /// The segments it uses, as 0-based indexes.
     pub fn segments(self) -> std::ops::Range<usize> {
         usize::from(self.from)..usize::from(self.to)

@@ -26,22 +26,7 @@ rcall('XDEL', KEYS[1], entry)
 local back = tonumber(ARGV[9])
 if back > 0 and rcall('HINCRBY', KEYS[3], cid, back) > 0 then rcall('HDEL', KEYS[4], cid) end
 if rcall('HINCRBY', KEYS[5], user, -qty) <= 0 then rcall('HDEL', KEYS[5], user) end
-local from_st, to_st = string.match(ARGV[10], '^(%d+):(%d+)$')
-if from_st then
-  local list = {}
-  for seat in string.gmatch(ARGV[7], '[^,]+') do list[#list + 1] = seat end
-  seg_set(KEYS[6], list, tonumber(from_st), tonumber(to_st), '0')
-  rcall('HINCRBY', KEYS[7], cid, 1)
-  seg_reopen(KEYS[4], cid)
-else
-  local lock = 'L:' .. rid
-  for seat in string.gmatch(ARGV[7], '[^,]+') do
-    if rcall('HGET', KEYS[6], seat) == lock then
-      rcall('HSET', KEYS[6], seat, 'F')
-      rcall('HINCRBY', KEYS[7], string.match(seat, '^(%d+):'), 1)
-    end
-  end
-end
+seats_give_back(KEYS[6], KEYS[7], KEYS[4], cid, ARGV[7], ARGV[10], 'L:' .. rid)
 if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then
   rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[8])
 end

@@ -22,22 +22,7 @@ if rcall('SADD', KEYS[1], order) == 0 then return 0 end
 local back = tonumber(ARGV[6])
 if back > 0 and rcall('HINCRBY', KEYS[2], cid, back) > 0 then rcall('HDEL', KEYS[3], cid) end
 if rcall('HINCRBY', KEYS[4], user, -qty) <= 0 then rcall('HDEL', KEYS[4], user) end
-local from_st, to_st = string.match(ARGV[7], '^(%d+):(%d+)$')
-if from_st then
-  local list = {}
-  for seat in string.gmatch(ARGV[5], '[^,]+') do list[#list + 1] = seat end
-  seg_set(KEYS[6], list, tonumber(from_st), tonumber(to_st), '0')
-  rcall('HINCRBY', KEYS[7], cid, 1)
-  seg_reopen(KEYS[3], cid)
-else
-  local lock = 'L:' .. order
-  for seat in string.gmatch(ARGV[5], '[^,]+') do
-    if rcall('HGET', KEYS[6], seat) == lock then
-      rcall('HSET', KEYS[6], seat, 'F')
-      rcall('HINCRBY', KEYS[7], string.match(seat, '^(%d+):'), 1)
-    end
-  end
-end
+seats_give_back(KEYS[6], KEYS[7], KEYS[3], cid, ARGV[5], ARGV[7], 'L:' .. order)
 if rcall('HGET', KEYS[5], user) == 'CREATED:' .. order then
   rcall('HSET', KEYS[5], user, 'CANCELLED:' .. order)
 end

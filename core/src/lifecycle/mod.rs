@@ -70,7 +70,7 @@ impl OrderView {
     /// What it holds of the category's stock: its quantity, or a train ticket's
     /// seat-segments.
     pub fn units(&self) -> u32 {
-        self.quantity * self.journey.map_or(1, |j| j.span())
+        crate::trains::units(self.quantity, self.journey)
     }
 }
 
@@ -118,12 +118,9 @@ pub(crate) async fn load_in<Q: Queryable>(
             (order_no,),
         )
         .await?;
-    let journey = seats.first().and_then(|&(_, _, from, to)| {
-        Some(crate::trains::Journey {
-            from: from?,
-            to: to?,
-        })
-    });
+    let journey = seats
+        .first()
+        .and_then(|&(_, _, from, to)| crate::trains::Journey::from_columns(from, to));
     Ok(Some(OrderView {
         order_no: order_no.to_string(),
         user_id,

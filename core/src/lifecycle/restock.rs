@@ -71,7 +71,7 @@ pub async fn restock(redis: &mut Redis, keys: &Keys, o: GiveBack<'_>) -> anyhow:
         (keys.stock(b), keys.stock(b))
     };
     // A train ticket's units are its seat-segments.
-    let units = o.quantity * o.journey.map_or(1, |j| j.span());
+    let units = crate::trains::units(o.quantity, o.journey);
     let back = if seats_elsewhere { 0 } else { units };
     let code: i64 = RESTOCK
         .key(keys.restocked(b))

@@ -71,7 +71,7 @@ impl Reservation {
     /// What it takes from the category's stock: its quantity, or for a train ticket
     /// its seat-segments (seats × segments of the journey, docs/trains.md).
     pub fn units(&self) -> u32 {
-        self.quantity * self.journey.map_or(1, |j| j.span())
+        crate::trains::units(self.quantity, self.journey)
     }
 
     /// Seats as (row, col).

@@ -280,12 +280,9 @@ impl Reconciler {
                 .iter()
                 .map(|(r, c, _, _)| format!("{r}:{c}"))
                 .collect();
-            let journey = items.first().and_then(|&(_, _, from, to)| {
-                Some(crate::trains::Journey {
-                    from: from?,
-                    to: to?,
-                })
-            });
+            let journey = items
+                .first()
+                .and_then(|&(_, _, from, to)| crate::trains::Journey::from_columns(from, to));
             let done = restock(
                 &mut redis,
                 &self.keys,
@@ -302,7 +299,7 @@ impl Reconciler {
             .await?;
             if done == Restocked::Now {
                 orders += 1;
-                units += i64::from(quantity * journey.map_or(1, |j| j.span()));
+                units += i64::from(crate::trains::units(quantity, journey));
             }
         }
         Ok((orders, units))

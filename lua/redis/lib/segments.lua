@@ -114,3 +114,26 @@ local function seg_reopen(soldout, cid)
   end
 end
 
+
+-- Gives back the seats of a purchase (release.lua, restock.lua): a train journey's
+-- segments ("<from>:<to>" in `journey`; `aux` is then the class's version hash) or, for
+-- a concert's seats, those still held `lock` ("L:<id>") back to free (`aux`: the row
+-- counts of free seats). `list` is "r:c,r:c" (or "").
+local function seats_give_back(seats, aux, soldout, cid, list, journey, lock)
+  local rcall = redis.call
+  local from_st, to_st = string.match(journey, '^(%d+):(%d+)$')
+  if from_st then
+    local taken = {}
+    for seat in string.gmatch(list, '[^,]+') do taken[#taken + 1] = seat end
+    seg_set(seats, taken, tonumber(from_st), tonumber(to_st), '0')
+    rcall('HINCRBY', aux, cid, 1)
+    seg_reopen(soldout, cid)
+    return
+  end
+  for seat in string.gmatch(list, '[^,]+') do
+    if rcall('HGET', seats, seat) == lock then
+      rcall('HSET', seats, seat, 'F')
+      rcall('HINCRBY', aux, string.match(seat, '^(%d+):'), 1)
+    end
+  end
+end
