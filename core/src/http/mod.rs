@@ -96,22 +96,33 @@ pub fn segments(path: &str) -> Option<Vec<&str>> {
 }
 
 /// A query's parameters as canonical decimal numbers (`?category=3&from=0`), each of
-/// `names` at most once. Anything else — an unknown or repeated name, an empty, signed,
+/// `names` at most once and in their order. Anything else — an unknown, repeated or
+/// misplaced name, an empty piece (`&&`, a leading or trailing `&`), an empty, signed,
 /// zero-padded or escaped value, a number past u64 — is a 400 naming it, so a query too
-/// has one spelling.
+/// has one spelling (the edge keeps answers by the query as sent).
 pub fn query_numbers(
     query: Option<&str>,
     names: &[&'static str],
 ) -> Result<std::collections::HashMap<&'static str, u64>, ApiError> {
     let mut found = std::collections::HashMap::new();
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    let query = query.unwrap_or("");
+    let mut next = 0; // names[..next] are behind us
+    for pair in query.split('&').filter(|_| !query.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let Some(&known) = names.iter().find(|n| **n == name) else {
+        let Some(at) = names.iter().position(|n| *n == name) else {
             return Err(ApiError::Invalid(format!(
-                "unknown query parameter {name:?}: this endpoint takes {}",
+                "unknown query parameter {name:?}: this endpoint takes {}, in that order",
                 names.join(", ")
             )));
         };
+        let known = names[at];
+        if at < next && !found.contains_key(known) {
+            return Err(ApiError::Invalid(format!(
+                "query parameters go in this order: {}",
+                names.join(", ")
+            )));
+        }
+        next = at + 1;
         let number = crate::domain::ids::canonical_id(value).ok_or_else(|| {
             ApiError::Invalid(format!("{known} must be a decimal number, not {value:?}"))
         })?;
@@ -142,6 +153,15 @@ mod tests {
             .expect("valid");
         assert_eq!((q["category"], q["from"], q["to"]), (3, 0, 12));
         assert!(query_numbers(None, &["from"]).expect("empty").is_empty());
+        assert!(
+            query_numbers(Some(""), &["from"])
+                .expect("empty")
+                .is_empty()
+        );
+        assert_eq!(
+            query_numbers(Some("to=2"), &["from", "to"]).expect("valid")["to"],
+            2
+        );
         for hostile in [
             "from=1&from=2",
             "from=01",
@@ -153,10 +173,14 @@ mod tests {
             "from=%31",
             "From=1",
             "other=1",
+            "&from=1",
+            "from=1&",
+            "from=1&&to=2",
+            "to=2&from=1",
             "from=18446744073709551616",
         ] {
             assert!(
-                query_numbers(Some(hostile), &["from"]).is_err(),
+                query_numbers(Some(hostile), &["from", "to"]).is_err(),
                 "{hostile}"
             );
         }

@@ -104,7 +104,7 @@ pub async fn availability(state: &AppState, id: u64, req: &Request) -> Result<Re
             let seats = c.seats.map_or(0, |g| u64::from(g.rows) * u64::from(g.cols));
             json!({
                 "id": c.id, "name": c.name, "seats": seats, "free": n.free,
-                "sold_out": n.free == 0, "price_cents": c.price_cents * span,
+                "sold_out": n.free == 0, "price_cents": c.price_cents.saturating_mul(span),
             })
         })
         .collect();

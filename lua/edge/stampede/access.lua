@@ -81,6 +81,12 @@ end
 function _M.purchase()
   one_spelling("POST")
   local uid = authenticate()
+  -- As the core asks (public/orders.rs): a purchase without its key is no purchase,
+  -- whatever the flags say.
+  local k = ngx.var.http_idempotency_key
+  if not k or #k > 64 or not find(k, "^[!-~]+$") then
+    return reject(400, "INVALID", "header Idempotency-Key is required: 1..=64 visible ASCII characters")
+  end
   local event_id = ngx.var.stampede_event
   limited("orders", uid, event_id)
   local key = passed_key(uid, event_id)

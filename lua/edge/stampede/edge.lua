@@ -9,7 +9,7 @@ local stats = require "stampede.stats"
 local _M = {}
 
 -- opts: token_secret_file, token_secret_file_env, token_secret_env, state_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s,
--- avail_dict, avail_recount_s, redis = {host, port,
+-- avail_dict, avail_recount_s, avail_recounts_per_s, avail_keep_s, redis = {host, port,
 -- cluster_nodes, prefix, timeout_ms}, refresh_interval_s, limits, routes (see nginx.conf).
 function _M.init(opts)
   -- The token keyring: a file (read here, by the master, at every start and reload —
@@ -39,7 +39,10 @@ function _M.init(opts)
   })
   stats.init({ dict = opts.stats_dict })
   require("stampede.access").init({ passed_dict = opts.passed_dict, passed_ttl_s = opts.passed_ttl_s })
-  require("stampede.availability").init({ dict = opts.avail_dict, recount_s = opts.avail_recount_s })
+  require("stampede.availability").init({
+    dict = opts.avail_dict, recount_s = opts.avail_recount_s,
+    recounts_per_s = opts.avail_recounts_per_s, keep_s = opts.avail_keep_s,
+  })
 end
 
 function _M.start()

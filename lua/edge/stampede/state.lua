@@ -19,6 +19,7 @@ local _M = {}
 
 local dict, cfg
 local version = -1
+local snapshot_at = 0
 -- event id → {open, start_ms, end_ms, all_sold, sold = {[cid string] = true},
 -- journeys = {["<cid>:<from>:<to>"] = true}, seat_stamp}
 local events = {}
@@ -55,15 +56,20 @@ local function pull()
       snap.events[id] = { open = status == "open", start_ms = tonumber(start_ms), end_ms = tonumber(end_ms),
         sold = {}, journeys = {} }
       cmds[#cmds + 1] = { "hgetall", p .. format(layout.sold_out, id) }
-      cmds[#cmds + 1] = { "hget", p .. format(layout.meta, id), "categories" }
+      cmds[#cmds + 1] = { "hmget", p .. format(layout.meta, id), "categories", "epoch" }
       cmds[#cmds + 1] = { "hgetall", p .. format(layout.segment_versions, id) }
     end
   end
   local replies, perr = store.run(cmds)
   if not replies then return nil, "events: " .. tostring(perr) end
   for i, id in ipairs(ids) do
-    local ev, flags, categories = snap.events[id], replies[3 * i - 2], replies[3 * i - 1]
-    ev.seat_stamp = stamp(replies[3 * i])
+    local ev, flags, meta = snap.events[id], replies[3 * i - 2], replies[3 * i - 1]
+    local categories, epoch
+    if type(meta) == "table" then categories, epoch = meta[1], meta[2] end
+    if type(epoch) ~= "string" then epoch = "0" end
+    -- The keys' generation too: a rebuild may restart the versions where they were.
+    local versions = stamp(replies[3 * i])
+    ev.seat_stamp = versions and (epoch .. "|" .. versions)
     local sold = 0
     if type(flags) == "table" then
       for j = 1, #flags, 2 do
@@ -98,6 +104,7 @@ local function refresh(premature)
   if dict:add(LOCK, true, cfg.interval_s * 0.9) then
     local snap, err = pull()
     if snap then
+      snap.at = ngx.now()
       dict:set(SNAPSHOT, cjson.encode(snap))
       dict:incr(VERSION, 1, 0)
     elseif ngx.now() - last_warning >= 1 then
@@ -111,6 +118,7 @@ local function refresh(premature)
     local snap = cjson.decode(dict:get(SNAPSHOT) or "")
     if snap then
       events = snap.events
+      snapshot_at = snap.at or 0
       limit.apply(snap.limits)
       version = v
     end
@@ -130,10 +138,13 @@ function _M.start()
   assert(ngx.timer.at(0, refresh))
 end
 
--- The seat stamp of a train (string) as of the last snapshot, or nil.
+-- The seat stamp of a train (string) as of the last snapshot, or nil — also when that
+-- snapshot is older than a few refreshes (Redis out of reach): a stamp that cannot move
+-- proves nothing.
 function _M.seat_stamp(event_id)
   local ev = events[event_id]
-  return ev and ev.seat_stamp
+  if not ev or ngx.now() - snapshot_at > 5 * cfg.interval_s + 1 then return nil end
+  return ev.seat_stamp
 end
 
 -- The sale gate and sold-out check for an event id (string). Returns nil when the

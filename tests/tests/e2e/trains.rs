@@ -763,6 +763,11 @@ async fn a_trains_availability_seat_map_and_journey_flags_through_the_edge() {
         "from=0&to=%32",
         "from=0&to=99999999999999999999",
         "",
+        "to=2&from=0",
+        "from=0&&to=2",
+        "&from=0&to=2",
+        "from=0&to=2&",
+        "from=00&to=2",
     ] {
         let path = format!("/api/events/{event}/availability?{q}");
         let (status, _, a) = edge_get(&app, &path, token).await;
