@@ -7,9 +7,9 @@
 -- ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] request id
 -- ARGV[4] user id          ARGV[5] category id       ARGV[6] quantity
 -- ARGV[7] seats "r:c,r:c" or ""                      ARGV[8] reason
--- ARGV[9] units back into KEYS[3]: the quantity (a journey's seat-segments), or 0 when
---         the seats' own slot takes them back (seat_free.lua: an event of several
---         buckets, ARGV[7] then "")
+-- ARGV[9] units back into KEYS[3]: the quantity, or 0 when the seats' own slot takes them back (seat_free.lua: an event of several
+--         buckets, ARGV[7] then ""); a journey gives back the seat-segments it
+--         really freed instead
 -- ARGV[10] a train journey "<from>:<to>", or "": its seats' segments go back
 --         (lib/segments.lua; KEYS[6] is then the class's segments hash, KEYS[7] its
 --         version hash)
@@ -23,10 +23,10 @@ local group, entry, rid, user, cid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local qty = tonumber(ARGV[6])
 if rcall('XACK', KEYS[1], group, entry) == 0 then return 0 end
 rcall('XDEL', KEYS[1], entry)
-local back = tonumber(ARGV[9])
+-- Seats first: a journey's units back are the seat-segments it really gave back.
+local back = seats_give_back(KEYS[6], KEYS[7], KEYS[4], cid, ARGV[7], ARGV[10], 'L:' .. rid) or tonumber(ARGV[9])
 if back > 0 and rcall('HINCRBY', KEYS[3], cid, back) > 0 then rcall('HDEL', KEYS[4], cid) end
 if rcall('HINCRBY', KEYS[5], user, -qty) <= 0 then rcall('HDEL', KEYS[5], user) end
-seats_give_back(KEYS[6], KEYS[7], KEYS[4], cid, ARGV[7], ARGV[10], 'L:' .. rid)
 if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then
   rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[8])
 end

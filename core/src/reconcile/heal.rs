@@ -2,7 +2,7 @@
 //! stock lowered (or raised, once the sale is not running) and MySQL's remain corrected,
 //! each only when two measurements agree. Runs under the event's preload lock.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
 use anyhow::Context;
@@ -152,11 +152,14 @@ impl Reconciler {
     ) -> anyhow::Result<()> {
         let b = Bucket::only(event.id);
         let key = self.keys.segments(b, class);
+        let versions = self.keys.segment_versions(event.id);
         let mut redis = self.redis.clone();
-        let (seats, queued): (std::collections::HashMap<String, String>, u64) = redis::pipe()
+        type Read = (HashMap<String, String>, u64, Option<u64>);
+        let (seats, queued, version): Read = redis::pipe()
             .atomic()
             .hgetall(&key)
             .xlen(self.keys.order_stream(b))
+            .hget(&versions, class)
             .query_async(&mut redis)
             .await?;
         if queued > 0 {
@@ -165,23 +168,38 @@ impl Reconciler {
         let mut conn = self.mysql.get_conn().await?;
         let held: Vec<(u32, u32, usize)> = conn
             .exec(
-                "SELECT row_no, col_no, segment FROM seat_segment WHERE event_id = ? AND category_id = ?",
-                (event.id, class),
+                "SELECT row_no, col_no, segment FROM seat_segment WHERE category_id = ?",
+                (class,),
             )
             .await?;
-        let mut wanted: std::collections::HashMap<String, Vec<u8>> =
-            std::collections::HashMap::new();
+        // Every seat of the grid as it should be: a seat missing from Redis, or with a
+        // string of another length, is written whole.
+        let length = event.segments();
+        let Some(grid) = event
+            .categories
+            .iter()
+            .find(|c| c.id == class)
+            .and_then(|c| c.seats)
+        else {
+            return Ok(());
+        };
+        let mut wanted: HashMap<String, Vec<u8>> = HashMap::new();
+        for r in 1..=grid.rows {
+            for c in 1..=grid.cols {
+                let seat = format!("{r}:{c}");
+                // What Redis may keep: while the sale runs, nothing is freed.
+                let keep = match seats.get(&seat) {
+                    Some(now) if running && now.len() == length => now.as_bytes().to_vec(),
+                    _ => vec![b'0'; length],
+                };
+                wanted.insert(seat, keep);
+            }
+        }
         for (row, col, k) in held {
-            let seat = format!("{row}:{col}");
-            let Some(now) = seats.get(&seat) else {
-                continue;
-            };
-            // What Redis may keep: while the sale runs, nothing is freed.
-            let w = wanted.entry(seat).or_insert_with(|| match running {
-                true => now.as_bytes().to_vec(),
-                false => vec![b'0'; now.len()],
-            });
-            if let Some(s) = w.get_mut(k) {
+            if let Some(s) = wanted
+                .get_mut(&format!("{row}:{col}"))
+                .and_then(|w| w.get_mut(k))
+            {
                 *s = b'1';
             }
         }
@@ -189,21 +207,23 @@ impl Reconciler {
         call.key(&key)
             .key(self.keys.stock(b))
             .key(self.keys.sold_out(event.id))
-            .key(self.keys.segment_versions(event.id))
-            .arg(class);
+            .key(&versions)
+            .arg(class)
+            .arg(version.unwrap_or(0));
         let mut fixes = 0;
-        for (seat, now) in &seats {
-            let want = match wanted.get(seat) {
-                Some(w) => String::from_utf8_lossy(w).into_owned(),
-                None if running => continue,
-                None => "0".repeat(now.len()),
-            };
-            if &want != now {
-                call.arg(seat).arg(now).arg(want);
+        for (seat, want) in &wanted {
+            let now = seats.get(seat).map_or("", String::as_str);
+            if want.as_slice() != now.as_bytes() {
+                call.arg(seat)
+                    .arg(now)
+                    .arg(String::from_utf8_lossy(want).as_ref());
                 fixes += 1;
             }
         }
         if fixes == 0 {
+            actions.push(format!(
+                "train class {class}: the books per segment are off but every seat matches its live orders; left for a rebuild"
+            ));
             return Ok(());
         }
         let Repaired(changed, left) = call
@@ -211,9 +231,11 @@ impl Reconciler {
             .await
             .map(|(changed, left)| Repaired(changed, left))
             .context("Failed to repair the train's seats")?;
-        actions.push(format!(
-            "train class {class}: {changed} seats set to their live orders' segments, stock now {left}"
-        ));
+        if changed > 0 {
+            actions.push(format!(
+                "train class {class}: {changed} seats set to their live orders' segments, stock now {left}"
+            ));
+        }
         Ok(())
     }
 

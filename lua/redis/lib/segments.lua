@@ -118,17 +118,20 @@ end
 -- Gives back the seats of a purchase (release.lua, restock.lua): a train journey's
 -- segments ("<from>:<to>" in `journey`; `aux` is then the class's version hash) or, for
 -- a concert's seats, those still held `lock` ("L:<id>") back to free (`aux`: the row
--- counts of free seats). `list` is "r:c,r:c" (or "").
+-- counts of free seats). `list` is "r:c,r:c" (or ""). Returns, for a journey, the
+-- seat-segments it gave back (none for seats whose segments were not all taken: a
+-- repeat, or a seat a heal or a rebuild freed already), else nil.
 local function seats_give_back(seats, aux, soldout, cid, list, journey, lock)
   local rcall = redis.call
   local from_st, to_st = string.match(journey, '^(%d+):(%d+)$')
   if from_st then
     local taken = {}
     for seat in string.gmatch(list, '[^,]+') do taken[#taken + 1] = seat end
-    seg_set(seats, taken, tonumber(from_st), tonumber(to_st), '0')
+    local f, t = tonumber(from_st), tonumber(to_st)
+    local changed = seg_set(seats, taken, f, t, '0')
     rcall('HINCRBY', aux, cid, 1)
     seg_reopen(soldout, cid)
-    return
+    return changed * (t - f)
   end
   for seat in string.gmatch(list, '[^,]+') do
     if rcall('HGET', seats, seat) == lock then
