@@ -131,18 +131,23 @@ pub async fn units_by_status(
 }
 
 /// A train's seat-segments held by live orders, per (class, segment): MySQL's
-/// `seat_segment` rows (an order's are deleted when it is cancelled or expires).
+/// `seat_segment` rows (an order's are deleted when it is cancelled or expires), read by
+/// the classes' ids, the table's primary key's first column.
 pub async fn seat_segments_in_orders(
     pool: &Pool,
-    event_id: u64,
+    classes: &[u64],
 ) -> anyhow::Result<HashMap<(u64, usize), i64>> {
+    if classes.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let ids: Vec<String> = classes.iter().map(u64::to_string).collect();
     let mut conn = pool.get_conn().await?;
     let rows: Vec<(u64, usize, i64)> = conn
-        .exec(
-            "SELECT category_id, segment, COUNT(*) FROM seat_segment WHERE event_id = ? \
-             GROUP BY category_id, segment",
-            (event_id,),
-        )
+        .query(format!(
+            "SELECT category_id, segment, COUNT(*) FROM seat_segment \
+             WHERE category_id IN ({}) GROUP BY category_id, segment",
+            ids.join(",")
+        ))
         .await?;
     Ok(rows.into_iter().map(|(c, k, n)| ((c, k), n)).collect())
 }

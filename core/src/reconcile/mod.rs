@@ -134,7 +134,8 @@ impl Reconciler {
         let counted = redis_unavailable.is_none() && backlog <= MAX_COUNTED_BACKLOG as u64;
         let held = units_by_status(&self.mysql, self.shards, e).await?;
         let in_orders = if event.is_train() {
-            books::seat_segments_in_orders(&self.mysql, e).await?
+            let classes: Vec<u64> = event.categories.iter().map(|c| c.id).collect();
+            books::seat_segments_in_orders(&self.mysql, &classes).await?
         } else {
             HashMap::new()
         };
