@@ -181,9 +181,12 @@ impl App {
             keys: keys.clone(),
             shards: s.mysql.order_shards,
         };
+        let tokens = TokenSigner::from_text(config.token_secret.expose_secret())
+            .expect("the keyring was checked when the configuration was resolved");
+        let room = crate::room::WaitingRoom::new(crate::room::store(&redis, &keys), tokens.clone());
         let state = Arc::new(AppState {
-            tokens: TokenSigner::from_text(config.token_secret.expose_secret())
-                .expect("the keyring was checked when the configuration was resolved"),
+            tokens,
+            room,
             login: LoginGuard::new(&s.login),
             config,
             redis,
@@ -267,6 +270,18 @@ impl App {
                 state.admission.events.clone(),
                 stopper.subscribe(),
             )),
+        ));
+        tasks.push((
+            "the waiting rooms' gate",
+            tokio::spawn(
+                crate::room::gate::Gate {
+                    store: crate::room::store(&state.redis, &state.keys),
+                    mysql: state.mysql.clone(),
+                    events: state.events.clone(),
+                    max_stream_depth: s.orders.max_stream_depth,
+                }
+                .run(stopper.subscribe()),
+            ),
         ));
         tasks.push((
             "the worker lease",

@@ -44,6 +44,11 @@ impl EventCache {
             .map_err(|e| anyhow::anyhow!("{e:#}"))
     }
 
+    /// Drops the event from this instance's cache (others see a change within the ttl).
+    pub async fn forget(&self, event_id: u64) {
+        self.events.invalidate(&event_id).await;
+    }
+
     /// Events buyers may see (published or closed), newest first, without categories.
     pub async fn on_sale(&self) -> anyhow::Result<std::sync::Arc<Vec<EventRecord>>> {
         self.listing
@@ -108,6 +113,10 @@ pub struct EventRecord {
     /// A train's stations in route order; empty for any other event (and in listings).
     pub stations: Vec<String>,
     pub categories: Vec<CategoryRecord>,
+    /// The waiting room as set (docs/waiting-room.md); None if never set. Read by
+    /// [`load`] only (listings leave it out).
+    #[serde(rename = "waiting_room")]
+    pub room: Option<crate::room::config::RoomConfig>,
 }
 
 impl EventRecord {
@@ -277,6 +286,7 @@ pub async fn load(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventReco
         )
         .await
         .context("Failed to read the ticket categories")?;
+    event.room = crate::room::config::load(&mut conn, event_id).await?;
     Ok(Some(event))
 }
 
@@ -325,6 +335,7 @@ fn event_from_row(
         kind,
         stations: Vec::new(),
         categories: Vec::new(),
+        room: None,
     })
 }
 

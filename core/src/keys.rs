@@ -215,6 +215,44 @@ impl Keys {
         format!("{}login:fail:{{{}}}", self.prefix, hex(username))
     }
 
+    /// Hash: the waiting room's settings (`enabled`, `require_pass`, `opens_ms`,
+    /// `start_ms`, `end_ms`, `ttl_ms`, `bits`, `rate`, `commitment`, `gen`) and state
+    /// (`joined`, `late`, `early_closed`, `drawn`, `seed` once drawn, `served`, `used`,
+    /// `rate_now`), docs/waiting-room.md. Every room key is in the event's own slot.
+    pub fn room(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "room")
+    }
+
+    /// Sorted set: user → arrival number, for those who joined before the open.
+    pub fn room_early(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "room:early")
+    }
+
+    /// Sorted set: user → position in line (after the draw, or joined after the open).
+    pub fn room_positions(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "room:pos")
+    }
+
+    /// Sorted set: the releases `<from>:<upto>:<ms>` scored by ms.
+    pub fn room_steps(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "room:steps")
+    }
+
+    /// Hash: pass id → `<user>:<Idempotency-Key>` of the purchase it admitted.
+    pub fn room_used(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "room:used")
+    }
+
+    /// Sorted set: positions whose pass admitted a purchase.
+    pub fn room_used_positions(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "room:usedpos")
+    }
+
+    /// String: the lock of the core instance that runs the room's gate.
+    pub fn room_gate(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "room:gate")
+    }
+
     /// Hash: event id → `status:sale_start_ms:sale_end_ms`, read by the edge's refresh
     /// timer. Not on the admission path, so it needs no hash tag.
     pub fn sales_index(&self) -> String {
@@ -389,12 +427,16 @@ pub fn edge_layout() -> String {
     format!(
         "-- Generated from core/src/keys.rs (keys::edge_layout); do not edit. After a change\n\
          -- there, `STAMPEDE_WRITE_EDGE_LAYOUT=1 cargo test -p stampede-core keys` rewrites it.\n\
-         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n  segment_versions = \"{}\",\n}}\n",
+         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n  segment_versions = \"{}\",\n  room = \"{}\",\n  room_early = \"{}\",\n  room_positions = \"{}\",\n  room_steps = \"{}\",\n}}\n",
         k.sales_index(),
         k.edge_limits(),
         event(k.sold_out(ID)),
         event(k.event_meta(ID)),
         event(k.segment_versions(ID)),
+        event(k.room(ID)),
+        event(k.room_early(ID)),
+        event(k.room_positions(ID)),
+        event(k.room_steps(ID)),
     )
 }
 

@@ -27,6 +27,7 @@ pub mod orders;
 pub mod preload;
 pub mod public;
 pub mod reconcile;
+pub mod room;
 pub mod script_codes;
 pub mod shutdown;
 pub mod state;

@@ -38,6 +38,8 @@ pub struct AppState {
     pub admission: Admission,
     /// Orders after creation: view, cancel, pay.
     pub lifecycle: Lifecycle,
+    /// The waiting rooms' joins, passes and fairness (docs/waiting-room.md).
+    pub room: crate::room::WaitingRoom,
     /// The order pipeline, when `orders.enabled`.
     pub pipeline: Option<Arc<Pipeline>>,
 }

@@ -95,6 +95,53 @@ pub async fn reopen(state: &AppState, id: u64) -> Result<Response, ApiError> {
     ))
 }
 
+/// `GET /admin/events/{id}/waiting-room`: the settings (the defaults, off, if never set)
+/// and the room's figures.
+pub async fn waiting_room(state: &AppState, id: u64) -> Result<Response, ApiError> {
+    let event = load(state, id).await?;
+    let room = event
+        .room
+        .clone()
+        .unwrap_or_else(crate::room::config::defaults);
+    let figures = state.room.store.figures(crate::domain::EventId(id)).await?;
+    Ok(json(
+        StatusCode::OK,
+        &json!({"event_id": id, "waiting_room": room, "figures": figures}),
+    ))
+}
+
+/// `PUT /admin/events/{id}/waiting-room`: changes the fields given (the rest keep their
+/// setting); the lottery's seed is drawn the first time and never changes.
+pub async fn set_waiting_room(
+    state: &AppState,
+    id: u64,
+    req: Request,
+    limit: usize,
+) -> Result<Response, ApiError> {
+    let request = crate::room::config::RoomRequest::from_json(read_json(req, limit).await?)
+        .map_err(ApiError::Invalid)?;
+    let event = load(state, id).await?;
+    if event.status == EventStatus::Closed {
+        return Err(ApiError::Conflict(
+            "INVALID_STATE",
+            format!("event {id} is closed: its waiting room cannot change"),
+        ));
+    }
+    let current = event
+        .room
+        .clone()
+        .unwrap_or_else(crate::room::config::defaults);
+    let wanted = request.apply(&current).map_err(ApiError::Invalid)?;
+    let saved = crate::room::config::save(&state.mysql, id, &wanted).await?;
+    state.room.store.publish(&event, &saved).await?;
+    state.events.forget(id).await;
+    tracing::info!(event_id = id, room = ?saved, "waiting room set");
+    Ok(json(
+        StatusCode::OK,
+        &json!({"event_id": id, "waiting_room": saved}),
+    ))
+}
+
 /// Preloads the event, counting the outcome.
 async fn preload(state: &AppState, event: &EventRecord) -> Result<PreloadReport, ApiError> {
     let result = state.preloader.preload(event).await;

@@ -27,6 +27,7 @@ enum Endpoint {
     Event(u64),
     EventAction(u64, Action),
     EventStats(u64),
+    WaitingRoom(u64),
     Limits,
     Users,
     Tokens,
@@ -52,6 +53,7 @@ impl Endpoint {
             ["admin", "events"] => Events,
             ["admin", "events", e] => Event(id(e)?),
             ["admin", "events", e, "stats"] => EventStats(id(e)?),
+            ["admin", "events", e, "waiting-room"] => WaitingRoom(id(e)?),
             ["admin", "events", e, action] => {
                 let action = match *action {
                     "publish" => Action::Publish,
@@ -75,7 +77,7 @@ impl Endpoint {
         match self {
             Healthz | Readyz | Metrics | Event(_) | EventStats(_) => "GET",
             Events => "GET, POST",
-            Limits => "GET, PUT",
+            Limits | WaitingRoom(_) => "GET, PUT",
             EventAction(..) | Users | Tokens => "POST",
         }
     }
@@ -131,6 +133,8 @@ pub async fn route(state: &AppState, req: Request) -> Response {
         EventAction(id, Action::Reopen) => events::reopen(state, id).await,
         EventAction(id, Action::Reconcile) => stats::reconcile(state, id).await,
         EventStats(id) => stats::event_stats(state, id).await,
+        WaitingRoom(id) if get => events::waiting_room(state, id).await,
+        WaitingRoom(id) => events::set_waiting_room(state, id, req, limit).await,
         Limits if get => limits::get(state).await,
         Limits => limits::put(state, req, limit).await,
         Users => users::create(state, req, limit).await,

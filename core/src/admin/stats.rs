@@ -25,9 +25,17 @@ pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError
         None => "disabled".to_owned(),
         Some(p) => p.blocked_reason().unwrap_or_else(|| "running".to_owned()),
     };
+    let waiting_room = match &event.room {
+        Some(room) if room.pass_required() => Some(json!({
+            "settings": room,
+            "figures": state.room.store.figures(EventId(id)).await?,
+        })),
+        _ => None,
+    };
     Ok(json(
         StatusCode::OK,
         &json!({
+            "waiting_room": waiting_room,
             "event_id": id, "status": event.status, "loaded": balance.loaded,
             "categories": balance.categories,
             "queued_reservations": balance.queued_reservations, "unsynced_stock_log": unsynced,

@@ -268,6 +268,7 @@ mod tests {
             status: EventStatus::Published,
             kind: "sale".into(),
             stations: Vec::new(),
+            room: None,
             categories: vec![
                 CategoryRecord {
                     id: 1,

@@ -145,26 +145,27 @@ impl TokenSigner {
 
     /// A token for `user_id` valid until `expires_unix_s`, signed with the current key.
     pub fn sign(&self, user_id: u64, expires_unix_s: i64) -> String {
-        let keyring = self.keyring();
-        let key = &keyring.keys[0];
-        let claims = format!("{}.{user_id}.{expires_unix_s}", key.id);
-        let mut mac = mac(&key.secret);
-        mac.update(claims.as_bytes());
-        let sig = STANDARD_NO_PAD.encode(mac.finalize().into_bytes());
-        format!("{claims}.{sig}")
+        self.sign_claims(&format!("{user_id}.{expires_unix_s}"))
     }
 
-    /// The user id of a valid, unexpired token signed with a key of the keyring.
-    pub fn verify(&self, token: &str, now_unix_s: i64) -> Result<u64, TokenError> {
-        let (claims, sig) = token.rsplit_once('.').ok_or(TokenError::Malformed)?;
-        let mut parts = claims.split('.');
-        let (Some(kid), Some(user), Some(expires), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(TokenError::Malformed);
-        };
-        let user_id = crate::domain::ids::canonical_id(user).ok_or(TokenError::Malformed)?;
-        let expires: i64 = expires.parse().map_err(|_| TokenError::Malformed)?;
+    /// `<kid>.<claims>.<signature>` with the current key: a user token's shape, and a
+    /// queue pass's (`room::pass`), whose claims have more parts, so neither is ever
+    /// taken for the other.
+    pub fn sign_claims(&self, claims: &str) -> String {
+        let keyring = self.keyring();
+        let key = &keyring.keys[0];
+        let signed = format!("{}.{claims}", key.id);
+        let mut mac = mac(&key.secret);
+        mac.update(signed.as_bytes());
+        let sig = STANDARD_NO_PAD.encode(mac.finalize().into_bytes());
+        format!("{signed}.{sig}")
+    }
+
+    /// The claims (without the key id) of a string [`TokenSigner::sign_claims`] made
+    /// with a key of the keyring.
+    pub fn verify_claims<'a>(&self, signed: &'a str) -> Result<&'a str, TokenError> {
+        let (claimed, sig) = signed.rsplit_once('.').ok_or(TokenError::Malformed)?;
+        let (kid, claims) = claimed.split_once('.').ok_or(TokenError::Malformed)?;
         let sig = STANDARD_NO_PAD
             .decode(sig)
             .map_err(|_| TokenError::Malformed)?;
@@ -175,10 +176,25 @@ impl TokenSigner {
             .find(|k| k.id == kid)
             .ok_or(TokenError::UnknownKey)?;
         let mut mac = mac(&key.secret);
-        mac.update(claims.as_bytes());
+        mac.update(claimed.as_bytes());
         // verify_slice compares in constant time.
         mac.verify_slice(&sig)
             .map_err(|_| TokenError::BadSignature)?;
+        Ok(claims)
+    }
+
+    /// The user id of a valid, unexpired token signed with a key of the keyring.
+    pub fn verify(&self, token: &str, now_unix_s: i64) -> Result<u64, TokenError> {
+        let (claimed, _) = token.rsplit_once('.').ok_or(TokenError::Malformed)?;
+        let mut parts = claimed.split('.');
+        let (Some(_kid), Some(user), Some(expires), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(TokenError::Malformed);
+        };
+        let user_id = crate::domain::ids::canonical_id(user).ok_or(TokenError::Malformed)?;
+        let expires: i64 = expires.parse().map_err(|_| TokenError::Malformed)?;
+        self.verify_claims(token)?;
         if expires <= now_unix_s {
             return Err(TokenError::Expired);
         }

@@ -69,6 +69,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V17__order_item_journey",
         include_str!("../../../sql/V17__order_item_journey.sql"),
     ),
+    (
+        "V18__waiting_room",
+        include_str!("../../../sql/V18__waiting_room.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

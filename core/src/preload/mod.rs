@@ -445,6 +445,12 @@ impl Preloader {
         redis: &mut Redis,
         event: &EventRecord,
     ) -> anyhow::Result<()> {
+        // The waiting room's settings first: no edge sees the sale without its room.
+        if let Some(room) = &event.room {
+            crate::room::store(redis, &self.keys)
+                .publish(event, room)
+                .await?;
+        }
         redis::cmd("HSET")
             .arg(self.keys.sales_index())
             .arg(event.id)

@@ -23,7 +23,10 @@ pub async fn list(state: &AppState) -> Result<Response, ApiError> {
     ))
 }
 
-async fn visible(state: &AppState, id: u64) -> Result<std::sync::Arc<EventRecord>, ApiError> {
+pub(super) async fn visible(
+    state: &AppState,
+    id: u64,
+) -> Result<std::sync::Arc<EventRecord>, ApiError> {
     state
         .events
         .get(id)

@@ -6,6 +6,7 @@ pub mod answers;
 mod events;
 mod login;
 mod orders;
+mod queue;
 
 use std::sync::Arc;
 
@@ -33,6 +34,9 @@ enum Endpoint {
     Availability(u64),
     Purchase(u64),
     PurchaseStatus(u64),
+    Queue(u64),
+    QueueChallenge(u64),
+    QueueFairness(u64),
     Order(u64),
     Cancel(u64),
     Pay(u64),
@@ -54,6 +58,9 @@ impl Endpoint {
             ["api", "events", e, "availability"] => Availability(id(e)?),
             ["api", "events", e, "orders"] => Purchase(id(e)?),
             ["api", "events", e, "orders", "status"] => PurchaseStatus(id(e)?),
+            ["api", "events", e, "queue"] => Queue(id(e)?),
+            ["api", "events", e, "queue", "challenge"] => QueueChallenge(id(e)?),
+            ["api", "events", e, "queue", "fairness"] => QueueFairness(id(e)?),
             ["api", "orders", n] => Order(id(n)?),
             ["api", "orders", n, "cancel"] => Cancel(id(n)?),
             ["api", "orders", n, "pay"] => Pay(id(n)?),
@@ -66,7 +73,8 @@ impl Endpoint {
         use Endpoint::*;
         match self {
             Healthz | Readyz | Events | Event(_) | Seats(_) | Availability(_)
-            | PurchaseStatus(_) | Order(_) => "GET",
+            | PurchaseStatus(_) | QueueChallenge(_) | QueueFairness(_) | Order(_) => "GET",
+            Queue(_) => "GET, POST",
             Login | PaymentCallback | Purchase(_) | Cancel(_) | Pay(_) => "POST",
         }
     }
@@ -103,6 +111,9 @@ pub async fn route(state: &AppState, req: Request) -> Response {
                 Availability(id) => events::availability(state, id, &req).await,
                 Purchase(id) => orders::create(state, id, user_id, req).await,
                 PurchaseStatus(id) => orders::status(state, id, user_id).await,
+                Queue(id) => queue::queue(state, id, user_id, req).await,
+                QueueChallenge(id) => queue::challenge(state, id).await,
+                QueueFairness(id) => queue::fairness(state, id).await,
                 Order(no) => orders::order(state, no, user_id).await,
                 Cancel(no) => orders::cancel(state, no, user_id).await,
                 Pay(no) => orders::pay(state, no, user_id).await,

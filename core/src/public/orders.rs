@@ -10,6 +10,9 @@ use crate::lifecycle::{Canceller, OrderView};
 use crate::order_tables::OrderStatus;
 use crate::state::AppState;
 
+/// The header a purchase carries its queue pass in (docs/waiting-room.md).
+const QUEUE_PASS: &str = "queue-pass";
+
 /// Longest Idempotency-Key accepted.
 const MAX_KEY_LEN: usize = 64;
 
@@ -52,12 +55,30 @@ async fn purchase(
             ))
         })?
         .to_owned();
+    let queue_pass = req
+        .headers()
+        .get(QUEUE_PASS)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let body = read_json(req, state.config.settings.server.max_body_bytes).await?;
-    let r = state
+    // An event with a waiting room (or the hidden path) admits purchases with a pass.
+    let claim = match state.events.get(event_id).await? {
+        Some(event) => {
+            state
+                .room
+                .claim(&event, user_id, &key, queue_pass.as_deref())
+                .await?
+        }
+        None => None,
+    };
+    let admitted = state
         .admission
         .admit(EventId(event_id), UserId(user_id), &key, body)
-        .await
-        .map_err(|e| answers::purchase_failed(event_id, e))?;
+        .await;
+    if let (Some(claim), Err(crate::admission::AdmissionError::Refused(_))) = (claim, &admitted) {
+        state.room.give_back(claim).await;
+    }
+    let r = admitted.map_err(|e| answers::purchase_failed(event_id, e))?;
     Ok(json(
         StatusCode::ACCEPTED,
         &json!({"status": "QUEUED", "request_id": r.request_id.to_string(), "seats": r.seats}),

@@ -23,25 +23,31 @@ local function key_id(secret)
   return format("%02x%02x%02x%02x", byte(d, 1, 4))
 end
 
--- Keyring text → key id → secret: one secret per line, the current first (the format
--- of the core's auth.token_secret_file); commas separate them in an environment variable.
+-- Keyring text → key id → secret, and the current key's id: one secret per line, the
+-- current first (the format of the core's auth.token_secret_file); commas separate them
+-- in an environment variable.
 function _M.parse_keyring(text)
-  local ring, n = {}, 0
+  local ring, n, current = {}, 0, nil
   for line in string.gmatch(text or "", "[^\r\n,]+") do
     local s = string.match(line, "^%s*(.-)%s*$")
     if s ~= "" then
       assert(#s >= 16, "a token secret is shorter than 16 characters")
       ring[key_id(s)] = s
+      current = current or key_id(s)
       n = n + 1
     end
   end
   assert(n > 0, "no token secret")
-  return ring
+  return ring, current
 end
 
--- opts.keyring: key id → secret; opts.cache_size: tokens remembered per worker.
+local current_id
+
+-- opts.keyring: key id → secret; opts.current: the id of the key that signs;
+-- opts.cache_size: tokens remembered per worker.
 function _M.init(opts)
   secrets = opts.keyring
+  current_id = opts.current
   verified = assert(lrucache.new(opts.cache_size or 200000))
 end
 
@@ -58,6 +64,34 @@ local BEARER = "Bearer "
 -- An id in canonical decimal: no sign, no leading zero (as the core parses it).
 local function canonical_id(s)
   return find(s, "^[1-9]%d*$") ~= nil or s == "0"
+end
+
+local function mac(secret, signed)
+  return encode_base64(hmac_sha1(secret, signed), true)
+end
+
+-- "<kid>.<claims>.<signature>" with the current key: what the core's
+-- TokenSigner::sign_claims makes (a queue pass, room.lua).
+function _M.sign(claims)
+  local signed = current_id .. "." .. claims
+  return signed .. "." .. mac(secrets[current_id], signed)
+end
+
+-- The claims of a string `sign` (or the core) made with a key of the keyring, or nil.
+function _M.verify_signed(text)
+  local d1 = find(text, ".", 1, true)
+  local last
+  local i = d1
+  while i do
+    last = i
+    i = find(text, ".", i + 1, true)
+  end
+  if not d1 or last == d1 then return nil end
+  local secret = secrets[sub(text, 1, d1 - 1)]
+  if not secret or not same(mac(secret, sub(text, 1, last - 1)), sub(text, last + 1)) then
+    return nil
+  end
+  return sub(text, d1 + 1, last - 1)
 end
 
 -- The user id of the request's valid token, or nil and why.

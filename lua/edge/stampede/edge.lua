@@ -9,7 +9,7 @@ local stats = require "stampede.stats"
 local _M = {}
 
 -- opts: token_secret_file, token_secret_file_env, token_secret_env, state_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s,
--- avail_dict, avail_recount_s, avail_recounts_per_s, avail_keep_s, redis = {host, port,
+-- queue_dict, avail_dict, avail_recount_s, avail_recounts_per_s, avail_keep_s, redis = {host, port,
 -- cluster_nodes, prefix, timeout_ms}, refresh_interval_s, limits, routes (see nginx.conf).
 function _M.init(opts)
   -- The token keyring: a file (read here, by the master, at every start and reload —
@@ -25,7 +25,8 @@ function _M.init(opts)
     text = os.getenv(opts.token_secret_env)
   end
   assert(text and text ~= "", "set " .. opts.token_secret_file_env .. " or " .. opts.token_secret_env)
-  auth.init({ keyring = auth.parse_keyring(text), cache_size = opts.token_cache_size })
+  local keyring, current = auth.parse_keyring(text)
+  auth.init({ keyring = keyring, current = current, cache_size = opts.token_cache_size })
   limit.init({ dict = opts.limit_dict, limits = opts.limits, routes = opts.routes })
   -- One Redis (`host`, `port`), or a Redis Cluster (`cluster_nodes`: "host:port,…",
   -- a few of its nodes; the rest are found through them).
@@ -38,6 +39,7 @@ function _M.init(opts)
     timeout_ms = r.timeout_ms, interval_s = opts.refresh_interval_s,
   })
   stats.init({ dict = opts.stats_dict })
+  require("stampede.room").init({ dict = opts.queue_dict })
   require("stampede.access").init({ passed_dict = opts.passed_dict, passed_ttl_s = opts.passed_ttl_s })
   require("stampede.availability").init({
     dict = opts.avail_dict, recount_s = opts.avail_recount_s,

@@ -6,4 +6,8 @@ return {
   sold_out = "{ev:%s}:soldout",
   meta = "{ev:%s}:meta",
   segment_versions = "{ev:%s}:segver",
+  room = "{ev:%s}:room",
+  room_early = "{ev:%s}:room:early",
+  room_positions = "{ev:%s}:room:pos",
+  room_steps = "{ev:%s}:room:steps",
 }

@@ -12,6 +12,7 @@ local cjson = require "cjson.safe"
 local store = require "stampede.cluster"
 local limit = require "stampede.limit"
 local layout = require "stampede.keys" -- generated from core/src/keys.rs
+local room = require "stampede.room"
 local tonumber, floor, format = tonumber, math.floor, string.format
 local shared = ngx.shared
 
@@ -21,7 +22,7 @@ local dict, cfg
 local version = -1
 local snapshot_at = 0
 -- event id → {open, start_ms, end_ms, all_sold, sold = {[cid string] = true},
--- journeys = {["<cid>:<from>:<to>"] = true}, seat_stamp}
+-- journeys = {["<cid>:<from>:<to>"] = true}, seat_stamp, room (room.lua; nil: none)}
 local events = {}
 
 local LOCK, SNAPSHOT, VERSION = "refresh-lock", "snapshot", "version"
@@ -58,17 +59,30 @@ local function pull()
       cmds[#cmds + 1] = { "hgetall", p .. format(layout.sold_out, id) }
       cmds[#cmds + 1] = { "hmget", p .. format(layout.meta, id), "categories", "epoch" }
       cmds[#cmds + 1] = { "hgetall", p .. format(layout.segment_versions, id) }
+      cmds[#cmds + 1] = room.settings_cmd(p, id)
     end
   end
   local replies, perr = store.run(cmds)
   if not replies then return nil, "events: " .. tostring(perr) end
+  local more, takers = {}, {}
+  local now_ms = floor(ngx.now() * 1000)
   for i, id in ipairs(ids) do
-    local ev, flags, meta = snap.events[id], replies[3 * i - 2], replies[3 * i - 1]
+    local ev = snap.events[id]
+    ev.room = room.from_reply(replies[4 * i])
+    if ev.room then takers[#takers + 1] = room.more_cmds(p, id, ev.room, more, now_ms) end
+  end
+  if #more > 0 then
+    local extra, merr = store.run(more)
+    if not extra then return nil, "waiting rooms: " .. tostring(merr) end
+    for _, take in ipairs(takers) do take(extra) end
+  end
+  for i, id in ipairs(ids) do
+    local ev, flags, meta = snap.events[id], replies[4 * i - 3], replies[4 * i - 2]
     local categories, epoch
     if type(meta) == "table" then categories, epoch = meta[1], meta[2] end
     if type(epoch) ~= "string" then epoch = "0" end
     -- The keys' generation too: a rebuild may restart the versions where they were.
-    local versions = stamp(replies[3 * i])
+    local versions = stamp(replies[4 * i - 1])
     ev.seat_stamp = versions and (epoch .. "|" .. versions)
     local sold = 0
     if type(flags) == "table" then
@@ -145,6 +159,14 @@ function _M.seat_stamp(event_id)
   local ev = events[event_id]
   if not ev or ngx.now() - snapshot_at > 5 * cfg.interval_s + 1 then return nil end
   return ev.seat_stamp
+end
+
+-- The event and its waiting room (nil when it has none) as of the last snapshot, or
+-- nothing when that snapshot is older than a few refreshes: the core answers then.
+function _M.room(event_id)
+  local ev = events[event_id]
+  if not ev or not ev.room or ngx.now() - snapshot_at > 5 * cfg.interval_s + 1 then return nil end
+  return ev, ev.room
 end
 
 -- The sale gate and sold-out check for an event id (string). Returns nil when the

@@ -22,3 +22,4 @@ mod reconcile;
 mod recovery;
 mod redis_faults;
 mod trains;
+mod waiting_room;

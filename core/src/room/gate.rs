@@ -1,0 +1,221 @@
+//! The gate (docs/waiting-room.md "Release"): for each event whose room is on, one core
+//! instance at a time (a lock with an owner token, renewed every tick) draws the line at
+//! the open and then lets buyers in, every [`TICK`]:
+//!
+//! - at the open: closes early joins (`room_draw.lua`), orders who joined before it by
+//!   the committed seed (`lottery`), writes their positions and reveals the seed;
+//! - then releases up to rate × elapsed positions, never more than the stock left can
+//!   serve beyond the passes still out (`room_release.lua`).
+//!
+//! With `admit_per_s: "auto"` the rate follows the order stream's backlog, the signal
+//! behind SALE_BUSY: halved when the backlog passes half of `orders.max_stream_depth`,
+//! raised by a tenth (and one) while it stays under a fifth, within [`AUTO_MIN`] and
+//! [`AUTO_MAX`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::config::{self, Rate};
+use super::lottery;
+use super::store::{Draw, RoomStore};
+use crate::buckets::Mover;
+use crate::catalog::EventCache;
+use crate::domain::EventId;
+use crate::keys::Bucket;
+use crate::lock::{Lock, Owned};
+use crate::shutdown::Shutdown;
+
+/// How often the gate releases.
+pub const TICK: Duration = Duration::from_millis(200);
+/// How long a gate's lock lasts without renewal.
+const LOCK_TTL: Duration = Duration::from_secs(2);
+/// The automatic rate's bounds and start, positions per second.
+pub const AUTO_MIN: f64 = 5.0;
+pub const AUTO_MAX: f64 = 20_000.0;
+const AUTO_START: f64 = 50.0;
+
+pub struct Gate {
+    pub store: RoomStore,
+    pub mysql: mysql_async::Pool,
+    pub events: Arc<EventCache>,
+    pub max_stream_depth: u64,
+}
+
+/// What the gate keeps per event between ticks.
+struct Held {
+    lock: Lock,
+    last: Instant,
+    /// Fractions of a position owed by earlier ticks.
+    carry: f64,
+    auto_rate: f64,
+}
+
+impl Gate {
+    pub async fn run(self, mut stop: Shutdown) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut held: HashMap<u64, Held> = HashMap::new();
+        let mut rooms: Vec<u64> = Vec::new();
+        let mut listed = Instant::now() - Duration::from_secs(10);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.wait() => return,
+            }
+            if listed.elapsed() >= Duration::from_secs(1) {
+                match config::active(&self.mysql).await {
+                    Ok(ids) => {
+                        rooms = ids;
+                        listed = Instant::now();
+                    }
+                    Err(e) => tracing::warn!(
+                        error = format!("{e:#}"),
+                        "waiting rooms not listed; will retry"
+                    ),
+                }
+                held.retain(|id, _| rooms.contains(id));
+            }
+            for &id in &rooms {
+                if let Err(e) = self.tick(id, &mut held).await {
+                    tracing::warn!(
+                        event_id = id,
+                        error = format!("{e:#}"),
+                        "waiting room gate failed; will retry"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Keeps or takes the event's gate; true while this instance holds it.
+    async fn own(&self, id: u64, held: &mut HashMap<u64, Held>) -> anyhow::Result<bool> {
+        let mut redis = self.store.redis.clone();
+        if let Some(h) = held.get(&id) {
+            if h.lock.renew(&mut redis, LOCK_TTL).await? == Owned::Yes {
+                return Ok(true);
+            }
+            tracing::info!(
+                event_id = id,
+                "waiting room gate taken over by another instance"
+            );
+            held.remove(&id);
+        }
+        let Some(lock) =
+            Lock::try_acquire(&mut redis, self.store.keys.room_gate(id), LOCK_TTL).await?
+        else {
+            return Ok(false);
+        };
+        tracing::info!(event_id = id, "running the waiting room's gate");
+        held.insert(
+            id,
+            Held {
+                lock,
+                last: Instant::now(),
+                carry: 0.0,
+                auto_rate: AUTO_START,
+            },
+        );
+        Ok(true)
+    }
+
+    async fn tick(&self, id: u64, held: &mut HashMap<u64, Held>) -> anyhow::Result<()> {
+        let Some(event) = self.events.get(id).await? else {
+            return Ok(());
+        };
+        let Some(room) = event.room.clone().filter(|r| r.enabled) else {
+            return Ok(());
+        };
+        if !self.own(id, held).await? {
+            return Ok(());
+        }
+        let event_id = EventId(id);
+        match self.store.draw_begin(event_id).await? {
+            (Draw::TooSoon | Draw::Off, _) => return Ok(()),
+            (Draw::Closed, joined) => self.draw(event_id, joined).await?,
+            (Draw::Drawn, _) => {}
+        }
+        let h = held.get_mut(&id).expect("owned above");
+        let rate = match room.admit_per_s {
+            Rate::Fixed(n) => f64::from(n),
+            Rate::Auto => {
+                h.auto_rate = self.auto_rate(&event, h.auto_rate).await?;
+                h.auto_rate
+            }
+        };
+        let elapsed = h.last.elapsed().as_secs_f64().min(1.0);
+        h.last = Instant::now();
+        h.carry = (h.carry + rate * elapsed).min(rate.max(1.0));
+        let budget = h.carry.floor();
+        let mover = Mover {
+            redis: self.store.redis.clone(),
+            keys: self.store.keys.clone(),
+        };
+        let units: i64 = mover
+            .available(event_id, event.buckets)
+            .await?
+            .values()
+            .sum();
+        let released = self
+            .store
+            .release(
+                event_id,
+                budget as u64,
+                units,
+                i64::from(room.pass_ttl_s) * 1000,
+                rate,
+            )
+            .await?;
+        h.carry -= released.now as f64;
+        if released.now < budget as u64 {
+            // Nobody waiting, or the stock is spoken for: no credit piles up meanwhile.
+            h.carry = h.carry.min(1.0);
+        }
+        Ok(())
+    }
+
+    /// The draw at the open: the joiners ordered by the committed seed.
+    async fn draw(&self, event: EventId, joined: i64) -> anyhow::Result<()> {
+        let seed = config::seed(&self.mysql, event.0)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the waiting room of event {event} has no seed"))?;
+        let early = self.store.early(event).await?;
+        let order = lottery::order(&seed, early);
+        self.store.write_draw(event, &order, &seed).await?;
+        tracing::info!(
+            event_id = event.0,
+            joined,
+            drawn = order.len(),
+            "waiting room drawn at the open"
+        );
+        Ok(())
+    }
+
+    /// The next automatic rate, from the order streams' backlog.
+    async fn auto_rate(
+        &self,
+        event: &crate::catalog::EventRecord,
+        rate: f64,
+    ) -> anyhow::Result<f64> {
+        let mut redis = self.store.redis.clone();
+        let mut deepest = 0u64;
+        // One call per bucket: on a cluster each is in a slot of its own.
+        for b in Bucket::all(event.id, event.buckets) {
+            let depth: u64 = redis::cmd("XLEN")
+                .arg(self.store.keys.order_stream(b))
+                .query_async(&mut redis)
+                .await?;
+            deepest = deepest.max(depth);
+        }
+        let depth = deepest as f64;
+        let max = self.max_stream_depth as f64;
+        let next = if depth > max * 0.5 {
+            rate * 0.5
+        } else if depth < max * 0.2 {
+            rate * 1.1 + 1.0
+        } else {
+            rate
+        };
+        Ok(next.clamp(AUTO_MIN, AUTO_MAX))
+    }
+}

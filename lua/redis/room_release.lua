@@ -1,0 +1,46 @@
+-- room_release.lua: the gate's tick (docs/waiting-room.md "Release"). Lets the next
+-- buyers in line have their turn — at most `budget` of them, and only as many as the
+-- stock left can serve beyond the passes still out: a pass is out from its release
+-- until it is used or its time is up, and one pass buys at least one unit. Passes whose
+-- time ran out unused no longer count, so their units go to the next in line.
+--
+-- Each release is a step "<from>:<upto>:<ms>" in `steps` (scored by ms): positions
+-- from+1..upto had their turn from ms on, for ttl_ms.
+--
+-- KEYS[1] room     hash  served (last position released), rate_now, out, expired
+-- KEYS[2] steps    zset  the releases
+-- KEYS[3] usedpos  zset  positions whose pass bought (room_pass.lua)
+-- KEYS[4] pos      zset  user → position
+-- ARGV[1] budget   most positions to release now
+-- ARGV[2] units    stock left, all categories
+-- ARGV[3] ttl_ms   how long a pass is good for
+-- ARGV[4] rate     the release rate in force (for the buyers' estimates)
+--
+-- Returns (mirrored by Released in core/src/room/store.rs):
+-- {served, released now, passes out, expired unused}.
+local rcall = redis.call
+local t = rcall('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+rcall('HSET', KEYS[1], 'rate_now', ARGV[4])
+local served = tonumber(rcall('HGET', KEYS[1], 'served') or '0')
+local out = 0
+for _, step in ipairs(rcall('ZRANGEBYSCORE', KEYS[2], '(' .. (now - ttl), '+inf')) do
+  local from, upto = string.match(step, '^(%d+):(%d+):')
+  out = out + (upto - from) - rcall('ZCOUNT', KEYS[3], from + 1, upto)
+end
+local waiting = rcall('ZCARD', KEYS[4]) - served
+local n = math.min(tonumber(ARGV[1]), tonumber(ARGV[2]) - out, waiting)
+if n > 0 then
+  rcall('ZADD', KEYS[2], now, served .. ':' .. (served + n) .. ':' .. now)
+  served = served + n
+  rcall('HSET', KEYS[1], 'served', served)
+  out = out + n
+else
+  n = 0
+end
+-- Steps long past their passes' time are of no use to anyone.
+rcall('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl - 600000)
+local expired = math.max(0, served - rcall('ZCARD', KEYS[3]) - out)
+rcall('HSET', KEYS[1], 'out', out, 'expired', expired)
+return {served, n, out, expired}
