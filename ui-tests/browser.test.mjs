@@ -5,6 +5,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
+import { createHash } from "node:crypto";
 import { chromium } from "playwright-core";
 
 const env = process.env;
@@ -50,8 +51,11 @@ async function users(count, password) {
   return Array.from({ length: count }, (_, i) => `user${made.first_user_id + i}`);
 }
 
-/** A published event selling from `startInS` seconds from now. */
-async function sale({ title, ga, rows, cols, limit = 2, startInS = 0 }) {
+/**
+ * A published event selling from `startInS` seconds from now; `room`: its waiting room
+ * (the body of PUT /admin/events/{id}/waiting-room), set before it is published.
+ */
+async function sale({ title, ga, rows, cols, limit = 2, startInS = 0, room }) {
   const now = Date.now();
   const iso = (ms) => new Date(ms).toISOString();
   const categories = [{ name: "Standing", price_cents: 4500, quantity: ga }];
@@ -61,8 +65,9 @@ async function sale({ title, ga, rows, cols, limit = 2, startInS = 0 }) {
     sale_start: iso(now + startInS * 1000), sale_end: iso(now + 3600e3),
     per_user_limit: limit, pay_timeout_s: 600, categories,
   });
+  if (room) await admin("PUT", `/admin/events/${created.event_id}/waiting-room`, room);
   await admin("POST", `/admin/events/${created.event_id}/publish`);
-  return { id: created.event_id, categories: created.categories.map((c) => c.id) };
+  return { id: created.event_id, categories: created.categories.map((c) => c.id), saleStartMs: now + startInS * 1000 };
 }
 
 /** A published train selling now: its classes' ids, first class first. */
@@ -291,4 +296,208 @@ test("the ops dashboard shows a sale's numbers live while buyers stream in", asy
   await bad.fill("#token", "not-the-token");
   await bad.click('#connect button[type="submit"]');
   await bad.waitForSelector('[data-testid="state"]:has-text("refused")');
+});
+
+/** A user's token, through the edge's login. */
+async function login(username, password) {
+  const r = await fetch(`${EDGE}/api/login`, {
+    method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ username, password }),
+  });
+  assert.equal(r.status, 200);
+  return (await r.json()).token;
+}
+
+/** A user's call to the edge's API: [status, body]. */
+async function call(token, method, path, body) {
+  const r = await fetch(EDGE + path, {
+    method, headers: { "Content-Type": "application/json", Authorization: `Bearer ${token}` },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  return [r.status, await r.json()];
+}
+
+/** Joins the event's waiting room outside the browser, with a proof of work solved here. */
+async function joinRoom(token, eventId) {
+  const [status, ch] = await call(token, "GET", `/api/events/${eventId}/queue/challenge`);
+  assert.equal(status, 200, JSON.stringify(ch));
+  const prefix = `${ch.challenge}:${token.split(".")[1]}:${eventId}:`;
+  const zeros = (d) => { let n = 0; for (const b of d) { if (b) return n + Math.clz32(b) - 24; n += 8; } return n; };
+  let nonce = 0;
+  while (zeros(createHash("sha256").update(prefix + nonce).digest()) < ch.bits) nonce++;
+  const joined = await call(token, "POST", `/api/events/${eventId}/queue`, { challenge: ch.challenge, nonce: String(nonce) });
+  assert.equal(joined[0], 200, JSON.stringify(joined[1]));
+}
+
+test("a waiting room: a buyer joins before the open (proof of work in the page), gets a turn, buys with the pass; a later buyer waits, then reads sold out; the dashboard counts them", async () => {
+  const password = "pw-" + Math.random().toString(36).slice(2);
+  const [alice, bob, carol, dave] = await users(4, password);
+  // Signed in first: the six seconds before the open are for the room.
+  const page = await (await browser.newContext({ viewport: { width: 1200, height: 1000 } })).newPage();
+  await page.goto(`${EDGE}/`);
+  await signIn(page, alice, password);
+  const ev = await sale({
+    title: "Queue Hall — waiting room", ga: 2, limit: 2, startInS: 6,
+    room: { enabled: true, admit_per_s: 5, pass_ttl_s: 60, challenge_bits: 8 },
+  });
+
+  // What the page sends: its joins (with their bodies) and purchases (with their headers).
+  const joins = [], purchases = [];
+  page.on("request", (req) => {
+    if (req.method() !== "POST") return;
+    if (/\/api\/events\/\d+\/queue$/.test(req.url())) joins.push(req);
+    if (/\/api\/events\/\d+\/orders$/.test(req.url())) purchases.push(req.headers());
+  });
+  await page.goto(`${EDGE}/#/event/${ev.id}`);
+  await page.waitForSelector('[data-testid="room"]:not([hidden])');
+  assert.equal(await page.isDisabled('[data-testid="buy"]'), true, "no buying before the turn");
+  // Every state and position the page shows, in order, and the proof of work's progress.
+  await page.evaluate(() => {
+    window.seen = [];
+    window.pow = [];
+    const q = (t) => document.querySelector(`[data-testid="${t}"]`);
+    new MutationObserver(() => {
+      const state = q("queue-state").dataset.state;
+      const now = `${state} ${q("queue-position").textContent}`;
+      if (state && window.seen.at(-1) !== now) window.seen.push(now);
+    }).observe(q("room"), { attributes: true, childList: true, characterData: true, subtree: true });
+    new MutationObserver(() => window.pow.push(q("pow-text").textContent))
+      .observe(q("pow-text"), { childList: true, characterData: true, subtree: true });
+  });
+  await page.waitForSelector('[data-testid="join"]:not([disabled])', { timeout: 5_000 });
+  await page.click('[data-testid="join"]');
+
+  // In line before the open: waiting, no position until the draw, nothing to buy.
+  await page.waitForSelector('[data-testid="queue-state"][data-state="waiting"]', { timeout: 5_000 });
+  assert.ok(Date.now() < ev.saleStartMs, `joined ${Date.now() - ev.saleStartMs} ms after the open: too late for this test`);
+  assert.equal(await text(page, "queue-position"), "—");
+  assert.match(await text(page, "countdown"), /Opens in/);
+  assert.equal(await page.isDisabled('[data-testid="buy"]'), true);
+  assert.match(await page.textContent("#buy-note"), /waiting room/);
+  await shot(page, "13-room-waiting-for-the-draw");
+  // The join carried a proof solved in the page, and was accepted.
+  assert.equal(joins.length, 1);
+  const proof = JSON.parse(joins[0].postData());
+  assert.match(proof.nonce, /^[0-9A-Za-z]{1,32}$/, JSON.stringify(proof));
+  assert.ok(proof.challenge, JSON.stringify(proof));
+  assert.equal((await joins[0].response()).status(), 200);
+  const pow = await page.evaluate(() => window.pow);
+  assert.ok(pow.some((t) => /hashes tried/.test(t)), `proof of work progress shown: ${JSON.stringify(pow)}`);
+  // Carol joins too (outside the browser): the draw orders the two of them.
+  const carolToken = await login(carol, password);
+  await joinRoom(carolToken, ev.id);
+
+  // After the open: a position, then the turn, the bar full, the pass's time shown.
+  await page.waitForSelector('[data-testid="queue-state"][data-state="your_turn"]', { timeout: 20_000 });
+  const position = await text(page, "queue-position");
+  assert.match(position, /^[12]$/, "one of the two drawn");
+  assert.ok(await page.isVisible('progress[data-testid="queue-progress"]'), "the progress bar is shown");
+  assert.deepEqual(await page.$eval('[data-testid="queue-progress"]', (p) => [p.value, p.max]), [1, 1]);
+  assert.match(await text(page, "queue-pass"), /Your pass is good until .* left/);
+  const seen = await page.evaluate(() => window.seen);
+  assert.equal(seen[0], "waiting —", `states shown: ${JSON.stringify(seen)}`);
+  assert.equal(seen.at(-1), `your_turn ${position}`, `states shown: ${JSON.stringify(seen)}`);
+  await shot(page, "14-room-your-turn");
+
+  // Carol's turn too: both units are spoken for by the two passes out.
+  let carolState;
+  for (const until = Date.now() + 10_000; Date.now() < until; await new Promise((ok) => setTimeout(ok, 200))) {
+    carolState = (await call(carolToken, "GET", `/api/events/${ev.id}/queue`))[1].state;
+    if (carolState === "your_turn") break;
+  }
+  assert.equal(carolState, "your_turn");
+
+  // So Bob, joining now, waits third in line: a position, nobody ahead, the bar empty.
+  const other = await (await browser.newContext({ viewport: { width: 1200, height: 1000 } })).newPage();
+  const polls = [];
+  other.on("request", (req) => {
+    if (req.method() === "GET" && /\/api\/events\/\d+\/queue$/.test(req.url())) polls.push(Date.now());
+  });
+  await other.goto(`${EDGE2}/#/event/${ev.id}`);
+  await signIn(other, bob, password);
+  await other.waitForSelector('[data-testid="join"]:not([disabled])', { timeout: 5_000 });
+  await other.click('[data-testid="join"]');
+  await other.waitForSelector('[data-testid="queue-state"][data-state="waiting"]', { timeout: 10_000 });
+  assert.equal(await text(other, "queue-position"), "3");
+  assert.equal(await text(other, "queue-ahead"), "0");
+  assert.match(await text(other, "queue-eta"), /^about \d+:\d\d$|being estimated|longer than estimated/);
+  assert.ok(await other.isVisible('progress[data-testid="queue-progress"]'), "the progress bar is shown");
+  assert.deepEqual(await other.$eval('[data-testid="queue-progress"]', (p) => [p.value, p.max]), [0, 1]);
+  assert.equal(await other.isDisabled('[data-testid="buy"]'), true, "no buying before the turn");
+  await shot(other, "15-room-waiting-in-line");
+
+  // Alice buys both units with her pass.
+  await page.waitForSelector('[data-testid="buy"]:not([disabled])', { timeout: 5_000 });
+  await page.selectOption('[data-testid="quantity"]', "2");
+  await page.click('[data-testid="buy"]');
+  await page.waitForSelector('[data-testid="purchase-status"]:has-text("CREATED")', { timeout: 30_000 });
+  assert.equal(purchases.length, 1);
+  assert.match(purchases[0]["queue-pass"] || "", new RegExp(`^[^.]+\\.q\\.${ev.id}\\.\\d+\\.${position}\\.`), JSON.stringify(purchases[0]));
+  assert.match(await text(page, "queue-message"), /pass was used/);
+  assert.equal(await page.isDisabled('[data-testid="buy"]'), true, "a pass buys once");
+  await page.click('[data-testid="order-link"]');
+  await page.waitForSelector('[data-testid="order-status"]:has-text("UNPAID")');
+  await shot(page, "16-room-order");
+
+  // Bob's turn never comes: his page reads sold out, says so plainly, and stops polling.
+  await other.waitForSelector('[data-testid="queue-state"][data-state="sold_out"]', { timeout: 10_000 });
+  const soldAt = Date.now();
+  assert.match(await text(other, "queue-message"), /Sold out/);
+  assert.equal(await other.isHidden('[data-testid="queue-progress"]'), true);
+  assert.equal(await other.isDisabled('[data-testid="buy"]'), true);
+  await other.waitForTimeout(2_500);
+  assert.deepEqual(polls.filter((t) => t > soldAt), [], "polling stops once sold out");
+  await shot(other, "17-room-sold-out-while-waiting");
+
+  // Dave joins after the units are gone: sold out at once.
+  const late = await (await browser.newContext()).newPage();
+  await late.goto(`${EDGE}/#/event/${ev.id}`);
+  await signIn(late, dave, password);
+  await late.waitForSelector('[data-testid="join"]:not([disabled])', { timeout: 5_000 });
+  await late.click('[data-testid="join"]');
+  await late.waitForSelector('[data-testid="queue-state"][data-state="sold_out"]', { timeout: 10_000 });
+  assert.match(await text(late, "queue-message"), /Sold out/);
+  assert.equal(await late.isDisabled('[data-testid="buy"]'), true);
+
+  // The dashboard's room panel: four joined, one pass used (Carol's still out).
+  const ops = await (await browser.newContext({ viewport: { width: 1400, height: 1200 } })).newPage();
+  await ops.goto(`${OPS}/?event=${ev.id}`);
+  await ops.fill("#token", ADMIN_TOKEN);
+  await ops.click('#connect button[type="submit"]');
+  await ops.waitForSelector('[data-testid="state"]:has-text("live")', { timeout: 10_000 });
+  await ops.waitForSelector('[data-testid="room"]:not([hidden])', { timeout: 5_000 });
+  await ops.waitForFunction(() => {
+    const n = (t) => Number(document.querySelector(`[data-testid="${t}"]`).textContent.replace(/,/g, ""));
+    return n("room-joined") >= 1 && n("room-passes-used") >= 1;
+  }, null, { timeout: 10_000 });
+  assert.equal(await text(ops, "room-joined"), "4");
+  assert.equal(await text(ops, "room-passes-used"), "1");
+  assert.equal(await text(ops, "room-passes-out"), "1");
+  assert.equal(await text(ops, "room-enabled"), "on");
+  assert.equal(await text(ops, "room-rate"), "5/s");
+  assert.equal(await text(ops, "room-drawn"), "yes");
+  await shot(ops, "18-ops-waiting-room");
+});
+
+test("the hidden path: the buy button takes a pass (proof of work in the page) and buys with it", async () => {
+  const password = "pw-" + Math.random().toString(36).slice(2);
+  const [buyer] = await users(1, password);
+  const ev = await sale({
+    title: "Back Door — hidden path", ga: 5, limit: 1,
+    room: { enabled: false, require_pass_at_open: true, challenge_bits: 8 },
+  });
+  await new Promise((ok) => setTimeout(ok, 1000)); // the edge learns of the new sale
+  const page = await (await browser.newContext()).newPage();
+  const purchases = [];
+  page.on("request", (req) => {
+    if (req.method() === "POST" && /\/api\/events\/\d+\/orders$/.test(req.url())) purchases.push(req.headers());
+  });
+  await page.goto(`${EDGE}/#/event/${ev.id}`);
+  await signIn(page, buyer, password);
+  await page.waitForSelector('[data-testid="buy"]:not([disabled])', { timeout: 10_000 });
+  assert.equal(await page.isHidden('[data-testid="room"]'), true, "no waiting room to show");
+  await page.click('[data-testid="buy"]');
+  await page.waitForSelector('[data-testid="purchase-status"]:has-text("CREATED")', { timeout: 30_000 });
+  assert.equal(purchases.length, 1);
+  assert.match(purchases[0]["queue-pass"] || "", new RegExp(`^[^.]+\\.q\\.${ev.id}\\.\\d+\\.h`), JSON.stringify(purchases[0]));
 });

@@ -2,12 +2,17 @@
 // #/order/<order no>. Every call goes through the edge's /api/ with the user's token.
 // A train (kind "train") sells journeys: its page picks from/to, its classes show the
 // seats free on that journey and a carriage map for it.
+// A sale with a waiting room (docs/waiting-room.md) shows the room on its page: join
+// (after a proof of work, if the room asks for one), wait your turn, then buy with the
+// turn's pass (the Queue-Pass header). Without a room but with require_pass_at_open, the
+// buy button takes such a pass first (the hidden path).
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
 const view = $("#view");
 let timers = [];
 let clockOffsetMs = 0; // server clock − this browser's clock
+let routeGen = 0; // bumped by every route(): work of a page left behind stops
 
 const MESSAGES = {
   UNAUTHORIZED: "Your session has expired. Please log in again.",
@@ -26,6 +31,8 @@ const MESSAGES = {
   UNAVAILABLE: "The sale service is not answering. Try again shortly.",
   PAYLOAD_TOO_LARGE: "That request was too large.",
   INTERNAL: "Something went wrong on our side. Try again.",
+  QUEUE_REQUIRED: "This sale has a waiting room: you can buy on your turn only, with its pass.",
+  CHALLENGE_FAILED: "Your browser's check (proof of work) was not accepted. Please try again.",
 };
 
 function session() {
@@ -59,8 +66,8 @@ function toast(text, bad = false) {
   toast.timer = setTimeout(() => (t.hidden = true), 5000);
 }
 
-async function api(method, path, body, idempotencyKey) {
-  const headers = { "Content-Type": "application/json" };
+async function api(method, path, body, idempotencyKey, extraHeaders = {}) {
+  const headers = { "Content-Type": "application/json", ...extraHeaders };
   const { token } = session();
   if (token) headers.Authorization = "Bearer " + token;
   if (idempotencyKey) headers["Idempotency-Key"] = idempotencyKey;
@@ -97,6 +104,60 @@ function duration(ms) {
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
   const two = (n) => String(n).padStart(2, "0");
   return (h ? h + ":" + two(m) : m) + ":" + two(sec);
+}
+
+function clock(ms) {
+  return new Date(ms - clockOffsetMs).toLocaleTimeString();
+}
+
+/** The user id in the bearer token "<kid>.<user>.<exp>.<sig>". */
+function userId() {
+  return (session().token || "").split(".")[1] || "";
+}
+
+/** `bits` leading zero bits in a digest. */
+function zeroBits(digest, bits) {
+  const bytes = new Uint8Array(digest);
+  let i = 0;
+  for (; bits >= 8; bits -= 8) if (bytes[i++] !== 0) return false;
+  return bits === 0 || bytes[i] >> (8 - bits) === 0;
+}
+
+/**
+ * The proof of work a join carries: a nonce (letters and digits) such that SHA-256 of
+ * "<challenge>:<user id>:<event id>:<nonce>" starts with `bits` zero bits. Hashes in
+ * batches (crypto.subtle is asynchronous), reporting progress(tried, expected) after
+ * each; null when the page was left meanwhile.
+ */
+async function solveProof(challenge, bits, eventId, progress) {
+  const gen = routeGen;
+  const prefix = `${challenge}:${userId()}:${eventId}:`;
+  const encoder = new TextEncoder();
+  const expected = 2 ** bits, batch = 256;
+  // A random start: two tabs of one account do not retrace each other's steps.
+  const start = Math.floor(Math.random() * 2 ** 40);
+  progress(0, expected);
+  for (let tried = 0; ; tried += batch) {
+    const nonces = Array.from({ length: batch }, (_, k) => (start + tried + k).toString(36));
+    const digests = await Promise.all(nonces.map((n) => crypto.subtle.digest("SHA-256", encoder.encode(prefix + n))));
+    if (gen !== routeGen) return null;
+    const found = digests.findIndex((d) => zeroBits(d, bits));
+    if (found >= 0) { progress(tried + found + 1, expected); return nonces[found]; }
+    progress(tried + batch, expected);
+  }
+}
+
+/**
+ * The body of POST .../queue: nothing when the room asks for no proof, else a challenge
+ * and its solved nonce. { body } or { error } (the failed answer), or null if the page
+ * was left.
+ */
+async function queueProof(eventId, bits, progress) {
+  if (!bits) return { body: undefined };
+  const ch = await api("GET", `/api/events/${eventId}/queue/challenge`);
+  if (ch.status !== 200) return { error: ch };
+  const nonce = await solveProof(ch.body.challenge, ch.body.bits, eventId, progress);
+  return nonce === null ? null : { body: { challenge: ch.body.challenge, nonce } };
 }
 
 function logout(render = true) {
@@ -187,6 +248,15 @@ async function eventView(id) {
   // A train's journey (station indexes) and its classes' availability on it, by id.
   let from = 0, to = train ? ev.stations.length - 1 : 0;
   let onJourney = {};
+  // The waiting room: whether this buyer is in line (null: not asked yet), the last
+  // status read, the ahead count first seen (the progress bar's start), whether the
+  // turn's pass was spent on a purchase; the hidden path's pass.
+  let joined = null, joining = false, queue = null, firstAhead = null, passUsed = false;
+  let pollTimer = null, polling = false;
+  // When the estimate for the current ahead count runs out (the release rate's, blind to
+  // a release held back while the tickets left are all spoken for by passes out).
+  let etaFor = null, etaUntil = 0;
+  let hiddenPass = null;
 
   view.innerHTML = `
     <div class="card">
@@ -195,6 +265,29 @@ async function eventView(id) {
       <p><span id="pill" class="pill"></span></p>
       <div id="countdown" class="countdown" data-testid="countdown"></div>
       <div id="soldout" class="error" data-testid="soldout" hidden>${train ? "Sold out: no seat is free on this journey." : "Sold out: every ticket of this sale is taken."}</div>
+    </div>
+    <div id="room" class="card room" data-testid="room" hidden>
+      <h2>Waiting room</h2>
+      <p id="room-about" class="muted"></p>
+      <div class="row" id="join-row">
+        <button id="join" class="primary" data-testid="join" disabled>Join the waiting room</button>
+        <span id="join-note" class="muted" data-testid="join-note"></span>
+      </div>
+      <div id="pow" class="pow" data-testid="pow" hidden>
+        <progress id="pow-bar" max="1" value="0"></progress> <span id="pow-text" data-testid="pow-text"></span>
+      </div>
+      <div id="queue" hidden>
+        <table class="queue">
+          <tr><th>State</th><td><span id="q-state" class="qstate" data-testid="queue-state"></span></td></tr>
+          <tr><th>Your position</th><td id="q-position" data-testid="queue-position"></td></tr>
+          <tr><th>People ahead of you</th><td id="q-ahead" data-testid="queue-ahead"></td></tr>
+          <tr><th>Estimated wait</th><td id="q-eta" data-testid="queue-eta"></td></tr>
+        </table>
+        <div class="qbar"><progress id="q-bar" data-testid="queue-progress" aria-label="Progress towards your turn"></progress> <span id="q-bar-text" class="muted"></span></div>
+        <p id="q-message" class="qmessage" data-testid="queue-message"></p>
+        <p id="q-pass" class="qpass" data-testid="queue-pass" hidden></p>
+      </div>
+      <div id="room-error" class="error" role="alert" data-testid="room-error"></div>
     </div>
     <div class="card">
       ${train ? `<div class="row journey">
@@ -329,8 +422,212 @@ async function eventView(id) {
     $("#countdown").textContent = s.key === "soon" ? s.label : s.key === "open" ? "On sale now" : s.label;
     const waitS = Math.ceil((blockedUntil - Date.now()) / 1000);
     const c = category();
-    $("#buy").disabled = s.key !== "open" || busy || waitS > 0 || !c || c.sold_out;
-    $("#buy-note").textContent = waitS > 0 ? `Too many tries: you can try again in ${waitS} s.` : s.key === "soon" ? "The button opens when the sale does." : "";
+    const room = roomOn();
+    $("#buy").disabled = s.key !== "open" || busy || waitS > 0 || !c || c.sold_out || (room && !turnPass());
+    $("#buy-note").textContent = busy && $("#buy-note").dataset.busy ? $("#buy-note").textContent
+      : waitS > 0 ? `Too many tries: you can try again in ${waitS} s.`
+      : room && !turnPass() && !passUsed && s.key !== "closed" && !(c && c.sold_out) && !(queue && FINAL.includes(queue.state))
+        ? "This sale has a waiting room: buying opens on your turn."
+      : s.key === "soon" ? "The button opens when the sale does." : "";
+    roomTick(s);
+  }
+
+  // ---- The waiting room ----------------------------------------------------------
+
+  const settings = () => ev.waiting_room || null;
+  const roomOn = () => !!(settings() && settings().enabled);
+  const hiddenPath = () => !!(settings() && !settings().enabled && settings().require_pass_at_open);
+  /** The pass of this buyer's turn, while it is good and unspent. */
+  const turnPass = () => (queue && queue.state === "your_turn" && queue.pass && !passUsed
+    && serverNow() < queue.pass_expires_ms ? queue.pass : null);
+  const STATES = { waiting: "Waiting", your_turn: "Your turn", sold_out: "Sold out", closed: "Closed", expired: "Turn expired" };
+  const FINAL = ["sold_out", "closed", "expired"];
+
+  function aboutRoom() {
+    const r = settings();
+    const before = r.opens_before_s >= 120 ? `${Math.round(r.opens_before_s / 60)} minutes` : `${r.opens_before_s} seconds`;
+    const pace = r.admit_per_s === "auto" ? "at the pace the sale can take" : `${r.admit_per_s} a second`;
+    return `Joining opens ${before} before the sale. At the open, everyone who joined before it gets a place in a random order (a lottery fixed before anyone joined); later joiners go behind them, in the order they arrive. Buyers are let in ${pace}, and only while tickets are left for them. On your turn you have ${duration(r.pass_ttl_s * 1000)} to buy.`;
+  }
+
+  function roomTick(s) {
+    const on = roomOn();
+    $("#room").hidden = !on;
+    if (!on) return;
+    $("#room-about").textContent = aboutRoom();
+    // The join button: from opens_before_s before the sale until it closes.
+    const opensAt = Date.parse(ev.sale_start) - settings().opens_before_s * 1000;
+    const now = serverNow();
+    $("#join-row").hidden = !!joined;
+    if (!joined) {
+      $("#join").disabled = joining || joined === null || now < opensAt || s.key === "closed";
+      $("#join-note").textContent = joining ? "" : s.key === "closed" ? "The sale is closed."
+        : now < opensAt ? "Joining opens in " + duration(opensAt - now) + "." : "";
+    }
+    // The pass's time left.
+    const pass = $("#q-pass");
+    if (queue && queue.state === "your_turn" && queue.pass_expires_ms && !passUsed) {
+      const left = queue.pass_expires_ms - now;
+      pass.hidden = false;
+      pass.textContent = left > 0
+        ? `Your pass is good until ${clock(queue.pass_expires_ms)} (${duration(left)} left): buy before it runs out.`
+        : "Your pass has run out.";
+    } else {
+      pass.hidden = true;
+    }
+  }
+
+  function showPow(tried, expected) {
+    $("#pow").hidden = false;
+    $("#pow-bar").max = expected;
+    $("#pow-bar").value = Math.min(tried, expected);
+    $("#pow-text").textContent = `Checking your browser (a proof of work): ${tried.toLocaleString()} hashes tried, about ${expected.toLocaleString()} expected…`;
+  }
+
+  function showQueue(q) {
+    queue = q;
+    $("#queue").hidden = false;
+    const state = $("#q-state");
+    state.dataset.state = q.state;
+    state.className = "qstate " + q.state;
+    state.textContent = STATES[q.state] || q.state;
+    const dash = (v) => (v == null ? "—" : v.toLocaleString());
+    $("#q-position").textContent = dash(q.position);
+    $("#q-ahead").textContent = dash(q.ahead);
+    if (q.state === "waiting" && q.eta_s != null && q.ahead !== etaFor) {
+      etaFor = q.ahead;
+      etaUntil = Date.now() + q.eta_s * 1000;
+    }
+    $("#q-eta").textContent = q.state === "your_turn" ? "none: it is your turn" : q.state !== "waiting" ? "—"
+      : q.eta_s != null && Date.now() > etaUntil + 3000
+        ? "longer than estimated: the tickets left are held by buyers on their turn; yours comes if they do not buy"
+      : q.eta_s != null ? "about " + duration(q.eta_s * 1000)
+      : q.position == null ? "known after the draw, at the open" : "being estimated…";
+    // The bar: from the first position seen towards the turn; unknown before the draw.
+    const bar = $("#q-bar");
+    if (q.state === "waiting" && q.position != null && q.ahead != null) {
+      if (firstAhead === null || q.ahead > firstAhead) firstAhead = q.ahead;
+      bar.max = firstAhead + 1;
+      bar.value = firstAhead - q.ahead;
+      $("#q-bar-text").textContent = firstAhead ? `${firstAhead - q.ahead} of the ${firstAhead} ahead of you have had their turn` : "You are next";
+    } else if (q.state === "waiting") {
+      bar.removeAttribute("value");
+      $("#q-bar-text").textContent = "";
+    } else if (q.state === "your_turn") {
+      bar.max = 1;
+      bar.value = 1;
+      $("#q-bar-text").textContent = "";
+    }
+    $(".qbar").hidden = FINAL.includes(q.state);
+    const opens = Date.parse(ev.sale_start);
+    $("#q-message").textContent = {
+      waiting: q.position == null
+        ? `You are in. At the open (${new Date(opens).toLocaleTimeString()}) the lottery gives you your place in line; keep this page open.`
+        : "You are in line; keep this page open. Buying opens on your turn.",
+      your_turn: passUsed ? "Your pass was used for your purchase below." : "It is your turn: pick your tickets and buy.",
+      sold_out: "Sold out — every ticket of this sale is taken; there is nothing left to wait for.",
+      closed: "The sale is closed: the waiting room is over.",
+      expired: "Your turn came and your pass ran out unused: the turn went to the next in line.",
+    }[q.state] || "";
+    if (FINAL.includes(q.state)) stopPolling();
+    tick();
+  }
+
+  async function poll(force = false) {
+    if (polling) return;
+    polling = true;
+    const gen = routeGen;
+    const q = await api("GET", `/api/events/${id}/queue`);
+    polling = false;
+    if (gen !== routeGen || !(pollTimer || force)) return;
+    if (q.status === 200) {
+      $("#room-error").textContent = "";
+      showQueue(q.body);
+    } else if (q.status === 404) {
+      // The room was turned off, or this buyer is no longer in it.
+      stopPolling();
+      joined = false;
+      queue = null;
+      $("#queue").hidden = true;
+      tick();
+    } else {
+      $("#room-error").textContent = errorText(q); // passing trouble: the polls go on
+    }
+  }
+
+  function startPolling() {
+    if (pollTimer) return;
+    pollTimer = setInterval(poll, 2000);
+    timers.push(pollTimer);
+  }
+
+  function stopPolling() {
+    clearInterval(pollTimer);
+    pollTimer = null;
+  }
+
+  /** Whether this buyer is in line already (back on the page): then follows it. */
+  let checking = false;
+  async function checkRoom() {
+    if (!roomOn() || joined !== null || checking) return;
+    checking = true;
+    const q = await api("GET", `/api/events/${id}/queue`);
+    checking = false;
+    if (joined !== null) return;
+    if (q.status === 200) {
+      joined = true;
+      showQueue(q.body);
+      if (!FINAL.includes(q.body.state)) startPolling();
+    } else if (q.status === 404) {
+      joined = false;
+    } else {
+      $("#room-error").textContent = errorText(q);
+      joined = false;
+    }
+    tick();
+  }
+
+  $("#join").onclick = async () => {
+    joining = true; tick();
+    $("#room-error").textContent = "";
+    const proof = await queueProof(id, settings().challenge_bits, showPow);
+    if (proof === null) return; // the page was left
+    let r = proof.error;
+    if (!r) {
+      $("#pow-text").textContent = proof.body ? "Browser checked. Joining…" : "Joining…";
+      r = await api("POST", `/api/events/${id}/queue`, proof.body);
+    }
+    joining = false;
+    if (r.status === 200) {
+      $("#pow").hidden = true;
+      joined = true;
+      showQueue(r.body);
+      if (!FINAL.includes(r.body.state)) startPolling();
+    } else {
+      $("#pow").hidden = true;
+      $("#room-error").textContent = r.status === 429 ? `Too many tries: wait ${r.retryAfter || 1} s.` : errorText(r);
+    }
+    tick();
+  };
+
+  /** The hidden path: a fresh pass from POST .../queue (after the proof, if asked). */
+  async function takeHiddenPass() {
+    if (hiddenPass && serverNow() < hiddenPass.expires - 2000) return hiddenPass.pass;
+    hiddenPass = null;
+    const note = $("#buy-note");
+    note.dataset.busy = "1";
+    const proof = await queueProof(id, settings().challenge_bits, (tried, expected) => {
+      note.textContent = `Checking your browser: ${tried.toLocaleString()} of about ${expected.toLocaleString()} hashes…`;
+    });
+    delete note.dataset.busy;
+    if (proof === null) return null;
+    const r = proof.error || await api("POST", `/api/events/${id}/queue`, proof.body);
+    if (r.status === 200 && r.body.pass) {
+      hiddenPass = { pass: r.body.pass, expires: r.body.pass_expires_ms };
+      return hiddenPass.pass;
+    }
+    $("#buy-error").textContent = errorText(r);
+    return null;
   }
 
   async function refresh() {
@@ -342,6 +639,7 @@ async function eventView(id) {
     }
     if (train) await loadJourney();
     if (again.status === 200 || train) renderCategories();
+    checkRoom(); // a room turned on meanwhile
   }
 
   async function follow() {
@@ -375,8 +673,25 @@ async function eventView(id) {
     if (train) Object.assign(body, { from, to });
     if (c.seats && picked.size) body.seat_ids = [...picked];
     else body.quantity = c.seats ? 1 : Number(($("#qty") || {}).value || 1);
-    const r = await api("POST", `/api/events/${id}/orders`, body, crypto.randomUUID());
+    // A sale behind a waiting room: the turn's pass; on the hidden path, one taken now.
+    const pass = roomOn() ? turnPass() : hiddenPath() ? await takeHiddenPass() : null;
+    if ((roomOn() || hiddenPath()) && !pass) {
+      busy = false;
+      if (roomOn()) $("#buy-error").textContent = MESSAGES.QUEUE_REQUIRED;
+      tick();
+      return;
+    }
+    const r = await api("POST", `/api/events/${id}/orders`, body, crypto.randomUUID(), pass ? { "Queue-Pass": pass } : {});
     busy = false;
+    // A pass admits one purchase: spent once it is queued (a refused one is given back).
+    if (pass && r.status === 202) {
+      if (pass === (hiddenPass && hiddenPass.pass)) hiddenPass = null;
+      else if (queue && pass === queue.pass) { passUsed = true; stopPolling(); showQueue(queue); }
+    }
+    if (r.body && r.body.error && r.body.error.code === "QUEUE_REQUIRED") {
+      hiddenPass = null;
+      if (roomOn() && joined) poll(true);
+    }
     const unknown = r.body && r.body.error && r.body.error.code === "OUTCOME_UNKNOWN";
     if (r.status === 202 || unknown) {
       // Unknown: the status says whether it was admitted; nothing is untrue meanwhile.
@@ -406,6 +721,7 @@ async function eventView(id) {
   renderCategories();
   renderPicker();
   every(250, tick);
+  checkRoom();
   timers.push(setInterval(refresh, 2000));
   timers.push(setInterval(() => category() && category().seats && renderPicker(), 2000));
 }
@@ -464,6 +780,7 @@ async function orderView(no, query) {
 
 function route() {
   clearTimers();
+  routeGen++;
   renderWho();
   if (!session().token) { loginView(); return; }
   const [path, qs] = (location.hash.slice(1) || "/").split("?");

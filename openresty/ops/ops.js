@@ -1,5 +1,6 @@
 // The ops dashboard: every second, the event's books (admin stats), the edge's answer
-// counters and the core's metrics; the last two minutes drawn on canvases. No libraries.
+// counters, the core's metrics and the event's waiting room (settings and figures, shown
+// when the room is or was on); the last two minutes drawn on canvases. No libraries.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -48,17 +49,19 @@ function labelled(text, name) {
 }
 
 async function sample(eventId) {
-  const [stats, edge, metrics] = await Promise.all([
+  const [stats, edge, metrics, room] = await Promise.all([
     admin(`/admin/events/${eventId}/stats`),
     fetch("/edge/stats", { cache: "no-store" }).then((r) => r.json()),
     admin("/metrics", true),
+    // The room's panel is extra: a core without it leaves the rest of the dashboard be.
+    admin(`/admin/events/${eventId}/waiting-room`).catch(() => null),
   ]);
   const now = Date.now();
   // Rejections by reason: the edge's own ("edge 429 RATE_LIMITED"), then the core's.
   const answers = {};
   for (const [k, v] of Object.entries(edge.rejected || {})) answers["edge " + k] = v;
   for (const [k, v] of Object.entries(labelled(metrics, "stampede_purchase_answers_total"))) answers["core " + k] = v;
-  const s = { t: now, stats, answers, created: metric(metrics, "stampede_orders_created_total") };
+  const s = { t: now, stats, answers, room, created: metric(metrics, "stampede_orders_created_total") };
   const rates = { admitted: 0, rejected: 0, byReason: {}, persisted: 0 };
   if (previous) {
     const dt = Math.max(0.2, (now - previous.t) / 1000);
@@ -115,6 +118,40 @@ function render(s) {
     { name: "unsynced", values: history.map((h) => h.stats.unsynced_stock_log) },
   ]);
   chart("c-gap", names.map((n, i) => ({ name: n, values: history.map((h) => (h.stats.categories[i] || {}).gap || 0) })));
+  renderRoom(s.room);
+}
+
+/** Whether the event has (or had) a waiting room: on, the hidden path, or figures. */
+function roomShown(room) {
+  if (!room || !room.waiting_room) return false;
+  const w = room.waiting_room, f = room.figures || {};
+  return w.enabled || w.require_pass_at_open || f.joined > 0 || f.passes_used > 0 || f.drawn;
+}
+
+function renderRoom(room) {
+  const shown = roomShown(room);
+  $("room").hidden = !shown;
+  if (!shown) return;
+  const w = room.waiting_room, f = room.figures || {};
+  const mode = w.enabled ? "on" : w.require_pass_at_open ? "hidden path" : "off";
+  $("r-enabled").textContent = mode;
+  $("r-enabled").className = w.enabled ? "on" : w.require_pass_at_open ? "warn" : "";
+  $("r-rate").textContent = w.admit_per_s === "auto" ? "auto" : fmt(w.admit_per_s) + "/s";
+  $("r-rate-now").textContent = fmt(f.rate_now, 1);
+  $("r-joined").textContent = fmt(f.joined);
+  $("r-waiting").textContent = fmt(f.waiting);
+  $("r-served").textContent = fmt(f.served);
+  $("r-out").textContent = fmt(f.passes_out);
+  $("r-used").textContent = fmt(f.passes_used);
+  $("r-expired").textContent = fmt(f.passes_expired);
+  $("r-drawn").textContent = f.drawn == null ? "–" : f.drawn ? "yes" : "not yet";
+  $("room-settings").textContent = `opens ${fmt(w.opens_before_s)} s before the sale · pass good ${fmt(w.pass_ttl_s)} s · proof of work ${w.challenge_bits ? w.challenge_bits + " bits" : "none"}`;
+  const figures = (h) => (h.room && h.room.figures) || {};
+  chart("c-room", [
+    { name: "waiting", values: history.map((h) => figures(h).waiting || 0) },
+    { name: "passes out", values: history.map((h) => figures(h).passes_out || 0) },
+    { name: "rate /s", values: history.map((h) => figures(h).rate_now || 0) },
+  ]);
 }
 
 function chart(id, series) {
