@@ -1,34 +1,62 @@
--- room_pass.lua: a queue pass admits one purchase (docs/waiting-room.md). `use` claims
--- the pass for a purchase (the buyer and its Idempotency-Key) before reserve.lua runs;
--- `give` hands it back when that purchase was refused, so the buyer may try again with
--- the same pass while it is good.
+-- room_pass.lua: a queue pass admits one purchase (docs/waiting-room.md "One purchase per
+-- pass"). A purchase claims the pass before reserve.lua runs (`use`), and settles the
+-- claim after: `done` once admitted (or when the outcome is unknown), `give` when
+-- refused — the buyer may then try again with the same pass while it is good.
+--
+-- A claim is held by one request: `<owner>|<nonce>|<ms>` while pending (owner: the
+-- buyer and the purchase's Idempotency-Key; nonce: that request's; ms: Redis's time of
+-- the claim), `<owner>|done` once settled. Another request of the same purchase waits
+-- while a claim is pending (IN_FLIGHT) and goes on once it is done (SAME: it will get
+-- that purchase's first answer), so a refused request never gives back a pass a twin
+-- request used. A claim pending longer than ARGV[5] ms (its core stopped) counts as done.
 --
 -- KEYS[1] room     hash  `used`: passes claimed
--- KEYS[2] used     hash  pass id → "<user>:<Idempotency-Key>" of the purchase it admitted
+-- KEYS[2] used     hash  pass id → the claim
 -- KEYS[3] usedpos  zset  positions whose pass was claimed (room passes; hidden-path
 --                        passes, "h<n>", are not positions)
--- ARGV[1] use | give
+-- ARGV[1] use | done | give
 -- ARGV[2] pass id
--- ARGV[3] "<user>:<Idempotency-Key>"
+-- ARGV[3] owner "<user>:<Idempotency-Key>"
+-- ARGV[4] nonce of the request
+-- ARGV[5] use: the pass's expiry (ms); done, give: unused
+-- ARGV[6] use: how long a claim may stay pending (ms)
 --
--- Returns, for `use` (mirrored by PassUse in core/src/room/store.rs):
---    1 CLAIMED  the pass is this purchase's now
---    2 SAME     it was already this purchase's (a repeat of its key)
---    0 TAKEN    another purchase used it
--- and for `give`: 1 given back, 0 it was not this purchase's.
+-- Returns (mirrored by PassUse in core/src/room/store.rs):
+--    1 CLAIMED    use: the pass is this request's now (settle it with done or give);
+--                 done, give: settled
+--    2 SAME       use: the purchase already used it (a repeat of its key)
+--    3 IN_FLIGHT  use: another request of this purchase holds it: ask again shortly
+--    4 EXPIRED    use: the pass's time is up (by Redis's clock)
+--    0 TAKEN      use: another purchase used it; done, give: the claim is not this request's
 local rcall = redis.call
-local id, owner = ARGV[2], ARGV[3]
+local op, id, owner, nonce = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local held = rcall('HGET', KEYS[2], id)
 local position = string.match(id, '^%d+$')
-if ARGV[1] == 'use' then
-  if held == owner then return 2 end
-  if held then return 0 end
-  rcall('HSET', KEYS[2], id, owner)
+local t = rcall('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local pending = owner .. '|' .. nonce .. '|'
+if op == 'use' then
+  if held then
+    if held == owner .. '|done' then return 2 end
+    local who, at = string.match(held, '^(.*)|[^|]*|(%d+)$')
+    if who ~= owner then return 0 end
+    if now - tonumber(at) > tonumber(ARGV[6]) then
+      rcall('HSET', KEYS[2], id, owner .. '|done')
+      return 2
+    end
+    return 3
+  end
+  if now >= tonumber(ARGV[5]) then return 4 end
+  rcall('HSET', KEYS[2], id, pending .. now)
   if position then rcall('ZADD', KEYS[3], position, position) end
   rcall('HINCRBY', KEYS[1], 'used', 1)
   return 1
 end
-if held ~= owner then return 0 end
+if not held or string.sub(held, 1, #pending) ~= pending then return 0 end
+if op == 'done' then
+  rcall('HSET', KEYS[2], id, owner .. '|done')
+  return 1
+end
 rcall('HDEL', KEYS[2], id)
 if position then rcall('ZREM', KEYS[3], position) end
 rcall('HINCRBY', KEYS[1], 'used', -1)

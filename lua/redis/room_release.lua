@@ -5,7 +5,11 @@
 -- time ran out unused no longer count, so their units go to the next in line.
 --
 -- Each release is a step "<from>:<upto>:<ms>" in `steps` (scored by ms): positions
--- from+1..upto had their turn from ms on, for ttl_ms.
+-- from+1..upto had their turn from ms on, for ttl_ms. Releases within ARGV[5] ms of the
+-- last step extend it (so there are at most about ttl ÷ that many steps alive; a pass
+-- released into an extended step expires up to that much early). The steps alive cover
+-- the positions after the oldest one's `from` up to `served`, so the passes out are
+-- those positions less the ones used: one range count.
 --
 -- KEYS[1] room     hash  served (last position released), rate_now, out, expired
 -- KEYS[2] steps    zset  the releases
@@ -14,7 +18,9 @@
 -- ARGV[1] budget   most positions to release now
 -- ARGV[2] units    stock left, all categories
 -- ARGV[3] ttl_ms   how long a pass is good for
--- ARGV[4] rate     the release rate in force (for the buyers' estimates)
+-- ARGV[4] rate     the release rate in force (for the buyers' estimates; 0 is written
+--                  instead while the stock left is all spoken for by passes out)
+-- ARGV[5] merge_ms releases this close to the last step join it
 --
 -- Returns (mirrored by Released in core/src/room/store.rs):
 -- {served, released now, passes out, expired unused}.
@@ -22,17 +28,26 @@ local rcall = redis.call
 local t = rcall('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
-rcall('HSET', KEYS[1], 'rate_now', ARGV[4])
 local served = tonumber(rcall('HGET', KEYS[1], 'served') or '0')
 local out = 0
-for _, step in ipairs(rcall('ZRANGEBYSCORE', KEYS[2], '(' .. (now - ttl), '+inf')) do
-  local from, upto = string.match(step, '^(%d+):(%d+):')
-  out = out + (upto - from) - rcall('ZCOUNT', KEYS[3], from + 1, upto)
+local oldest = rcall('ZRANGEBYSCORE', KEYS[2], '(' .. (now - ttl), '+inf', 'LIMIT', 0, 1)[1]
+if oldest then
+  local from = tonumber(string.match(oldest, '^(%d+):'))
+  out = (served - from) - rcall('ZCOUNT', KEYS[3], from + 1, served)
 end
 local waiting = rcall('ZCARD', KEYS[4]) - served
-local n = math.min(tonumber(ARGV[1]), tonumber(ARGV[2]) - out, waiting)
+local room_left = tonumber(ARGV[2]) - out
+local n = math.min(tonumber(ARGV[1]), room_left, waiting)
+rcall('HSET', KEYS[1], 'rate_now', (room_left <= 0 and waiting > 0) and 0 or ARGV[4])
 if n > 0 then
-  rcall('ZADD', KEYS[2], now, served .. ':' .. (served + n) .. ':' .. now)
+  local last = rcall('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  if last[1] and now - tonumber(last[2]) < tonumber(ARGV[5]) then
+    local from = string.match(last[1], '^(%d+):')
+    rcall('ZREM', KEYS[2], last[1])
+    rcall('ZADD', KEYS[2], last[2], from .. ':' .. (served + n) .. ':' .. last[2])
+  else
+    rcall('ZADD', KEYS[2], now, served .. ':' .. (served + n) .. ':' .. now)
+  end
   served = served + n
   rcall('HSET', KEYS[1], 'served', served)
   out = out + n

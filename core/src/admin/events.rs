@@ -132,6 +132,20 @@ pub async fn set_waiting_room(
         .clone()
         .unwrap_or_else(crate::room::config::defaults);
     let wanted = request.apply(&current).map_err(ApiError::Invalid)?;
+    if wanted.pass_ttl_s != current.pass_ttl_s
+        && state
+            .room
+            .store
+            .figures(crate::domain::EventId(id))
+            .await?
+            .drawn
+    {
+        // Passes out were signed with the old lifetime, and the release counts them by it.
+        return Err(ApiError::Conflict(
+            "INVALID_STATE",
+            format!("event {id}'s line is drawn: its pass_ttl_s cannot change any more"),
+        ));
+    }
     let saved = crate::room::config::save(&state.mysql, id, &wanted).await?;
     state.room.store.publish(&event, &saved).await?;
     state.events.forget(id).await;

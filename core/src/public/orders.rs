@@ -75,8 +75,10 @@ async fn purchase(
         .admission
         .admit(EventId(event_id), UserId(user_id), &key, body)
         .await;
-    if let (Some(claim), Err(crate::admission::AdmissionError::Refused(_))) = (claim, &admitted) {
-        state.room.give_back(claim).await;
+    if let Some(claim) = claim {
+        // Refused: the pass is good for another try. Admitted, or not known: spent.
+        let refused = matches!(admitted, Err(crate::admission::AdmissionError::Refused(_)));
+        state.room.settle(claim, !refused).await;
     }
     let r = admitted.map_err(|e| answers::purchase_failed(event_id, e))?;
     Ok(json(

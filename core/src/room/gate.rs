@@ -28,8 +28,9 @@ use crate::shutdown::Shutdown;
 
 /// How often the gate releases.
 pub const TICK: Duration = Duration::from_millis(200);
-/// How long a gate's lock lasts without renewal.
-const LOCK_TTL: Duration = Duration::from_secs(2);
+/// How long a gate's lock lasts without renewal (renewed every tick; longer than a
+/// draw of a few hundred thousand joiners takes, so no second instance starts one).
+const LOCK_TTL: Duration = Duration::from_secs(10);
 /// The automatic rate's bounds and start, positions per second.
 pub const AUTO_MIN: f64 = 5.0;
 pub const AUTO_MAX: f64 = 20_000.0;
@@ -76,8 +77,17 @@ impl Gate {
                 }
                 held.retain(|id, _| rooms.contains(id));
             }
-            for &id in &rooms {
-                if let Err(e) = self.tick(id, &mut held).await {
+            // Every room at once: one room's slow tick (a large draw) delays no other.
+            let gate = &self;
+            let ticks = rooms.iter().map(|&id| {
+                let h = held.remove(&id);
+                async move { (id, gate.tick(id, h).await) }
+            });
+            for (id, (h, outcome)) in futures_util::future::join_all(ticks).await {
+                if let Some(h) = h {
+                    held.insert(id, h);
+                }
+                if let Err(e) = outcome {
                     tracing::warn!(
                         event_id = id,
                         error = format!("{e:#}"),
@@ -88,58 +98,67 @@ impl Gate {
         }
     }
 
-    /// Keeps or takes the event's gate; true while this instance holds it.
-    async fn own(&self, id: u64, held: &mut HashMap<u64, Held>) -> anyhow::Result<bool> {
+    /// Keeps or takes the event's gate: its state while this instance holds it.
+    async fn own(&self, id: u64, held: Option<Held>) -> anyhow::Result<Option<Held>> {
         let mut redis = self.store.redis.clone();
-        if let Some(h) = held.get(&id) {
+        if let Some(h) = held {
             if h.lock.renew(&mut redis, LOCK_TTL).await? == Owned::Yes {
-                return Ok(true);
+                return Ok(Some(h));
             }
             tracing::info!(
                 event_id = id,
                 "waiting room gate taken over by another instance"
             );
-            held.remove(&id);
         }
         let Some(lock) =
             Lock::try_acquire(&mut redis, self.store.keys.room_gate(id), LOCK_TTL).await?
         else {
-            return Ok(false);
+            return Ok(None);
         };
         tracing::info!(event_id = id, "running the waiting room's gate");
-        held.insert(
-            id,
-            Held {
-                lock,
-                last: Instant::now(),
-                carry: 0.0,
-                auto_rate: AUTO_START,
-            },
-        );
-        Ok(true)
+        Ok(Some(Held {
+            lock,
+            last: Instant::now(),
+            carry: 0.0,
+            auto_rate: AUTO_START,
+        }))
     }
 
-    async fn tick(&self, id: u64, held: &mut HashMap<u64, Held>) -> anyhow::Result<()> {
-        let Some(event) = self.events.get(id).await? else {
-            return Ok(());
+    /// One tick of one room: what this instance holds of it after, and how it went.
+    async fn tick(&self, id: u64, held: Option<Held>) -> (Option<Held>, anyhow::Result<()>) {
+        let room = match self.events.get(id).await {
+            Ok(Some(event)) => event,
+            Ok(None) => return (held, Ok(())),
+            Err(e) => return (held, Err(e)),
         };
-        let Some(room) = event.room.clone().filter(|r| r.enabled) else {
-            return Ok(());
-        };
-        if !self.own(id, held).await? {
-            return Ok(());
+        if !room.room.as_ref().is_some_and(|r| r.enabled) {
+            return (held, Ok(()));
         }
-        let event_id = EventId(id);
+        let mut h = match self.own(id, held).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return (None, Ok(())),
+            Err(e) => return (None, Err(e)),
+        };
+        let outcome = self.release(&room, &mut h).await;
+        (Some(h), outcome)
+    }
+
+    async fn release(
+        &self,
+        event: &crate::catalog::EventRecord,
+        h: &mut Held,
+    ) -> anyhow::Result<()> {
+        let room = event.room.as_ref().expect("checked by tick");
+        let event_id = EventId(event.id);
         match self.store.draw_begin(event_id).await? {
             (Draw::TooSoon | Draw::Off, _) => return Ok(()),
             (Draw::Closed, joined) => self.draw(event_id, joined).await?,
             (Draw::Drawn, _) => {}
         }
-        let h = held.get_mut(&id).expect("owned above");
         let rate = match room.admit_per_s {
             Rate::Fixed(n) => f64::from(n),
             Rate::Auto => {
-                h.auto_rate = self.auto_rate(&event, h.auto_rate).await?;
+                h.auto_rate = self.auto_rate(event, h.auto_rate).await?;
                 h.auto_rate
             }
         };

@@ -37,7 +37,12 @@ pub struct Claim {
     event: EventId,
     id: String,
     owner: String,
+    nonce: String,
 }
+
+/// How long a purchase waits for a twin request (same buyer, same Idempotency-Key)
+/// that holds its pass's claim before answering SALE_BUSY.
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub struct WaitingRoom {
     pub store: RoomStore,
@@ -87,7 +92,15 @@ impl WaitingRoom {
     /// `GET /api/events/{id}/queue/challenge`.
     pub fn challenge(&self, event: &EventRecord) -> Result<Value, ApiError> {
         let room = Self::room(event)?;
-        let (challenge, good_for) = pow::challenge(&self.tokens, event.id, Utc::now().timestamp());
+        let now = Utc::now();
+        // The hidden path's work is done from the open on, not ahead of it.
+        if !room.enabled && now < event.sale_start {
+            return Err(not_open(format!(
+                "challenges are issued from the open, {}",
+                event.sale_start
+            )));
+        }
+        let (challenge, good_for) = pow::challenge(&self.tokens, event.id, now.timestamp());
         Ok(json!({
             "challenge": challenge, "bits": room.challenge_bits, "expires_in_s": good_for,
             "hash": "SHA-256 of \"<challenge>:<user id>:<event id>:<nonce>\" must start with `bits` zero bits; nonce: 1..=32 letters and digits",
@@ -115,6 +128,9 @@ impl WaitingRoom {
         )
         .map_err(|e| ApiError::Forbidden("CHALLENGE_FAILED", e.to_string()))?;
         let event_id = EventId(event.id);
+        if closed(event, now.timestamp_millis()) {
+            return Err(not_open("the sale is over".into()));
+        }
         if !room.enabled {
             // The hidden path: a pass from the open on, no line.
             if now < event.sale_start {
@@ -122,9 +138,6 @@ impl WaitingRoom {
                     "passes are issued from the open, {}",
                     event.sale_start
                 )));
-            }
-            if closed(event, now.timestamp_millis()) {
-                return Err(not_open("the sale is over".into()));
             }
             let id = self.store.next_hidden_id(event_id).await?;
             let expires_ms = now.timestamp_millis() + i64::from(room.pass_ttl_s) * 1000;
@@ -240,10 +253,11 @@ impl WaitingRoom {
         Ok(body)
     }
 
-    /// Before a purchase: its pass checked and claimed for it (None when the event needs
-    /// none, or the pass was already this purchase's). Without a good pass, only a
-    /// repeat of an Idempotency-Key already used in this event goes on (to its first
-    /// answer).
+    /// Before a purchase: its pass checked and claimed for this request (None when the
+    /// event needs none, or the purchase used the pass already: a repeat of its key).
+    /// Without a good pass, only a repeat of an Idempotency-Key already used in this
+    /// event goes on (to its first answer). Another request of the same purchase holding
+    /// the claim is waited for (a moment), so twin requests never both spend it.
     pub async fn claim(
         &self,
         event: &EventRecord,
@@ -251,12 +265,21 @@ impl WaitingRoom {
         key: &str,
         header: Option<&str>,
     ) -> Result<Option<Claim>, ApiError> {
-        let Some(_room) = event.room.as_ref().filter(|r| r.pass_required()) else {
+        let Some(room) = event.room.as_ref().filter(|r| r.pass_required()) else {
             return Ok(None);
         };
         let now_ms = Utc::now().timestamp_millis();
         let event_id = EventId(event.id);
-        let pass = match pass::verify(&self.tokens, header, event.id, user, now_ms) {
+        let checked = pass::verify(&self.tokens, header, event.id, user, now_ms).and_then(|p| {
+            // A room's passes are positions, the hidden path's `h<n>`: each good for its
+            // mode only (a hidden-path pass does not skip a room switched on since).
+            if p.id.starts_with('h') == room.enabled {
+                Err(PassError::Forged)
+            } else {
+                Ok(p)
+            }
+        });
+        let pass = match checked {
             Ok(pass) => pass,
             Err(e) => {
                 return if self.key_seen(event, user, key).await? {
@@ -266,29 +289,58 @@ impl WaitingRoom {
                 };
             }
         };
-        let owner = format!("{user}:{key}");
-        match self.store.pass(event_id, &pass.id, &owner, true).await? {
-            PassUse::Claimed => Ok(Some(Claim {
-                event: event_id,
-                id: pass.id,
-                owner,
-            })),
-            PassUse::Same => Ok(None),
-            PassUse::Taken => Err(refused(PassError::Used)),
+        let claim = Claim {
+            event: event_id,
+            id: pass.id,
+            owner: format!("{user}:{key}"),
+            nonce: format!("{:016x}", rand::random::<u64>()),
+        };
+        let until = std::time::Instant::now() + CLAIM_WAIT;
+        loop {
+            let answer = self
+                .store
+                .pass(
+                    event_id,
+                    "use",
+                    &claim.id,
+                    &claim.owner,
+                    &claim.nonce,
+                    pass.expires_ms,
+                )
+                .await?;
+            match answer {
+                PassUse::Claimed => return Ok(Some(claim)),
+                PassUse::Same => return Ok(None),
+                PassUse::Taken => return Err(refused(PassError::Used)),
+                PassUse::Expired => return Err(refused(PassError::Expired)),
+                PassUse::InFlight if std::time::Instant::now() < until => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                PassUse::InFlight => {
+                    return Err(ApiError::Busy(
+                        "another request of this purchase is being decided; try again in a moment"
+                            .into(),
+                    ));
+                }
+            }
         }
     }
 
-    /// After a refused purchase: its pass is good for another try while it lasts.
-    pub async fn give_back(&self, claim: Claim) {
+    /// After the purchase: its claim settled — kept once admitted or when the outcome is
+    /// unknown (`admitted`), given back when refused, for another try while it lasts.
+    pub async fn settle(&self, claim: Claim, admitted: bool) {
+        let op = if admitted { "done" } else { "give" };
         if let Err(e) = self
             .store
-            .pass(claim.event, &claim.id, &claim.owner, false)
+            .pass(claim.event, op, &claim.id, &claim.owner, &claim.nonce, 0)
             .await
         {
+            // A claim left pending counts as used after store::CLAIM_PENDING_MS.
             tracing::warn!(
                 event_id = claim.event.0,
+                op,
                 error = format!("{e:#}"),
-                "a queue pass was not given back"
+                "a queue pass's claim was not settled"
             );
         }
     }

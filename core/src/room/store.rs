@@ -66,22 +66,34 @@ impl ScriptCode for Draw {
     }
 }
 
-/// What `room_pass.lua` answered a `use`.
+/// What `room_pass.lua` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PassUse {
     Taken = 0,
     Claimed = 1,
     Same = 2,
+    InFlight = 3,
+    Expired = 4,
 }
 
 impl ScriptCode for PassUse {
     const SCRIPT: &'static str = "room_pass.lua";
-    const ALL: &'static [PassUse] = &[PassUse::Taken, PassUse::Claimed, PassUse::Same];
+    const ALL: &'static [PassUse] = &[
+        PassUse::Taken,
+        PassUse::Claimed,
+        PassUse::Same,
+        PassUse::InFlight,
+        PassUse::Expired,
+    ];
 
     fn code(self) -> i64 {
         self as i64
     }
 }
+
+/// How long a pass's claim may stay pending before it counts as used (a core that
+/// stopped between the claim and its settlement): longer than any purchase takes.
+pub const CLAIM_PENDING_MS: i64 = 30_000;
 
 /// What one release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,6 +272,7 @@ impl RoomStore {
             .arg(units.max(0))
             .arg(ttl_ms)
             .arg(format!("{rate:.3}"))
+            .arg((ttl_ms / 120).max(1_000))
             .invoke_async(&mut self.redis.clone())
             .await
             .context("room_release.lua failed")?;
@@ -271,22 +284,27 @@ impl RoomStore {
         })
     }
 
-    /// Claims a pass for a purchase (`owner`: `<user>:<Idempotency-Key>`), or gives it
-    /// back (`use_it` false; the answer then says whether it was this purchase's).
+    /// `room_pass.lua`: `op` is `use` (with the pass's expiry), `done` or `give`, for the
+    /// purchase `owner` (`<user>:<Idempotency-Key>`) and this request's `nonce`.
     pub async fn pass(
         &self,
         event: EventId,
+        op: &str,
         id: &str,
         owner: &str,
-        use_it: bool,
+        nonce: &str,
+        expires_ms: i64,
     ) -> anyhow::Result<PassUse> {
         let code: i64 = PASS
             .key(self.keys.room(event))
             .key(self.keys.room_used(event))
             .key(self.keys.room_used_positions(event))
-            .arg(if use_it { "use" } else { "give" })
+            .arg(op)
             .arg(id)
             .arg(owner)
+            .arg(nonce)
+            .arg(expires_ms)
+            .arg(CLAIM_PENDING_MS)
             .invoke_async(&mut self.redis.clone())
             .await
             .context("room_pass.lua failed")?;

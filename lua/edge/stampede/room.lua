@@ -14,7 +14,7 @@ local auth = require "stampede.auth"
 local layout = require "stampede.keys"
 local lrucache = require "resty.lrucache"
 local reject = require("stampede.respond").reject
-local floor, ceil, format, tonumber, match = math.floor, math.ceil, string.format, tonumber, string.match
+local floor, ceil, format, tonumber, match, sub = math.floor, math.ceil, string.format, tonumber, string.match, string.sub
 
 local _M = {}
 
@@ -51,8 +51,9 @@ end
 local function progress_key(id, room, what) return "L:" .. id .. ":" .. room.gen .. ":" .. what end
 
 -- The leader's further reads for a room: its releases, and the next chunk of who is in
--- line. Appends commands to cmds; returns a function that takes their replies.
-function _M.more_cmds(prefix, id, room, cmds, now_ms)
+-- line. Appends commands to cmds; returns a function that takes their replies. What it
+-- copies is kept until a little after the sale's end (then its room is closed anyway).
+function _M.more_cmds(prefix, id, room, cmds, now_ms, end_ms)
   if not room.enabled then return function() end end
   local first = #cmds + 1
   cmds[#cmds + 1] = { "zrangebyscore", prefix .. format(layout.room_steps, id), "(" .. (now_ms - room.ttl_ms - 5000), "+inf" }
@@ -73,16 +74,20 @@ function _M.more_cmds(prefix, id, room, cmds, now_ms)
     if type(line) ~= "table" then return end
     local last = from
     local base = id .. ":" .. room.gen .. ":"
+    local keep = math.max(60, (end_ms - now_ms) / 1000 + room.ttl_ms / 1000 + 60)
     for i = 1, #line, 2 do
       local score = tonumber(line[i + 1])
+      local ok, err
       if room.drawn then
-        dict:safe_set(base .. line[i], score)
+        ok, err = dict:safe_set(base .. line[i], score, keep)
       else
-        dict:safe_add(base .. line[i], 0)
+        ok, err = dict:safe_add(base .. line[i], 0, keep)
       end
+      -- A full dict: stop here and copy the rest later (meanwhile the core answers them).
+      if not ok and err == "no memory" then break end
       last = score
     end
-    if last ~= from then dict:set(pkey, last) end
+    if last ~= from then dict:safe_set(pkey, last, keep) end
   end
 end
 
@@ -159,7 +164,7 @@ function _M.serve(state)
     return reject(404, "NOT_FOUND", "you are not in the waiting room of this event")
   end
   local res = ngx.location.capture("/_core" .. ngx.var.uri)
-  if res.status == 404 then dict:set("N:" .. key, true, NOT_IN_LINE_S) end
+  if res.status == 404 then dict:safe_set("N:" .. key, true, NOT_IN_LINE_S) end
   if res.status >= 500 and (not res.body or res.body == "") then
     return ngx.exit(res.status) -- nginx's own error page (core down)
   end
@@ -182,8 +187,11 @@ function _M.pass_refusal(state, event_id, uid)
     return "this sale admits buyers through its waiting room: join it, and buy with your pass in the Queue-Pass header when it is your turn"
   end
   local claims = auth.verify_signed(text)
-  local ev, user, _, expires = match(claims or "", "^q%.(%d+)%.(%d+)%.(h?%d+)%.(%d+)$")
-  if not ev then return "the queue pass is malformed or its signature is wrong" end
+  local ev, user, id, expires = match(claims or "", "^q%.(%d+)%.(%d+)%.(h?%d+)%.(%d+)$")
+  -- A room's passes are positions, the hidden path's "h<n>": each good in its mode only.
+  if not ev or (sub(id, 1, 1) == "h") == room.enabled then
+    return "the queue pass is malformed or its signature is wrong"
+  end
   if ev ~= event_id then return "the queue pass is for another event" end
   if user ~= uid then return "the queue pass is another buyer's" end
   if tonumber(expires) <= floor(ngx.now() * 1000) then return "the queue pass has expired" end

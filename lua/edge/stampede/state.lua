@@ -69,7 +69,7 @@ local function pull()
   for i, id in ipairs(ids) do
     local ev = snap.events[id]
     ev.room = room.from_reply(replies[4 * i])
-    if ev.room then takers[#takers + 1] = room.more_cmds(p, id, ev.room, more, now_ms) end
+    if ev.room then takers[#takers + 1] = room.more_cmds(p, id, ev.room, more, now_ms, ev.end_ms) end
   end
   if #more > 0 then
     local extra, merr = store.run(more)

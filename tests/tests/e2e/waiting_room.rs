@@ -16,12 +16,16 @@ use crate::edge::core_answers;
 
 /// An unseated sale of `units` (one per buyer) opening in `opens_in`.
 fn sale(units: u32, opens_in: Duration) -> Value {
+    sale_limited(units, opens_in, 1)
+}
+
+fn sale_limited(units: u32, opens_in: Duration, per_user_limit: u32) -> Value {
     let at = |d: chrono::Duration| (Utc::now() + d).to_rfc3339_opts(SecondsFormat::Millis, true);
     json!({
         "title": "Drop", "venue": "Loopback", "show_time": "2031-06-01T20:00:00Z",
         "sale_start": at(chrono::Duration::from_std(opens_in).unwrap()),
         "sale_end": at(chrono::Duration::hours(2)),
-        "per_user_limit": 1, "pay_timeout_s": 900,
+        "per_user_limit": per_user_limit, "pay_timeout_s": 900,
         "categories": [{"name": "GA", "price_cents": 500, "quantity": units}],
     })
 }
@@ -241,6 +245,20 @@ async fn a_waiting_room_draws_fairly_releases_by_stock_and_admits_only_with_a_pa
     ids.sort_unstable();
     assert_eq!(joined, ids, "joined: exactly who joined before the open");
     let order = recomputed(seed, &joined);
+    // Passes are signed with the lifetime in force: it cannot change after the draw.
+    let (s, b) = app
+        .admin
+        .call(
+            reqwest::Method::PUT,
+            &format!("/admin/events/{event}/waiting-room"),
+            Some(json!({"pass_ttl_s": 20})),
+        )
+        .await;
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (409, Some("INVALID_STATE")),
+        "{b}"
+    );
     let by_user: HashMap<u64, &Buyer> = early.iter().map(|b| (b.user_id, b)).collect();
     let in_line: Vec<&Buyer> = order.iter().map(|u| by_user[u]).collect();
     // Not in line: 404, the second time from the edge itself; joining ends that at once.
@@ -465,14 +483,22 @@ async fn the_hidden_path_issues_passes_from_the_open_after_a_proof_of_work() {
     app.admin.publish(event).await;
     let buyers = app.admin.buyers(2).await;
     let buyer = &buyers[0];
-    let (s, c, _) = call(
-        &app,
-        reqwest::Method::GET,
-        &format!("/api/events/{event}/queue/challenge"),
-        buyer,
-        None,
-    )
-    .await;
+    let challenge_path = format!("/api/events/{event}/queue/challenge");
+    // Before the open: no challenge (no work done ahead) and no pass.
+    let (s, c, _) = call(&app, reqwest::Method::GET, &challenge_path, buyer, None).await;
+    assert_eq!(
+        (s, c["error"]["code"].as_str()),
+        (403, Some("NOT_OPEN")),
+        "{c}"
+    );
+    let (s, b) = join(&app, event, buyer, None).await;
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (403, Some("CHALLENGE_FAILED")),
+        "{b}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (s, c, _) = call(&app, reqwest::Method::GET, &challenge_path, buyer, None).await;
     assert_eq!((s, c["bits"].as_u64()), (200, Some(8)), "{c}");
     let challenge = c["challenge"].as_str().unwrap().to_owned();
     // A proof for this user, found here from the documented hash.
@@ -483,19 +509,6 @@ async fn the_hidden_path_issues_passes_from_the_open_after_a_proof_of_work() {
             d[0] == 0
         })
         .unwrap();
-    let (s, b) = join(
-        &app,
-        event,
-        buyer,
-        Some(json!({"challenge": challenge, "nonce": nonce})),
-    )
-    .await;
-    assert_eq!(
-        (s, b["error"]["code"].as_str()),
-        (403, Some("NOT_OPEN")),
-        "no pass before the open: {b}"
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let (s, b) = join(&app, event, buyer, None).await;
     assert_eq!(
         (s, b["error"]["code"].as_str()),
@@ -636,4 +649,63 @@ async fn queue_endpoints_have_one_spelling_and_need_a_room() {
         .await
         .unwrap();
     assert_eq!(anon.status().as_u16(), 401);
+}
+
+/// Two requests of one purchase (same buyer, same Idempotency-Key, same pass) at once,
+/// one of them refused: the refused one must not hand back the pass the other spent, or
+/// the pass buys again under a new key.
+#[tokio::test]
+async fn one_pass_buys_once_even_when_twin_requests_race() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = app
+        .admin
+        .create_event(sale_limited(20, Duration::ZERO, 5))
+        .await;
+    let ga = categories[0];
+    let (s, b) = app
+        .admin
+        .call(
+            reqwest::Method::PUT,
+            &format!("/admin/events/{event}/waiting-room"),
+            Some(json!({"require_pass_at_open": true})),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    app.admin.publish(event).await;
+    let mut buyers = app.admin.buyers(7).await;
+    let prober = buyers.pop().unwrap();
+    let order = |buyer: &Buyer, key: &str, pass: &str, quantity: u32| {
+        app.http
+            .post(format!("{}/api/events/{event}/orders", app.edge_url))
+            .bearer_auth(&buyer.token)
+            .header("Idempotency-Key", key)
+            .header("Queue-Pass", pass)
+            .json(&json!({"category_id": ga, "quantity": quantity}))
+            .send()
+    };
+    // Once the edge knows the sale: a purchase without a pass is refused for it.
+    let known = eventually(Duration::from_secs(5), || async {
+        let (s, b) = buy(&app, event, &prober, "probe", None).await;
+        s == 403 && b["error"]["code"] == "QUEUE_REQUIRED"
+    })
+    .await;
+    assert!(known, "the edge never saw the hidden path");
+    for buyer in &buyers {
+        let (s, b) = join(&app, event, buyer, None).await;
+        assert_eq!(s, 200, "{b}");
+        let pass = b["pass"].as_str().unwrap().to_owned();
+        // quantity 6 is over the limit of 5: refused (400) while its twin is admitted.
+        let (bad, good) = tokio::join!(
+            order(buyer, "twin", &pass, 6),
+            order(buyer, "twin", &pass, 1)
+        );
+        let answer =
+            |r: reqwest::Response| async move { (r.status().as_u16(), r.text().await.unwrap()) };
+        let (bad, good) = (answer(bad.unwrap()).await, answer(good.unwrap()).await);
+        assert!(bad.0 == 400 || bad.0 == 409, "{bad:?}");
+        assert_eq!(good.0, 202, "{good:?}");
+        let again = order(buyer, "other", &pass, 1).await.unwrap();
+        assert_eq!(again.status().as_u16(), 403, "the pass bought twice");
+    }
+    assert_eq!(app.stock(event, ga).await, 20 - 6, "one unit per pass");
 }
