@@ -23,7 +23,7 @@
 -- ARGV[5] merge_ms releases this close to the last step join it
 --
 -- Returns (mirrored by Released in core/src/room/store.rs):
--- {served, released now, passes out, expired unused}.
+-- {served, released now, passes out, expired unused, still waiting}.
 local rcall = redis.call
 local t = rcall('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -58,4 +58,4 @@ end
 rcall('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl - 600000)
 local expired = math.max(0, served - rcall('ZCARD', KEYS[3]) - out)
 rcall('HSET', KEYS[1], 'out', out, 'expired', expired)
-return {served, n, out, expired}
+return {served, n, out, expired, math.max(0, waiting - n)}

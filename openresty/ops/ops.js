@@ -145,6 +145,10 @@ function renderRoom(room) {
   $("r-used").textContent = fmt(f.passes_used);
   $("r-expired").textContent = fmt(f.passes_expired);
   $("r-drawn").textContent = f.drawn == null ? "–" : f.drawn ? "yes" : "not yet";
+  // How accurate the waiting estimates were: turns checked against what buyers were told.
+  $("r-eta").textContent = f.eta_checked
+    ? `${fmt(f.eta_mean_error_s, 1)} / ${fmt(f.eta_mean_abs_error_s, 1)} (${fmt(f.eta_checked)} checked)`
+    : "–";
   $("room-settings").textContent = `opens ${fmt(w.opens_before_s)} s before the sale · pass good ${fmt(w.pass_ttl_s)} s · proof of work ${w.challenge_bits ? w.challenge_bits + " bits" : "none"}`;
   const figures = (h) => (h.room && h.room.figures) || {};
   chart("c-room", [

@@ -50,7 +50,15 @@ struct Held {
     /// Fractions of a position owed by earlier ticks.
     carry: f64,
     auto_rate: f64,
+    /// Estimates being checked: a position, and when the estimate a buyer there read
+    /// (`room::status`: ahead ÷ the rate in force) said its turn would come.
+    estimates: std::collections::VecDeque<(u64, Instant)>,
+    last_estimate: Instant,
 }
+
+/// How often the gate takes an estimate to check, and how far ahead it looks.
+const ESTIMATE_EVERY: Duration = Duration::from_secs(5);
+const ESTIMATE_AHEAD_S: f64 = 30.0;
 
 impl Gate {
     pub async fn run(self, mut stop: Shutdown) {
@@ -121,6 +129,8 @@ impl Gate {
             last: Instant::now(),
             carry: 0.0,
             auto_rate: AUTO_START,
+            estimates: Default::default(),
+            last_estimate: Instant::now(),
         }))
     }
 
@@ -189,6 +199,42 @@ impl Gate {
         if released.now < budget as u64 {
             // Nobody waiting, or the stock is spoken for: no credit piles up meanwhile.
             h.carry = h.carry.min(1.0);
+        }
+        // Held back by the stock (everything left is held by passes out): buyers read
+        // no estimate then, so none is taken.
+        let held_back = released.now < budget as u64 && released.waiting > 0;
+        self.check_estimates(event_id, h, &released, if held_back { 0.0 } else { rate })
+            .await
+    }
+
+    /// How accurate the buyers' estimates are: every [`ESTIMATE_EVERY`], the position
+    /// about [`ESTIMATE_AHEAD_S`] ahead and the turn its estimate promises (what a buyer
+    /// there reads now); once it is served, the error goes to the room's figures.
+    async fn check_estimates(
+        &self,
+        event: EventId,
+        h: &mut Held,
+        released: &super::store::Released,
+        rate: f64,
+    ) -> anyhow::Result<()> {
+        while let Some(&(position, due)) = h.estimates.front() {
+            if released.served < position {
+                break;
+            }
+            h.estimates.pop_front();
+            let now = Instant::now();
+            let error_ms = if now >= due {
+                (now - due).as_millis() as i64
+            } else {
+                -((due - now).as_millis() as i64)
+            };
+            self.store.record_estimate(event, error_ms).await?;
+        }
+        if h.last_estimate.elapsed() >= ESTIMATE_EVERY && rate > 0.0 && released.waiting > 0 {
+            h.last_estimate = Instant::now();
+            let ahead = ((rate * ESTIMATE_AHEAD_S).ceil() as u64).clamp(1, released.waiting);
+            let due = Instant::now() + Duration::from_secs_f64(ahead as f64 / rate);
+            h.estimates.push_back((released.served + ahead, due));
         }
         Ok(())
     }

@@ -106,6 +106,8 @@ pub struct Released {
     pub out: u64,
     /// Passes whose time ran out unused.
     pub expired: u64,
+    /// Positions still waiting for their turn.
+    pub waiting: u64,
 }
 
 /// The room's figures for the stats and the dashboard.
@@ -124,6 +126,12 @@ pub struct Figures {
     pub passes_expired: u64,
     /// Positions released per second now.
     pub rate_now: f64,
+    /// How accurate the waiting estimates were: positions whose estimate was checked
+    /// against their turn's real time (`room::gate`), and the mean error, seconds
+    /// (positive: later than estimated).
+    pub eta_checked: u64,
+    pub eta_mean_error_s: Option<f64>,
+    pub eta_mean_abs_error_s: Option<f64>,
 }
 
 #[derive(Clone)]
@@ -281,6 +289,7 @@ impl RoomStore {
             now: v[1],
             out: v[2],
             expired: v[3],
+            waiting: v[4],
         })
     }
 
@@ -356,6 +365,27 @@ impl RoomStore {
         Ok((room, place, drawn))
     }
 
+    /// Adds one checked estimate (`error_ms`: the turn's real time less the estimate).
+    pub async fn record_estimate(&self, event: EventId, error_ms: i64) -> anyhow::Result<()> {
+        let key = self.keys.room(event);
+        redis::pipe()
+            .hincr(&key, "eta_checked", 1)
+            .ignore()
+            .cmd("HINCRBYFLOAT")
+            .arg(&key)
+            .arg("eta_error_ms_sum")
+            .arg(error_ms)
+            .ignore()
+            .cmd("HINCRBYFLOAT")
+            .arg(&key)
+            .arg("eta_abs_error_ms_sum")
+            .arg(error_ms.abs())
+            .ignore()
+            .query_async::<()>(&mut self.redis.clone())
+            .await
+            .context("Failed to record an estimate's error")
+    }
+
     /// The seed once drawn (published at the fairness endpoint).
     pub async fn revealed_seed(&self, event: EventId) -> anyhow::Result<Option<String>> {
         let (drawn, seed): (Option<String>, Option<String>) = redis::cmd("HMGET")
@@ -378,18 +408,27 @@ impl RoomStore {
             Option<u64>,
             Option<u64>,
         );
-        let ((joined, drawn, served, used, rate_now, out, expired), placed): (Fields, u64) =
-            redis::pipe()
-                .hget(
-                    self.keys.room(event),
-                    &[
-                        "joined", "drawn", "served", "used", "rate_now", "out", "expired",
-                    ],
-                )
-                .zcard(self.keys.room_positions(event))
-                .query_async(&mut self.redis.clone())
-                .await
-                .context("Failed to read the waiting room")?;
+        type Eta = (Option<u64>, Option<f64>, Option<f64>);
+        let key = self.keys.room(event);
+        let ((joined, drawn, served, used, rate_now, out, expired), (checked, sum, abs), placed): (
+            Fields,
+            Eta,
+            u64,
+        ) = redis::pipe()
+            .hget(
+                &key,
+                &[
+                    "joined", "drawn", "served", "used", "rate_now", "out", "expired",
+                ],
+            )
+            .hget(
+                &key,
+                &["eta_checked", "eta_error_ms_sum", "eta_abs_error_ms_sum"],
+            )
+            .zcard(self.keys.room_positions(event))
+            .query_async(&mut self.redis.clone())
+            .await
+            .context("Failed to read the waiting room")?;
         let served = served.unwrap_or(0);
         Ok(Figures {
             joined: joined.unwrap_or(0),
@@ -400,6 +439,13 @@ impl RoomStore {
             passes_used: used.unwrap_or(0).max(0) as u64,
             passes_expired: expired.unwrap_or(0),
             rate_now: rate_now.unwrap_or(0.0),
+            eta_checked: checked.unwrap_or(0),
+            eta_mean_error_s: checked
+                .filter(|n| *n > 0)
+                .map(|n| sum.unwrap_or(0.0) / n as f64 / 1000.0),
+            eta_mean_abs_error_s: checked
+                .filter(|n| *n > 0)
+                .map(|n| abs.unwrap_or(0.0) / n as f64 / 1000.0),
         })
     }
 }
