@@ -10,9 +10,14 @@
 -- that purchase's first answer), so a refused request never gives back a pass a twin
 -- request used. A claim pending longer than ARGV[5] ms (its core stopped) counts as done.
 --
--- KEYS[1] room     hash  `used`: passes claimed
+-- A pass counts as used (`usedpos`, `used`, `done_seq`) only once its purchase is
+-- settled, after reserve.lua took the units: while a claim is pending its pass is still
+-- out for the gate (room_release.lua), so the units left and the passes out never both
+-- miss it.
+--
+-- KEYS[1] room     hash  `used`: passes used; `done_seq`: claims settled as used, ever
 -- KEYS[2] used     hash  pass id → the claim
--- KEYS[3] usedpos  zset  positions whose pass was claimed (room passes; hidden-path
+-- KEYS[3] usedpos  zset  positions whose pass was used (room passes; hidden-path
 --                        passes, "h<n>", are not positions)
 -- ARGV[1] use | done | give
 -- ARGV[2] pass id
@@ -35,29 +40,31 @@ local position = string.match(id, '^%d+$')
 local t = rcall('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local pending = owner .. '|' .. nonce .. '|'
+local function spent()
+  rcall('HSET', KEYS[2], id, owner .. '|done')
+  if position then rcall('ZADD', KEYS[3], position, position) end
+  rcall('HINCRBY', KEYS[1], 'used', 1)
+  rcall('HINCRBY', KEYS[1], 'done_seq', 1)
+end
 if op == 'use' then
   if held then
     if held == owner .. '|done' then return 2 end
     local who, at = string.match(held, '^(.*)|[^|]*|(%d+)$')
     if who ~= owner then return 0 end
     if now - tonumber(at) > tonumber(ARGV[6]) then
-      rcall('HSET', KEYS[2], id, owner .. '|done')
+      spent()
       return 2
     end
     return 3
   end
   if now >= tonumber(ARGV[5]) then return 4 end
   rcall('HSET', KEYS[2], id, pending .. now)
-  if position then rcall('ZADD', KEYS[3], position, position) end
-  rcall('HINCRBY', KEYS[1], 'used', 1)
   return 1
 end
 if not held or string.sub(held, 1, #pending) ~= pending then return 0 end
 if op == 'done' then
-  rcall('HSET', KEYS[2], id, owner .. '|done')
+  spent()
   return 1
 end
 rcall('HDEL', KEYS[2], id)
-if position then rcall('ZREM', KEYS[3], position) end
-rcall('HINCRBY', KEYS[1], 'used', -1)
 return 1

@@ -21,6 +21,9 @@
 -- ARGV[4] rate     the release rate in force (for the buyers' estimates; 0 is written
 --                  instead while the stock left is all spoken for by passes out)
 -- ARGV[5] merge_ms releases this close to the last step join it
+-- ARGV[6] done_seq the room's `done_seq` when the units were read: passes settled as
+--                  used since may have taken units the read still counted, so each
+--                  counts against the room left (at worst one too many: never fewer)
 --
 -- Returns (mirrored by Released in core/src/room/store.rs):
 -- {served, released now, passes out, expired unused, still waiting}.
@@ -36,7 +39,8 @@ if oldest then
   out = (served - from) - rcall('ZCOUNT', KEYS[3], from + 1, served)
 end
 local waiting = rcall('ZCARD', KEYS[4]) - served
-local room_left = tonumber(ARGV[2]) - out
+local settled_since = tonumber(rcall('HGET', KEYS[1], 'done_seq') or '0') - tonumber(ARGV[6])
+local room_left = tonumber(ARGV[2]) - out - settled_since
 local n = math.min(tonumber(ARGV[1]), room_left, waiting)
 rcall('HSET', KEYS[1], 'rate_now', (room_left <= 0 and waiting > 0) and 0 or ARGV[4])
 if n > 0 then

@@ -180,6 +180,8 @@ impl Gate {
             redis: self.store.redis.clone(),
             keys: self.store.keys.clone(),
         };
+        // Passes used from here on are told apart from the units read (room_release.lua).
+        let done_seq = self.store.done_seq(event_id).await?;
         let units: i64 = mover
             .available(event_id, event.buckets)
             .await?
@@ -193,6 +195,7 @@ impl Gate {
                 units,
                 i64::from(room.pass_ttl_s) * 1000,
                 rate,
+                done_seq,
             )
             .await?;
         h.carry -= released.now as f64;

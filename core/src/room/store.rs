@@ -270,6 +270,7 @@ impl RoomStore {
         units: i64,
         ttl_ms: i64,
         rate: f64,
+        done_seq: u64,
     ) -> anyhow::Result<Released> {
         let v: Vec<u64> = RELEASE
             .key(self.keys.room(event))
@@ -281,6 +282,7 @@ impl RoomStore {
             .arg(ttl_ms)
             .arg(format!("{rate:.3}"))
             .arg((ttl_ms / 120).max(1_000))
+            .arg(done_seq)
             .invoke_async(&mut self.redis.clone())
             .await
             .context("room_release.lua failed")?;
@@ -363,6 +365,18 @@ impl RoomStore {
             ..Room::default()
         };
         Ok((room, place, drawn))
+    }
+
+    /// The room's count of passes settled as used (`room_pass.lua`), read before the
+    /// units left so the release can tell the purchases in between.
+    pub async fn done_seq(&self, event: EventId) -> anyhow::Result<u64> {
+        let n: Option<u64> = redis::cmd("HGET")
+            .arg(self.keys.room(event))
+            .arg("done_seq")
+            .query_async(&mut self.redis.clone())
+            .await
+            .context("Failed to read the waiting room")?;
+        Ok(n.unwrap_or(0))
     }
 
     /// Adds one checked estimate (`error_ms`: the turn's real time less the estimate).
