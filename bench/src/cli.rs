@@ -174,6 +174,44 @@ pub struct SaleArgs {
     /// cancelled, never both (the chaos suite's pay-race).
     #[arg(long, default_value_t = 0)]
     pub pay_race: u64,
+    /// A waiting room in front of the sale (docs/waiting-room.md): every buyer joins it
+    /// before the open, polls its place every --poll-s after it and buys once with its
+    /// pass when its turn comes; the lottery is recomputed and checked, and the time
+    /// for everyone waiting to read sold_out and the edge's CPU per poll are measured.
+    #[arg(
+        long,
+        conflicts_with_all = ["train", "seats", "categories", "fault", "pay_race"]
+    )]
+    pub waiting_room: bool,
+    /// The room's release rate: positions per second (1 … 100 000), or auto.
+    #[arg(long, default_value = "auto", value_parser = parse_admit, requires = "waiting_room")]
+    pub admit_per_s: String,
+    /// Leading zero bits of each join's proof of work (0 … 24; 0: none).
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u8).range(0..=24),
+        requires = "waiting_room"
+    )]
+    pub challenge_bits: u8,
+    /// How long a pass is good for, seconds (10 … 3 600).
+    #[arg(
+        long,
+        default_value_t = 120,
+        value_parser = clap::value_parser!(u32).range(10..=3600),
+        requires = "waiting_room"
+    )]
+    pub pass_ttl_s: u32,
+    /// Seconds between a waiting buyer's polls of its place.
+    #[arg(long, default_value_t = 2.0, value_parser = parse_poll, requires = "waiting_room")]
+    pub poll_s: f64,
+    /// The join rate the open is planned for: the sale opens a little after the joins
+    /// (and the proofs of work) are expected to be done; later joiners go behind.
+    #[arg(long, default_value_t = 1_000, requires = "waiting_room")]
+    pub joins_per_s: u64,
+    /// Seconds of each burst of the edge's CPU measurement (polls, sold-out rejections).
+    #[arg(long, default_value_t = 3, requires = "waiting_room")]
+    pub cpu_burst_s: u64,
 }
 
 impl SaleArgs {
@@ -182,6 +220,21 @@ impl SaleArgs {
         (self.train.is_some() && self.buckets > 1).then_some(
             "--train has one Redis bucket (a seat's segments stay in one slot): drop --buckets",
         )
+    }
+}
+
+fn parse_admit(s: &str) -> Result<String, String> {
+    match s.parse::<u32>() {
+        _ if s == "auto" => Ok(s.to_owned()),
+        Ok(n) if (1..=100_000).contains(&n) => Ok(s.to_owned()),
+        _ => Err("auto, or positions per second within 1..=100000".into()),
+    }
+}
+
+fn parse_poll(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.05..=60.0).contains(&x) => Ok(x),
+        _ => Err("seconds within 0.05 … 60".into()),
     }
 }
 

@@ -41,6 +41,15 @@ pub fn snapshot() -> Snapshot {
     Snapshot(by_part)
 }
 
+/// This process's CPU seconds so far (user + system, every thread).
+pub fn own_s() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| ticks_of(&s))
+        .unwrap_or(0) as f64
+        / 100.0 // USER_HZ on Linux
+}
+
 /// utime + stime of a `/proc/<pid>/stat` line. Fields after the parenthesised name
 /// (which may hold spaces or parentheses): state is field 3, utime 14, stime 15.
 fn ticks_of(stat: &str) -> Option<u64> {

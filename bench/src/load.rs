@@ -37,6 +37,8 @@ pub struct Answer {
     pub body: Bytes,
     pub retry_after_s: Option<u64>,
     pub latency: Duration,
+    /// `X-Queue-Source: edge`: the edge answered a waiting room poll from its snapshot.
+    pub from_edge: bool,
 }
 
 impl Answer {
@@ -92,12 +94,17 @@ impl Conn {
                     .get("retry-after")
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse().ok());
+                let from_edge = resp
+                    .headers()
+                    .get("x-queue-source")
+                    .is_some_and(|v| v == "edge");
                 let body = resp.into_body().collect().await?.to_bytes();
                 anyhow::Ok(Answer {
                     status,
                     body,
                     retry_after_s,
                     latency: started.elapsed(),
+                    from_edge,
                 })
             }
             .await;

@@ -12,6 +12,7 @@ mod nodes;
 mod payrace;
 mod record;
 mod report;
+mod room;
 mod sale;
 mod stack;
 mod train;
@@ -34,6 +35,16 @@ async fn main() -> ExitCode {
     {
         Cli::command()
             .error(clap::error::ErrorKind::ArgumentConflict, why)
+            .exit();
+    }
+    if let Command::Compare { sale, .. } = &cli.command
+        && sale.waiting_room
+    {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--waiting-room is a sale of its own: stampede-bench sale --waiting-room",
+            )
             .exit();
     }
     match run(cli).await {

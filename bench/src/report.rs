@@ -1,5 +1,6 @@
 //! The sale's report as a table, and its timeline as an SVG.
 
+use crate::room::RoomReport;
 use crate::train::TrainReport;
 use crate::{record, sale};
 
@@ -63,6 +64,9 @@ pub fn print_sale(r: &sale::SaleReport) {
     if let Some(t) = &r.train {
         print_train(t);
     }
+    if let Some(w) = &r.waiting_room {
+        print_room(w);
+    }
     println!(
         "  audit: {}",
         if r.audit.ok {
@@ -112,6 +116,62 @@ fn print_train(t: &TrainReport) {
         t.first_fit_sold,
         pct(t.first_fit_sold as f64 / t.seat_segments_total.max(1) as f64)
     );
+}
+
+fn print_room(w: &RoomReport) {
+    let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.0} ms"));
+    println!(
+        "  waiting room: {} per s, {} challenge bits, passes {} s, polls every {} s; opened {:.1} s after the event was made",
+        w.admit_per_s, w.challenge_bits, w.pass_ttl_s, w.poll_s, w.open_in_s
+    );
+    println!(
+        "    joined            {:>8}  before the open, {} after it, {} not ({:.0}/s over {:.2} s) {:?}",
+        w.joined_early, w.joined_late, w.not_joined, w.joins_per_s, w.joins_s, w.join_answers
+    );
+    if let (Some(cpu), Some(s)) = (w.proof_cpu_ms, w.proofs_s) {
+        println!("    proof of work     {cpu:>8.2}  ms of client CPU per place ({s:.1} s for all)");
+    }
+    println!(
+        "    polls             {:>8}  {:.0}/s, {} answered by the edge; p99 {:.1} ms; {:?} {:?}",
+        w.polls, w.polls_per_s, w.polls_from_edge, w.poll_p99_ms, w.poll_states, w.poll_answers
+    );
+    println!(
+        "    turns             {:>8}  {} admitted, {} refused SOLD_OUT with their pass, {} passes expired, {} unfinished; SALE_BUSY {}",
+        w.turns, w.admitted, w.turns_refused_sold_out, w.expired, w.unfinished, w.sale_busy
+    );
+    println!(
+        "    sold out read     {:>8}  after the last unit by the last of {} still waiting ({} never read it); stale answers until {}",
+        ms(w.sold_out_read_max_ms),
+        w.sold_out_readers,
+        w.sold_out_unread,
+        ms(w.sold_out_stale_max_ms)
+    );
+    let l = &w.lottery;
+    println!(
+        "    lottery           {:>8}  joined; commitment {}; {} buyers' positions checked, {} wrong; {} skipped places explained by their pass; {} turns read before someone ahead's (edge workers' skew, at most {:.0} ms)",
+        l.joined,
+        if l.commitment_ok { "ok" } else { "WRONG" },
+        l.positions_checked,
+        l.positions_wrong,
+        l.holes_explained,
+        l.turn_inversions_within_skew,
+        l.turn_inversion_max_ms
+    );
+    if let Some(c) = &w.edge_cpu {
+        println!(
+            "    edge CPU          {:>8}  poll ÷ rejection: {:.1} µs per poll ({} from the edge), {:.1} µs per SOLD_OUT ({}), {} s each",
+            w.edge_cpu_poll_vs_reject
+                .map_or("-".into(), |r| format!("{r:.2}")),
+            c.poll_nginx_us,
+            c.polls_from_edge,
+            c.reject_nginx_us,
+            c.rejects_sold_out,
+            c.seconds_each
+        );
+    }
+    for (target, met) in &w.targets {
+        println!("    {} {target}", if *met { "met " } else { "MISS" });
+    }
 }
 
 pub fn plot_timeline(path: &std::path::Path, timeline: &[(f64, u64, u64)]) -> anyhow::Result<()> {

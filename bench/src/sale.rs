@@ -18,6 +18,7 @@ use crate::load::{Conn, Request};
 use crate::nodes::{self, NodeUse};
 use crate::payrace::{self, PayRace};
 use crate::record::{Latency, Recorder, error_code};
+use crate::room::{self, RoomReport};
 use crate::stack::{Stack, event_body};
 use crate::train::{self, TrainReport};
 
@@ -74,6 +75,8 @@ pub struct SaleReport {
     pub buckets: u16,
     /// A train's seat-segments and what 12306's counters would have sold (--train).
     pub train: Option<TrainReport>,
+    /// The waiting room's figures and checks (--waiting-room).
+    pub waiting_room: Option<RoomReport>,
     /// (bucket start s, admitted, rejected) per 100 ms.
     #[serde(skip)]
     pub timeline: Vec<(f64, u64, u64)>,
@@ -90,6 +93,9 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
             && (0.0..=1.0).contains(&a.seat_share),
         "shares are between 0 and 1"
     );
+    if a.waiting_room {
+        return room::run(stack, a).await;
+    }
     let mut body = match a.train {
         Some(t) => t.event_body(a.per_user_limit, Duration::from_secs(a.open_in_s)),
         None => event_body(
@@ -366,6 +372,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         masters_spread: nodes::spread(&redis_nodes),
         buckets: a.buckets,
         train,
+        waiting_room: None,
         redis_nodes,
     })
 }

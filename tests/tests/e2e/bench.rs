@@ -108,3 +108,66 @@ async fn a_bench_train_sale_passes_its_seat_segment_audit_and_reports_utilisatio
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_waiting_room_sale_recomputes_the_lottery_and_measures_polls() {
+    let _heavy = heavy().await;
+    let (_app, _edge) = stack_app().await;
+    let report = bench(
+        &[
+            "--waiting-room",
+            "--buyers",
+            "400",
+            "--units",
+            "60",
+            "--challenge-bits",
+            "6",
+            "--poll-s",
+            "0.5",
+            "--connections",
+            "16",
+            "--cpu-burst-s",
+            "1",
+            "--max-seconds",
+            "60",
+            "--settle-timeout-s",
+            "60",
+        ],
+        240,
+    )
+    .await;
+    // The sale's six checks and the lottery's three, all held.
+    assert_eq!(report["audit"]["ok"], true, "{report:#}");
+    assert_eq!(report["audit"]["checks"].as_array().unwrap().len(), 9);
+    let room = &report["waiting_room"];
+    let lottery = &room["lottery"];
+    assert_eq!(lottery["commitment_ok"], true, "{room:#}");
+    assert_eq!(
+        lottery["joined"].as_u64().unwrap() + room["joined_late"].as_u64().unwrap(),
+        400,
+        "{room:#}"
+    );
+    assert_eq!(lottery["positions_checked"], 400, "{room:#}");
+    assert_eq!(lottery["positions_wrong"], 0);
+    // 400 buyers for 60 units, one each with its pass: sold out, each 202 an order, and
+    // everyone still waiting told so.
+    assert_eq!(report["admitted"], 60, "{report:#}");
+    assert_eq!(report["orders"], 60);
+    // No turn is released beyond the stock (a pass refused SOLD_OUT would be one: the
+    // gate once counted a claimed pass as used before its units were taken).
+    assert_eq!(room["turns_refused_sold_out"], 0, "{room:#}");
+    assert_eq!(room["sold_out_readers"], 340, "{room:#}");
+    assert_eq!(room["sold_out_unread"], 0);
+    assert!(room["sold_out_read_max_ms"].as_f64().is_some());
+    assert!(room["proof_cpu_ms"].as_f64().is_some_and(|ms| ms > 0.0));
+    // The polls were the edge's; both bursts of the CPU measurement were answered.
+    assert!(room["polls_from_edge"].as_u64().unwrap() > 0, "{room:#}");
+    let cpu = &room["edge_cpu"];
+    assert!(cpu["polls_from_edge"].as_u64().unwrap() > 0, "{cpu:#}");
+    assert!(cpu["rejects_sold_out"].as_u64().unwrap() > 0, "{cpu:#}");
+    assert!(
+        room["edge_cpu_poll_vs_reject"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0)
+    );
+}
