@@ -179,7 +179,11 @@ impl WaitingRoom {
             )));
         }
         let event_id = EventId(event.id);
-        let (mut snapshot, place, _) = self.store.read(event_id, user).await?;
+        let ttl_ms = i64::from(room.pass_ttl_s) * 1000;
+        let (mut snapshot, place) = self
+            .store
+            .read(event_id, user, ttl_ms, event.categories.len())
+            .await?;
         let place = place.ok_or_else(|| {
             ApiError::NotFound(format!(
                 "you are not in the waiting room of event {}",
@@ -188,7 +192,6 @@ impl WaitingRoom {
         })?;
         let now_ms = Utc::now().timestamp_millis();
         snapshot.closed = closed(event, now_ms);
-        snapshot.sold_out = self.sold_out(event).await?;
         let s = status::status(&snapshot, place, now_ms);
         let pass = s.pass.map(|(id, expires_ms)| Pass {
             event_id: event.id,
@@ -203,16 +206,6 @@ impl WaitingRoom {
             s.eta_s,
             pass.as_ref().map(|p| (&self.tokens, p)),
         ))
-    }
-
-    /// Every category of the event flagged sold out (the edge's flags).
-    async fn sold_out(&self, event: &EventRecord) -> anyhow::Result<bool> {
-        let flags: Vec<String> = redis::cmd("HKEYS")
-            .arg(self.store.keys.sold_out(event.id))
-            .query_async(&mut self.store.redis.clone())
-            .await?;
-        let sold = flags.iter().filter(|f| !f.contains(':')).count();
-        Ok(!event.categories.is_empty() && sold >= event.categories.len())
     }
 
     /// `GET /api/events/{id}/queue/fairness`: the commitment before the draw; the seed,

@@ -322,49 +322,54 @@ impl RoomStore {
         PassUse::from_code(code)
     }
 
-    /// The room and a buyer's place as Redis has them now (None: not in line). The
-    /// sale's own state (closed, sold out) is the caller's to fill in.
+    /// The room and a buyer's place as Redis has them now (None: not in line), in one
+    /// round trip: the releases of the last `ttl_ms` (the pass lifetime, fixed once the
+    /// line is drawn) and the sold-out flags of an event of `categories` categories. The
+    /// sale's window (closed) is the caller's to fill in.
     pub async fn read(
         &self,
         event: EventId,
         user: u64,
-    ) -> anyhow::Result<(Room, Option<Place>, bool)> {
-        let mut redis = self.redis.clone();
-        type Fields = (Option<u64>, Option<f64>, Option<i64>, Option<String>);
-        let (fields, position, arrival): (Fields, Option<u64>, Option<u64>) = redis::pipe()
-            .hget(
-                self.keys.room(event),
-                &["served", "rate_now", "ttl_ms", "drawn"],
-            )
+        ttl_ms: i64,
+        categories: usize,
+    ) -> anyhow::Result<(Room, Option<Place>)> {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        type Fields = (Option<u64>, Option<f64>);
+        let (fields, position, arrival, steps, flags): (
+            Fields,
+            Option<u64>,
+            Option<u64>,
+            Vec<String>,
+            Vec<String>,
+        ) = redis::pipe()
+            .hget(self.keys.room(event), &["served", "rate_now"])
             .zscore(self.keys.room_positions(event), user)
             .zscore(self.keys.room_early(event), user)
-            .query_async(&mut redis)
-            .await
-            .context("Failed to read the waiting room")?;
-        let (served, rate, ttl_ms, drawn) = fields;
-        let ttl_ms = ttl_ms.unwrap_or(0);
-        let now_ms = chrono::Utc::now().timestamp_millis();
-        let steps: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .cmd("ZRANGEBYSCORE")
             .arg(self.keys.room_steps(event))
             .arg(format!("({}", now_ms - ttl_ms - 5_000))
             .arg("+inf")
-            .query_async(&mut redis)
+            .hkeys(self.keys.sold_out(event))
+            .query_async(&mut self.redis.clone())
             .await
-            .context("Failed to read the waiting room's releases")?;
-        let drawn = drawn.as_deref() == Some("1");
+            .context("Failed to read the waiting room")?;
+        let (served, rate) = fields;
         let place = match (position, arrival) {
             (Some(p), _) => Some(Place::At(p)),
             (None, Some(_)) => Some(Place::Undrawn),
             (None, None) => None,
         };
+        // Every category flagged (a train's journey flags, "<class>:<from>:<to>", aside).
+        let sold = flags.iter().filter(|f| !f.contains(':')).count();
         let room = Room {
             served: served.unwrap_or(0),
             rate: rate.unwrap_or(0.0),
             ttl_ms,
             steps: steps.iter().filter_map(|s| Step::parse(s)).collect(),
+            sold_out: categories > 0 && sold >= categories,
             ..Room::default()
         };
-        Ok((room, place, drawn))
+        Ok((room, place))
     }
 
     /// The room's count of passes settled as used (`room_pass.lua`), read before the
