@@ -80,6 +80,9 @@ async fn insert_range(state: &AppState, count: u64, hash: Option<String>) -> any
         .get_conn()
         .await
         .context("Failed to get a MySQL connection")?;
+    // Reset when it goes back to the pool: the named lock and @pw must not outlive this
+    // use, even when the request is dropped halfway.
+    conn.reset_connection(true);
     let locked: Option<i64> = conn
         .exec_first("SELECT GET_LOCK(?, 30)", (LOCK_NAME,))
         .await?;

@@ -119,11 +119,29 @@ impl Settings {
                 .map_err(|e| ConfigError(format!("mysql.url: {e}")))?,
         )
         .pool_opts(
-            mysql_async::PoolOpts::default().with_constraints(
-                mysql_async::PoolConstraints::new(1, self.mysql.pool_max)
-                    .ok_or_else(|| ConfigError("mysql.pool_max is invalid".into()))?,
-            ),
+            mysql_async::PoolOpts::default()
+                .with_constraints(
+                    mysql_async::PoolConstraints::new(1, self.mysql.pool_max)
+                        .ok_or_else(|| ConfigError("mysql.pool_max is invalid".into()))?,
+                )
+                // Keep up to pool_max idle connections (down to one after a minute idle):
+                // with the default (no idle lifetime) the pool keeps ONE, and closed every
+                // other connection the moment it came back, so each batch, stock sync and
+                // sweep under load opened a new TCP connection (handshake, password,
+                // session set-up) and MariaDB spent most of its CPU on them.
+                .with_inactive_connection_ttl(std::time::Duration::from_secs(60))
+                // No COM_RESET_CONNECTION each time a connection goes back to the pool:
+                // it costs a round trip, drops the connection's prepared statements (so
+                // every checkout prepared them again) and undid the time zone set below
+                // (`init` runs on connect only). Nothing here leaves session state
+                // behind but user creation, which asks for the reset on its connection;
+                // an unfinished transaction is rolled back by the pool either way.
+                .with_reset_connection(false),
         )
+        // TCP as configured: the driver would otherwise try the server's socket file too
+        // on every new connection (another handshake, refused here for a user that may
+        // connect from 127.0.0.1 only).
+        .prefer_socket(false)
         // Every DATETIME Stampede writes or reads is UTC.
         .init(vec!["SET time_zone = '+00:00'"]);
         if let Some(pw) = mysql_password {
