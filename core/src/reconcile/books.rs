@@ -106,17 +106,25 @@ impl Balance {
 
 /// Units in orders per (category, status), over every order shard: a train ticket's
 /// are its seat-segments (quantity × its journey's segments), as the stock counts them.
+/// Only a train's orders are joined to their items for that: for any other event the
+/// per-order lookup would cost MariaDB an index read per order on every pass of the
+/// reconciler (several per event every interval, for as long as the sale is listed).
 pub async fn units_by_status(
     pool: &Pool,
     shards: u32,
     event_id: u64,
+    train: bool,
 ) -> anyhow::Result<HashMap<(u64, OrderStatus), i64>> {
+    let units = if train {
+        "o.quantity * COALESCE((SELECT MAX(i.to_station - i.from_station) FROM {items} i \
+         WHERE i.order_no = o.order_no AND i.from_station IS NOT NULL), 1)"
+    } else {
+        "o.quantity"
+    };
     let union = order_tables::over_shards(
         shards,
         &format!(
-            "SELECT o.category_id, o.status, o.quantity * COALESCE((SELECT MAX(i.to_station - \
-             i.from_station) FROM {{items}} i WHERE i.order_no = o.order_no \
-             AND i.from_station IS NOT NULL), 1) AS quantity FROM {{orders}} o \
+            "SELECT o.category_id, o.status, {units} AS quantity FROM {{orders}} o \
              WHERE o.event_id = {event_id}"
         ),
     );

@@ -132,7 +132,7 @@ impl Reconciler {
             segments,
         } = read;
         let counted = redis_unavailable.is_none() && backlog <= MAX_COUNTED_BACKLOG as u64;
-        let held = units_by_status(&self.mysql, self.shards, e).await?;
+        let held = units_by_status(&self.mysql, self.shards, e, event.is_train()).await?;
         let in_orders = if event.is_train() {
             let classes: Vec<u64> = event.categories.iter().map(|c| c.id).collect();
             books::seat_segments_in_orders(&self.mysql, &classes).await?
