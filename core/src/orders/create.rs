@@ -116,11 +116,13 @@ impl Pipeline {
     }
 
     /// One batch: its transactional message and local transaction, then settle in Redis.
+    /// `first_delivery`: see [`Batch::first_delivery`].
     pub(super) async fn create(
         &self,
         event: &Arc<EventRecord>,
         bucket: Bucket,
         reservations: &[Reservation],
+        first_delivery: bool,
     ) -> Result<(), PersistError> {
         let event_id = bucket.event;
         let first = reservations[0].order_no;
@@ -128,6 +130,7 @@ impl Pipeline {
             event_id,
             batch_id: format!("{first}-{}", rand::random::<u32>()),
             reservations: reservations.to_vec(),
+            first_delivery,
         });
         let message = BatchMessage {
             batch_id: batch.batch_id.clone(),
@@ -268,7 +271,10 @@ impl Pipeline {
         };
         for r in reservations {
             let outcome = match &event {
-                Some(event) => self.create(event, bucket, std::slice::from_ref(&r)).await,
+                Some(event) => {
+                    self.create(event, bucket, std::slice::from_ref(&r), false)
+                        .await
+                }
                 None => Err(PersistError::Rejected(format!(
                     "event {} is not in MySQL",
                     bucket.event

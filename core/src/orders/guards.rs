@@ -322,6 +322,7 @@ pub fn minted_twice(existing: &[(u64, u64)], r: &Reservation) -> bool {
 }
 
 /// What stock_log already says of a batch's fresh reservations, in one read.
+#[derive(Debug, Default)]
 pub struct History {
     /// Turned away before (a replay): order number → `EXPIRED` (the deadline's) or
     /// `REFUSED` (the guards'); their rows exist with no order.

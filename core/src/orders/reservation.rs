@@ -93,6 +93,11 @@ pub struct Batch {
     /// Unique per attempt; stock_log rows record it, the check-back looks for it.
     pub batch_id: String,
     pub reservations: Vec<Reservation>,
+    /// Every reservation was read from the stream for the first time (XREADGROUP `>`)
+    /// and this is the first attempt at it: no attempt before can have created or turned
+    /// away any of them, so the first try leaves the checks for that to the unique keys
+    /// (`persist::create_orders`).
+    pub first_delivery: bool,
 }
 
 #[cfg(test)]

@@ -91,7 +91,8 @@ impl TransactionListener for OrdersTxListener {
                 PersistError::Rejected(_)
                 | PersistError::NotCommitted(_)
                 | PersistError::Stale(_)
-                | PersistError::Rewound(_),
+                | PersistError::Rewound(_)
+                | PersistError::Duplicate(_),
             ) => LocalTransactionState::RollbackMessage,
         };
         *job.outcome.lock().expect("not poisoned") = Some(outcome);

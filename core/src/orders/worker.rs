@@ -111,6 +111,8 @@ impl Pipeline {
                     }
                 }
                 let mut entries = Vec::new();
+                // Read with `>`: never delivered before (see `Batch::first_delivery`).
+                let mut first_delivery = false;
                 if check_own {
                     match redis::read(
                         &mut redis,
@@ -180,6 +182,7 @@ impl Pipeline {
                     {
                         Ok(found) => {
                             self.read_new(bucket, !found.is_empty());
+                            first_delivery = true;
                             entries = found;
                         }
                         Err(e) if e.code() == Some("NOGROUP") => {
@@ -199,7 +202,8 @@ impl Pipeline {
                     continue;
                 }
                 busy = true;
-                self.process(bucket, &entries, &mut stop).await;
+                self.process(bucket, &entries, first_delivery, &mut stop)
+                    .await;
             }
             if !busy {
                 tokio::select! {
@@ -211,11 +215,14 @@ impl Pipeline {
     }
 
     /// Creates one batch, retrying with backoff until it is done or the core stops (the
-    /// entries then stay pending and another worker takes them over).
+    /// entries then stay pending and another worker takes them over). `first_delivery`:
+    /// the entries were read with `>` (see `Batch::first_delivery`); true for the first
+    /// attempt only.
     async fn process(
         &self,
         bucket: Bucket,
         entries: &[::redis::streams::StreamId],
+        mut first_delivery: bool,
         stop: &mut Shutdown,
     ) {
         let mut redis = self.redis.clone();
@@ -243,7 +250,15 @@ impl Pipeline {
                 return;
             }
             let outcome = match self.events.get(bucket.event.0).await {
-                Ok(Some(event)) => self.create(&event, bucket, &reservations).await,
+                Ok(Some(event)) => {
+                    self.create(
+                        &event,
+                        bucket,
+                        &reservations,
+                        std::mem::take(&mut first_delivery),
+                    )
+                    .await
+                }
                 Ok(None) => Err(PersistError::Rejected(format!(
                     "event {} is not in MySQL",
                     bucket.event
