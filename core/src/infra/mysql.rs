@@ -73,6 +73,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V18__waiting_room",
         include_str!("../../../sql/V18__waiting_room.sql"),
     ),
+    (
+        "V19__order_request_index",
+        include_str!("../../../sql/V19__order_request_index.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";
