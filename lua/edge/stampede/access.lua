@@ -1,6 +1,7 @@
 -- The access phase of the public API, called from nginx.conf: one function per kind of
 -- route, each location of /api/ naming its own. In this order: one spelling and one
--- method → auth token → rate limits → sale window → sold out. Whatever passes goes to
+-- method → auth token → (purchases) sale window → sold out → rate limits; every other
+-- route: token → rate limits. Whatever passes goes to
 -- the core, which verifies the token again; $stampede_user keeps the user id for the
 -- edge's own bookkeeping (the purchase keys it remembers).
 local ngx = ngx
@@ -30,14 +31,20 @@ end
 -- The path exactly as the client sent it must be the one nginx matched: no percent
 -- escapes, no "." or ".." segments, nothing nginx normalised on the way. The core
 -- accepts one spelling only, and so does the edge.
-local function one_spelling(method)
+-- `id`: the path's one id when the location captured it (the purchase's event), else
+-- every 20-digit segment is looked at.
+local function one_spelling(method, id)
   local raw = ngx.var.request_uri
   local q = find(raw, "?", 1, true)
   if q then raw = sub(raw, 1, q - 1) end
   if raw ~= ngx.var.uri then return reject(404, "NOT_FOUND", "no such endpoint") end
   -- nginx.conf's patterns take ids of up to 20 digits; past u64 is no id either.
-  for id in gmatch(raw, "/(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)") do
-    if id > U64_MAX then return reject(404, "NOT_FOUND", "no such endpoint") end
+  if id then
+    if #id == 20 and id > U64_MAX then return reject(404, "NOT_FOUND", "no such endpoint") end
+  else
+    for long in gmatch(raw, "/(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)") do
+      if long > U64_MAX then return reject(404, "NOT_FOUND", "no such endpoint") end
+    end
   end
   local m = ngx.req.get_method()
   if m ~= method and not (method == "GET, POST" and (m == "GET" or m == "POST")) then
@@ -81,28 +88,33 @@ end
 -- dropped before it arrived), and only the core knows. The core answers a repeated key
 -- with its first answer, whatever the flags; any other purchase still meets them there.
 function _M.purchase()
-  one_spelling("POST")
-  local uid = authenticate()
+  local event_id = ngx.var.stampede_event
+  one_spelling("POST", event_id)
+  local uid, why = auth.user()
+  if not uid then return reject(401, "UNAUTHORIZED", why) end
   -- As the core asks (public/orders.rs): a purchase without its key is no purchase,
   -- whatever the flags say.
   local k = ngx.var.http_idempotency_key
   if not k or #k > 64 or not find(k, "^[!-~]+$") then
     return reject(400, "INVALID", "header Idempotency-Key is required: 1..=64 visible ASCII characters")
   end
-  local event_id = ngx.var.stampede_event
-  limited("orders", uid, event_id)
-  local key = passed_key(uid, event_id)
   local status, code, message = state.gate(event_id, category_of)
   if not status then
     -- A sale behind a waiting room (or the hidden path) admits purchases with a pass.
-    local why = room.pass_refusal(state, event_id, uid)
-    if why then status, code, message = 403, "QUEUE_REQUIRED", why end
+    local refusal = room.pass_refusal(state, event_id, uid)
+    if refusal then status, code, message = 403, "QUEUE_REQUIRED", refusal end
   end
+  local key = uid .. ":" .. event_id .. ":" .. k
   -- The remembered keys are read only for a purchase the flags refuse.
-  if status and not (key and passed:get(key)) then return reject(status, code, message) end
+  if status and not passed:get(key) then return reject(status, code, message) end
+  -- The limits only for what goes on to the core: they protect it, and a refusal from
+  -- memory costs it nothing (and the limits' shared-dict writes were most of the cost
+  -- of a sold-out answer). A buyer pressing "buy" on a sold-out sale hears so, not 429.
+  limited("orders", uid, event_id)
+  ngx.var.stampede_user = uid
   -- Pending until the core answers; a key remembered already keeps its lifetime. Never
   -- evicting (safe_add): a full dict costs a new key its shortcut, not someone else's.
-  if key then passed:safe_add(key, PENDING, PENDING_TTL_S) end
+  passed:safe_add(key, PENDING, PENDING_TTL_S)
 end
 
 -- The header filter of the purchase location: an answer from the core that is, or may
