@@ -1,5 +1,5 @@
 # Stampede: the two commands are `make demo` and `make test` (see README.md).
-.PHONY: up down status demo test test-cluster check bench chaos install test-stack-up test-stack-down
+.PHONY: up down status demo test test-cluster check bench bench-tools soak chaos install test-stack-up test-stack-down
 
 # Install what is missing, start the whole local stack (idempotent).
 up:
@@ -16,15 +16,28 @@ status:
 install:
 	scripts/stack.sh install
 
+# What `make bench` needs besides the stack: wrk (the edge cross-check), apt-get installed
+# when `wrk` is not on PATH (needs root then); `make up` never needs it.
+bench-tools:
+	scripts/stack.sh install-bench-tools
+
 # `make up`, then a demo event, published, and (once the hot path lands) a short sale.
 demo: up
 	scripts/demo.sh
 
 # `make up`, then every baseline and a 200 000-buyer sale for 10 000 units in one run:
 # the comparison table, also in target/bench/compare.json. Exits 1 if the audit fails.
-bench: up
+bench: up bench-tools
 	cargo build --release --quiet -p stampede-bench
 	target/release/stampede-bench compare --buyers 200000 --units 10000 --connections 256
+
+# `make up`, then MINUTES of steady purchases (200/s), a third cancelled, a third paid, a
+# third timing out: the core's RSS and the 202 p99 every 10 s, rss_flat, the audit; in
+# target/bench/soak.json and soak.svg. Exits 1 if the audit fails.
+MINUTES ?= 10
+soak: up
+	cargo build --release --quiet -p stampede-bench
+	target/release/stampede-bench soak --minutes $(MINUTES)
 
 # `make up`, then every chaos experiment (scripts/chaos.sh): a sale with one fault injected
 # mid-burst each (Redis, MariaDB, the broker, the core, the edge), the audit, one table row

@@ -148,6 +148,13 @@ check_install() {
     fail "install --dry-run does not list exactly the missing Debian package $absent (bash is installed):"$'\n'"$plan"
   ok "install --dry-run lists the one Debian package not installed, exit 0"
 
+  # make bench's own tools (wrk): a command not on PATH is missing, `make up` never asks.
+  plan=$(on_fresh_machine env STACK_BENCH_TOOLS="bash $absent" scripts/stack.sh install-bench-tools --dry-run 2>&1) ||
+    fail "install-bench-tools --dry-run failed, exit $?:"$'\n'"$plan"
+  grep -qE "apt-get install: $absent\$" <<<"$plan" ||
+    fail "install-bench-tools --dry-run does not list exactly the missing tool $absent (bash is on PATH):"$'\n'"$plan"
+  ok "install-bench-tools --dry-run lists the one bench tool not on PATH, exit 0"
+
   [ "$(footprint)" = "$before" ] ||
     fail "install --dry-run changed files:"$'\n'"$(diff <(printf '%s\n' "$before") <(footprint) || true)"
   ok "install --dry-run changed nothing (HOME, CARGO_HOME, state dir)"

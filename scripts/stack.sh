@@ -4,6 +4,8 @@
 #
 #   scripts/stack.sh install          install what is missing (apt-get, cargo install)
 #   scripts/stack.sh install --dry-run   print what `install` would install and build; change nothing
+#   scripts/stack.sh install-bench-tools [--dry-run]   what `make bench` needs besides the
+#                                     stack (wrk), apt-get installed when not on PATH
 #   scripts/stack.sh up [PART...]     install, then start what is not running
 #   scripts/stack.sh down [PART...]   stop what `up` started (pid files), newest first
 #   scripts/stack.sh status           every part with its port, pid and health
@@ -340,6 +342,12 @@ case $cmd in
       *) die "unknown option $1 to install (only --dry-run)" ;;
     esac
     ;;
+  install-bench-tools)
+    case ${1:-} in
+      "" | --dry-run) install_bench_tools "${1:-}" ;;
+      *) die "unknown option $1 to install-bench-tools (only --dry-run)" ;;
+    esac
+    ;;
   up)
     # A stack is one mode: cores on a cluster and edges on a single Redis see nothing
     # of each other's sales.
@@ -376,5 +384,5 @@ case $cmd in
     rotate_token_secret
     ;;
   env) core_env && env | grep '^STAMPEDE_' ;;
-  *) die "unknown command $cmd (install, up, down, status, rotate-token-secret, env)" ;;
+  *) die "unknown command $cmd (install, install-bench-tools, up, down, status, rotate-token-secret, env)" ;;
 esac

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::sale;
 use crate::stack::StackArgs;
 use crate::train::Train;
+use crate::{sale, soak};
 
 #[derive(Parser)]
 #[command(
@@ -54,6 +54,15 @@ pub enum Command {
         /// Also write the comparison here.
         #[arg(long, default_value = "target/bench/compare.json")]
         out: PathBuf,
+    },
+    /// Minutes of steady purchases, cancellations and payments: the core's RSS and the
+    /// 202 latency every interval, plotted, and the audit at the end.
+    Soak {
+        #[command(flatten)]
+        soak: soak::SoakArgs,
+        /// Print the report as JSON (the lines per interval go to stderr).
+        #[arg(long)]
+        json: bool,
     },
     #[command(hide = true)]
     ServeTrivial { addr: SocketAddr },

@@ -50,6 +50,35 @@ pub fn own_s() -> f64 {
         / 100.0 // USER_HZ on Linux
 }
 
+/// Resident memory of the processes named `comm`, MB (their VmRSS added up).
+pub fn rss_mb(comm: &str) -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let mut kb = 0u64;
+    for entry in dir.flatten() {
+        let path = entry.path();
+        if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == comm) {
+            kb += std::fs::read_to_string(path.join("status"))
+                .ok()
+                .and_then(|s| vm_rss_kb(&s))
+                .unwrap_or(0);
+        }
+    }
+    kb as f64 / 1024.0
+}
+
+/// The `VmRSS:   1234 kB` line of a `/proc/<pid>/status`.
+fn vm_rss_kb(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// utime + stime of a `/proc/<pid>/stat` line. Fields after the parenthesised name
 /// (which may hold spaces or parentheses): state is field 3, utime 14, stime 15.
 fn ticks_of(stat: &str) -> Option<u64> {
@@ -87,6 +116,16 @@ pub fn between(before: &Snapshot, after: &Snapshot, requests: u64) -> Usage {
 }
 
 impl Usage {
+    /// µs per request of one part (0 when it used nothing).
+    pub fn part(&self, name: &str) -> f64 {
+        self.us_per_request.get(name).copied().unwrap_or(0.0)
+    }
+
+    /// µs per request of every part together.
+    pub fn total(&self) -> f64 {
+        self.us_per_request.values().sum()
+    }
+
     /// "nginx 12.3 µs, core 20.1 µs, …" per request, largest first.
     pub fn line(&self) -> String {
         let mut parts: Vec<(&String, &f64)> = self.us_per_request.iter().collect();
@@ -112,6 +151,14 @@ mod tests {
     }
 
     #[test]
+    fn rss_comes_from_the_vm_rss_line() {
+        let status = "Name:\tstampede\nVmPeak:\t  9000 kB\nVmRSS:\t  4321 kB\nThreads:\t4\n";
+        assert_eq!(vm_rss_kb(status), Some(4321));
+        assert_eq!(vm_rss_kb("Name:\tx\n"), None);
+        assert!(rss_mb("no-such-process-name") == 0.0);
+    }
+
+    #[test]
     fn usage_is_per_part_and_per_request() {
         let before = Snapshot(BTreeMap::from([("nginx", 100), ("core", 50)]));
         let after = Snapshot(BTreeMap::from([
@@ -128,5 +175,8 @@ mod tests {
             "a part that used nothing is left out"
         );
         assert!(u.line().starts_with("nginx 2.0 µs"));
+        assert_eq!(u.part("nginx"), 2.0);
+        assert_eq!(u.part("core"), 0.0);
+        assert!((u.total() - 2.1).abs() < 1e-9);
     }
 }

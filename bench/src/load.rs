@@ -195,8 +195,23 @@ pub fn purchase_maker(
     tokens: Vec<String>,
     connections: usize,
 ) -> impl Fn(usize, u64) -> Request + Send + Sync + 'static {
+    purchase_to(
+        format!("/api/events/{event}/orders"),
+        category,
+        tokens,
+        connections,
+    )
+}
+
+/// The same purchase request, byte for byte but the path, sent to `path`: what a
+/// trivial location answers with the request a purchase costs to read.
+pub fn purchase_to(
+    path: String,
+    category: u64,
+    tokens: Vec<String>,
+    connections: usize,
+) -> impl Fn(usize, u64) -> Request + Send + Sync + 'static {
     let body = Bytes::from(format!(r#"{{"category_id":{category},"quantity":1}}"#));
-    let path = format!("/api/events/{event}/orders");
     move |c, n| Request {
         method: http::Method::POST,
         path: path.clone(),

@@ -5,6 +5,7 @@ mod audit;
 mod baseline;
 mod cli;
 mod compare;
+mod counters;
 mod cpu;
 mod fault;
 mod load;
@@ -14,8 +15,10 @@ mod record;
 mod report;
 mod room;
 mod sale;
+mod soak;
 mod stack;
 mod train;
+mod wrk;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -75,6 +78,15 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             }
             if let Some(path) = plot {
                 plot_timeline(&path, &report.timeline)?;
+            }
+            Ok(report.audit.ok)
+        }
+        Command::Soak { soak, json } => {
+            let report = soak::run(&stack, &soak).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                soak::print(&report);
             }
             Ok(report.audit.ok)
         }

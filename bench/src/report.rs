@@ -1,5 +1,9 @@
-//! The sale's report as a table, and its timeline as an SVG.
+//! The sale's report as a table, and its timeline as an SVG (the chart helper the
+//! soak draws with too).
 
+use std::path::Path;
+
+use crate::audit::Audit;
 use crate::room::RoomReport;
 use crate::train::TrainReport;
 use crate::{record, sale};
@@ -67,18 +71,23 @@ pub fn print_sale(r: &sale::SaleReport) {
     if let Some(w) = &r.waiting_room {
         print_room(w);
     }
+    print_audit(&r.audit);
+}
+
+/// The audit's verdict, each check, and the offending rows.
+pub fn print_audit(audit: &Audit) {
     println!(
         "  audit: {}",
-        if r.audit.ok {
+        if audit.ok {
             "every invariant held"
         } else {
             "VIOLATED"
         }
     );
-    for (check, held) in &r.audit.checks {
+    for (check, held) in &audit.checks {
         println!("    {} {check}", if *held { "ok  " } else { "FAIL" });
     }
-    for v in &r.audit.violations {
+    for v in &audit.violations {
         println!("    {v}");
     }
 }
@@ -174,41 +183,106 @@ fn print_room(w: &RoomReport) {
     }
 }
 
-pub fn plot_timeline(path: &std::path::Path, timeline: &[(f64, u64, u64)]) -> anyhow::Result<()> {
-    use plotters::prelude::*;
+/// The sale's admissions and rejects per second over its timeline.
+pub fn plot_timeline(path: &Path, timeline: &[(f64, u64, u64)]) -> anyhow::Result<()> {
     let per_s = |n: u64| n as f64 / record::BUCKET.as_secs_f64();
-    let max_t = timeline.last().map_or(1.0, |t| t.0 + 0.1);
-    let max_y = timeline
-        .iter()
-        .map(|t| per_s(t.1.max(t.2)))
-        .fold(1.0, f64::max);
+    let line = |label: &str, pick: fn(&(f64, u64, u64)) -> u64| Line {
+        label: label.to_owned(),
+        points: timeline.iter().map(|t| (t.0, per_s(pick(t)))).collect(),
+    };
+    plot(
+        path,
+        &Chart {
+            caption: "admissions and rejects per second".into(),
+            x_desc: "s since the sale opened".into(),
+            x_max: timeline.last().map_or(1.0, |t| t.0 + 0.1),
+            left: Axis {
+                desc: "per second".into(),
+                lines: vec![
+                    line("admitted (202)", |t| t.1),
+                    line("rejected (4xx/5xx)", |t| t.2),
+                ],
+            },
+            right: None,
+        },
+    )
+}
+
+/// A chart of lines over time, drawn by [`plot`]: the sale's timeline, the soak's
+/// memory and latency.
+pub struct Chart {
+    pub caption: String,
+    pub x_desc: String,
+    /// The right end of the time axis (it starts at 0).
+    pub x_max: f64,
+    pub left: Axis,
+    /// Lines in another unit, against an axis on the right.
+    pub right: Option<Axis>,
+}
+
+/// A y axis (from 0, so that a flat line looks flat) and the lines drawn against it.
+pub struct Axis {
+    pub desc: String,
+    pub lines: Vec<Line>,
+}
+
+/// One line: its legend and its (x, y) points. Colours are given in order, left axis
+/// first: blue, red, green, magenta.
+pub struct Line {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+impl Axis {
+    /// A little above the highest point, at least 1.
+    fn top(&self) -> f64 {
+        self.lines
+            .iter()
+            .flat_map(|l| &l.points)
+            .map(|p| p.1)
+            .fold(1.0, f64::max)
+            * 1.1
+    }
+}
+
+/// Draws `chart` into an SVG at `path`.
+pub fn plot(path: &Path, chart: &Chart) -> anyhow::Result<()> {
+    use plotters::prelude::*;
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("admissions and rejects per second", ("sans-serif", 20))
+    let right = chart.right.as_ref();
+    let mut c = ChartBuilder::on(&root)
+        .caption(&chart.caption, ("sans-serif", 20))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..max_t, 0.0..max_y * 1.1)?;
-    chart
-        .configure_mesh()
-        .x_desc("s since the sale opened")
+        .right_y_label_area_size(if right.is_some() { 60 } else { 0 })
+        .build_cartesian_2d(0.0..chart.x_max, 0.0..chart.left.top())?
+        .set_secondary_coord(0.0..chart.x_max, 0.0..right.map_or(1.0, Axis::top));
+    c.configure_mesh()
+        .x_desc(&chart.x_desc)
+        .y_desc(&chart.left.desc)
         .draw()?;
-    chart
-        .draw_series(LineSeries::new(
-            timeline.iter().map(|t| (t.0, per_s(t.1))),
-            &BLUE,
-        ))?
-        .label("admitted (202)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-    chart
-        .draw_series(LineSeries::new(
-            timeline.iter().map(|t| (t.0, per_s(t.2))),
-            &RED,
-        ))?
-        .label("rejected (4xx/5xx)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-    chart.configure_series_labels().border_style(BLACK).draw()?;
+    let mut colours = [BLUE, RED, GREEN, MAGENTA].into_iter().cycle();
+    for line in &chart.left.lines {
+        let colour = colours.next().expect("a cycle never ends");
+        c.draw_series(LineSeries::new(line.points.iter().copied(), colour))?
+            .label(&line.label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+    }
+    if let Some(axis) = right {
+        c.configure_secondary_axes().y_desc(&axis.desc).draw()?;
+        for line in &axis.lines {
+            let colour = colours.next().expect("a cycle never ends");
+            c.draw_secondary_series(LineSeries::new(line.points.iter().copied(), colour))?
+                .label(&line.label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+        }
+    }
+    c.configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
     root.present()?;
     Ok(())
 }

@@ -61,3 +61,43 @@ build_core() {
   # cargo decides whether anything changed; a no-op build takes a second.
   (cd "$ROOT" && cargo build --profile "$CORE_PROFILE" --quiet -p stampede-core)
 }
+
+# ---------------------------------------------------------------- bench tools
+# What `make bench` needs besides the stack (`make up` never does): wrk, the second load
+# generator of the edge cross-check (bench/src/wrk.rs). A tool is missing when its command
+# is not on PATH; each one's Debian package has its name. STACK_BENCH_TOOLS replaces the
+# list (scripts/check.sh adds one no machine has).
+BENCH_TOOLS=${STACK_BENCH_TOOLS:-wrk}
+missing_bench_tools() {
+  local t
+  for t in $BENCH_TOOLS; do
+    command -v "$t" >/dev/null 2>&1 || printf '%s\n' "$t"
+  done
+  return 0
+}
+install_bench_tools() {
+  local dry=${1:-} missing
+  missing=$(missing_bench_tools | tr '\n' ' ')
+  missing=${missing% }
+  if [ -z "$missing" ]; then
+    say "bench tools: nothing to install ($BENCH_TOOLS on PATH)"
+    return 0
+  fi
+  if [ "$dry" = --dry-run ]; then
+    say "bench tools plan (--dry-run: nothing is changed)"
+    say "  apt-get install: $missing"
+    return 0
+  fi
+  step="apt-get install $missing (bench tools)"
+  say "installing the bench's tools: $missing"
+  [ "$(id -u)" = 0 ] ||
+    die "installing the bench's tools needs root (apt-get install $missing); install them as root, or run stampede-bench compare yourself (it skips the wrk cross-check without wrk)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # shellcheck disable=SC2086 # one word per package
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  missing=$(missing_bench_tools | tr '\n' ' ')
+  [ -z "$missing" ] || die "installed, yet not on PATH: ${missing% }"
+  # shellcheck disable=SC2034 # read by the ERR trap in scripts/stack.sh
+  step="install bench tools"
+}

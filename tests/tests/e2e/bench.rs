@@ -7,8 +7,13 @@ use stampede_e2e::{heavy, root, stack_app};
 
 /// `stampede-bench sale <args> --json` (the debug build), within `limit_s`: its report.
 async fn bench(args: &[&str], limit_s: u64) -> serde_json::Value {
+    run_bench("sale", args, limit_s).await
+}
+
+/// `stampede-bench <command> <args> --json` (the debug build), within `limit_s`: its report.
+async fn run_bench(command: &str, args: &[&str], limit_s: u64) -> serde_json::Value {
     let run = tokio::process::Command::new(root().join("target/debug/stampede-bench"))
-        .arg("sale")
+        .arg(command)
         .args(args)
         .arg("--json")
         .kill_on_drop(true)
@@ -170,4 +175,66 @@ async fn a_bench_waiting_room_sale_recomputes_the_lottery_and_measures_polls() {
             .as_f64()
             .is_some_and(|r| r > 0.0)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_soak_samples_the_cores_memory_while_orders_are_paid_cancelled_and_timed_out() {
+    let _heavy = heavy().await;
+    let (_app, _edge) = stack_app().await;
+    let out = root().join("target/bench/soak-e2e.json");
+    let plot = root().join("target/bench/soak-e2e.svg");
+    // 20 s at 15 purchases/s, a sample every 2 s; an 8 s payment window, so orders time
+    // out during the soak too.
+    let report = run_bench(
+        "soak",
+        &[
+            "--minutes",
+            "0.34",
+            "--rate",
+            "15",
+            "--buyers",
+            "60",
+            "--connections",
+            "4",
+            "--interval-s",
+            "2",
+            "--pay-timeout-s",
+            "8",
+            "--settle-timeout-s",
+            "60",
+            "--out",
+            out.to_str().unwrap(),
+            "--plot",
+            plot.to_str().unwrap(),
+        ],
+        180,
+    )
+    .await;
+    assert_eq!(report["audit"]["ok"], true, "{report:#}");
+    let samples = report["samples"].as_array().unwrap();
+    assert!(samples.len() >= 10, "{report:#}");
+    for s in samples {
+        assert!(s["rss_mb"].as_f64().unwrap() > 0.0, "{s:#}");
+    }
+    assert!(report["rss_flat"].is_boolean(), "{report:#}");
+    assert_eq!(report["server_errors"], 0, "{report:#}");
+    assert_eq!(report["never_created"], 0, "{report:#}");
+    let admitted = report["answers"]["202"].as_u64().unwrap_or(0);
+    assert!(admitted > 200, "{report:#}");
+    // A third each: paid by the provider, cancelled by the buyer, left to time out.
+    for fate in ["paid", "cancelled_by_buyer", "timed_out"] {
+        assert!(report[fate].as_u64().unwrap() > 0, "{fate}: {report:#}");
+    }
+    assert_eq!(
+        report["paid"].as_u64().unwrap()
+            + report["cancelled_by_buyer"].as_u64().unwrap()
+            + report["timed_out"].as_u64().unwrap(),
+        admitted,
+        "every admitted order ended paid or cancelled: {report:#}"
+    );
+    assert_eq!(report["orders"]["UNPAID"], serde_json::Value::Null);
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(written["event_id"], report["event_id"]);
+    assert!(std::fs::read_to_string(&plot).unwrap().contains("<svg"));
 }
