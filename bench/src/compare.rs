@@ -8,7 +8,7 @@ use crate::load::{self, Request};
 use crate::record::Recorder;
 use crate::report::print_sale;
 use crate::stack::{Stack, event_body};
-use crate::{baseline, counters, cpu, sale, wrk};
+use crate::{baseline, counters, cpu, sale, soak, wrk};
 
 /// Purchases through the edge for `duration`, rotating over `tokens`: (answers/s, 202/s).
 async fn edge_loop(
@@ -225,7 +225,7 @@ pub async fn compare(
         cpu::between(&t0, &cpu::snapshot(), sale.requests),
     ));
     print_sale(&sale);
-    let core_rss_mb = cpu::rss_mb("stampede");
+    let core_rss_mb = soak::core_rss_mb(stack);
 
     let usage = |run: &str| {
         breakdown

@@ -50,35 +50,6 @@ pub fn own_s() -> f64 {
         / 100.0 // USER_HZ on Linux
 }
 
-/// Resident memory of the processes named `comm`, MB (their VmRSS added up).
-pub fn rss_mb(comm: &str) -> f64 {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0.0;
-    };
-    let mut kb = 0u64;
-    for entry in dir.flatten() {
-        let path = entry.path();
-        if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == comm) {
-            kb += std::fs::read_to_string(path.join("status"))
-                .ok()
-                .and_then(|s| vm_rss_kb(&s))
-                .unwrap_or(0);
-        }
-    }
-    kb as f64 / 1024.0
-}
-
-/// The `VmRSS:   1234 kB` line of a `/proc/<pid>/status`.
-fn vm_rss_kb(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// utime + stime of a `/proc/<pid>/stat` line. Fields after the parenthesised name
 /// (which may hold spaces or parentheses): state is field 3, utime 14, stime 15.
 fn ticks_of(stat: &str) -> Option<u64> {
@@ -148,14 +119,6 @@ mod tests {
         assert_eq!(ticks_of(line), Some(168));
         assert_eq!(ticks_of("1 (a) b) R 0 0 0 0 0 0 0 0 0 0 7 8"), Some(15));
         assert_eq!(ticks_of("garbage"), None);
-    }
-
-    #[test]
-    fn rss_comes_from_the_vm_rss_line() {
-        let status = "Name:\tstampede\nVmPeak:\t  9000 kB\nVmRSS:\t  4321 kB\nThreads:\t4\n";
-        assert_eq!(vm_rss_kb(status), Some(4321));
-        assert_eq!(vm_rss_kb("Name:\tx\n"), None);
-        assert!(rss_mb("no-such-process-name") == 0.0);
     }
 
     #[test]

@@ -963,6 +963,11 @@ fn holds_socket(pid: u32, inodes: &[u64]) -> bool {
         })
 }
 
+/// This stack's cores' resident memory, MB (`compare`'s `core_rss_mb`).
+pub fn core_rss_mb(stack: &Stack) -> f64 {
+    rss_mb(&this_stacks_cores(stack))
+}
+
 /// The processes' resident memory, MB (VmRSS summed).
 fn rss_mb(pids: &[u32]) -> f64 {
     let kb: u64 = pids
