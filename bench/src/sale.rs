@@ -119,7 +119,15 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         "event {event}: {units} units, {} buyers over {} connections",
         a.buyers, a.connections
     );
-    let (_, tokens) = stack.buyers(a.buyers).await?;
+    // Buyer i is user first + i (the users are created in one consecutive range; each
+    // token names its user: "<kid>.<user>.<expiry>.<signature>").
+    let (first_user, tokens) = stack.buyers(a.buyers).await?;
+    anyhow::ensure!(
+        tokens.iter().enumerate().all(|(i, t)| {
+            t.split('.').nth(1).and_then(|u| u.parse::<u64>().ok()) == Some(first_user + i as u64)
+        }),
+        "the buyers' user ids are not one consecutive range"
+    );
     let tokens = Arc::new(tokens);
 
     // Who does what, decided up front from the seed.
@@ -272,7 +280,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
                         {
                             ids.lock()
                                 .expect("not poisoned")
-                                .push((attempt.buyer as u64, rid));
+                                .push((first_user + attempt.buyer as u64, rid));
                         }
                         if repeaters[attempt.buyer] && !attempt.follow_up {
                             for key in [attempt.key.clone(), format!("{}-again", attempt.key)] {
