@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use serde_json::json;
 use stampede_core::keys::SeatState;
-use stampede_e2e::{Stack, eventually, small_sale, stack_app};
+use stampede_e2e::{Stack, eventually, purchase, small_sale, stack_app};
 
 use crate::edge::{core_answers, open_sale};
 
@@ -266,5 +266,78 @@ async fn two_thousand_concurrent_buyers_take_exactly_the_hundred_seats() {
     assert!(
         settled,
         "the 100 units did not all become orders, synced, within 30 s"
+    );
+}
+
+/// A purchase the edge refuses from memory never meets the rate limits: one buyer
+/// pressing "buy" ten times within a second on a sold-out sale hears SOLD_OUT ten times,
+/// where the same ten presses on a sale still selling meet the per-user limit (5 a
+/// second, nginx.conf's default) and some get 429.
+#[tokio::test]
+async fn a_sold_out_answer_comes_before_the_rate_limits() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, small_sale(1, 1, 1, 2)).await;
+    let (ga, seated) = (categories[0], categories[1]);
+    let buyers = app.admin.buyers(4).await;
+    for (buyer, category) in [(&buyers[0], ga), (&buyers[1], seated)] {
+        let (status, body) = app
+            .buy(
+                event,
+                buyer,
+                "one",
+                json!({"category_id": category, "quantity": 1}),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    let learned = eventually(Duration::from_secs(10), || async {
+        let (status, body) = app
+            .buy(
+                event,
+                &buyers[3],
+                &format!("probe{}", rand_key()),
+                json!({"category_id": ga, "quantity": 1}),
+            )
+            .await;
+        status == 409 && body["error"]["code"] == "SOLD_OUT"
+    })
+    .await;
+    assert!(learned, "the edge never answered SOLD_OUT");
+    // Every worker adopts the flags within two refreshes (0.2 s each).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Ten presses at once (each its own key), so that they fall within the limit's window
+    // whatever the machine's speed.
+    let presses = |event: u64, category: u64| {
+        let (http, url, token) = (
+            app.http.clone(),
+            app.edge_url.clone(),
+            buyers[2].token.clone(),
+        );
+        async move {
+            let mut set = tokio::task::JoinSet::new();
+            for n in 0..10 {
+                let (http, url, token) = (http.clone(), url.clone(), token.clone());
+                set.spawn(async move {
+                    let key = format!("press{n}-{}", rand_key());
+                    let body = json!({"category_id": category, "quantity": 1});
+                    let (status, body) = purchase(&http, &url, event, &token, &key, body).await;
+                    format!("{status} {}", body["error"]["code"].as_str().unwrap_or(""))
+                });
+            }
+            set.join_all().await
+        }
+    };
+    let sold_out = presses(event, ga).await;
+    assert!(
+        sold_out.iter().all(|a| a == "409 SOLD_OUT"),
+        "a sold-out sale answered {sold_out:?}"
+    );
+
+    // The control: the same presses on a sale with stock meet the per-user limit.
+    let (open, open_categories) = open_sale(&app, small_sale(100, 1, 1, 100)).await;
+    let selling = presses(open, open_categories[0]).await;
+    assert!(
+        selling.iter().any(|a| a == "429 RATE_LIMITED"),
+        "ten presses within a second met no limit: {selling:?}"
     );
 }
