@@ -283,82 +283,85 @@ pub async fn compare(
     });
     let client = |u: &cpu::Usage| u.part("bench client");
     // (figure, value, target, met, the bench client's CPU µs per request behind it)
-    let targets: [(&str, f64, &str, bool, String); 13] = [
-        (
+    let target = |name, value: f64, at_least: bool, bound: f64, client: String| {
+        let met = if at_least {
+            value >= bound
+        } else {
+            value <= bound
+        };
+        let op = if at_least { ">=" } else { "<=" };
+        (name, value, format!("{op} {bound}"), met, client)
+    };
+    let targets: [(&str, f64, String, bool, String); 13] = [
+        target(
             "edge_reject_vs_nginx",
             reject_rps / nginx_rps,
-            ">= 0.92",
-            reject_rps / nginx_rps >= 0.92,
+            true,
+            0.92,
             format!("{:.1} / {:.1}", client(&reject_u), client(&bare_u)),
         ),
-        (
+        target(
             "edge_cpu_reject_vs_trivial",
             edge_cpu_reject_vs_trivial,
-            "<= 1.25",
-            edge_cpu_reject_vs_trivial <= 1.25,
+            false,
+            1.25,
             format!("{:.1} / {:.1}", client(&reject_u), client(&trivial_u)),
         ),
-        (
+        target(
             "cpu_per_order_vs_proxy",
             cpu_per_order_vs_proxy,
-            "<= 3.0",
-            cpu_per_order_vs_proxy <= 3.0,
+            false,
+            3.0,
             format!("{:.1} / {:.1}", client(&settled_u), client(&proxy_u)),
         ),
-        (
+        target(
             "mariadb_us_per_order",
             settled_u.part("mariadb"),
-            "<= 30",
-            settled_u.part("mariadb") <= 30.0,
+            false,
+            30.0,
             format!("{:.1}", client(&settled_u)),
         ),
-        (
+        target(
             "redis_us_per_order",
             settled_u.part("redis"),
-            "<= 20",
-            settled_u.part("redis") <= 20.0,
+            false,
+            20.0,
             format!("{:.1}", client(&settled_u)),
         ),
-        (
+        target(
             "core_us_per_order",
             settled_u.part("core"),
-            "<= 30",
-            settled_u.part("core") <= 30.0,
+            false,
+            30.0,
             format!("{:.1}", client(&settled_u)),
         ),
-        (
+        target(
             "burst_vs_nginx_floor",
             burst_vs_nginx_floor,
-            "<= 1.4",
-            burst_vs_nginx_floor <= 1.4,
+            false,
+            1.4,
             format!("{:.1}", client(&burst_u)),
         ),
-        (
+        target(
             "orders_persisted_per_s",
             orders_persisted_per_s,
-            ">= 10000",
-            orders_persisted_per_s >= 10_000.0,
+            true,
+            10000.0,
             format!("{:.1}", client(&settled_u)),
         ),
-        (
+        target(
             "p99_202_ms",
             p99_202_ms,
-            "<= 50",
-            p99_202_ms <= 50.0,
+            false,
+            50.0,
             format!("{:.1}", client(&burst_u)),
         ),
-        (
-            "core_rss_mb",
-            core_rss_mb,
-            "<= 150",
-            core_rss_mb <= 150.0,
-            String::new(),
-        ),
-        (
+        target("core_rss_mb", core_rss_mb, false, 150.0, String::new()),
+        target(
             "admitted_vs_proxy",
             admitted_rps / proxy_rps,
-            ">= 0.70",
-            admitted_rps / proxy_rps >= 0.70,
+            true,
+            0.70,
             format!(
                 "{:.1} / {:.1}",
                 client(&usage(
@@ -367,20 +370,14 @@ pub async fn compare(
                 client(&proxy_u)
             ),
         ),
-        (
+        target(
             "burst_vs_rowlock",
             rowlock.burst_s / sale.first_answers_s,
-            ">= 10",
-            rowlock.burst_s / sale.first_answers_s >= 10.0,
+            true,
+            10.0,
             format!("{:.1}", client(&burst_u)),
         ),
-        (
-            "settle_s",
-            sale.settle_s,
-            "<= 5",
-            sale.settle_s <= 5.0,
-            String::new(),
-        ),
+        target("settle_s", sale.settle_s, false, 5.0, String::new()),
     ];
     println!();
     println!(

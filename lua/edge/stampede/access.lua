@@ -76,8 +76,10 @@ local function category_of()
     match(body, '"to"%s*:%s*(%d+)')
 end
 
-local function passed_key(uid, event_id)
-  local key = ngx.var.http_idempotency_key
+-- The remembered key of a purchase: its buyer, event and Idempotency-Key (`key`, or the
+-- request's header).
+local function passed_key(uid, event_id, key)
+  key = key or ngx.var.http_idempotency_key
   if key and #key > 0 and #key <= 64 then return uid .. ":" .. event_id .. ":" .. key end
 end
 
@@ -104,7 +106,7 @@ function _M.purchase()
     local refusal = room.pass_refusal(state, event_id, uid)
     if refusal then status, code, message = 403, "QUEUE_REQUIRED", refusal end
   end
-  local key = uid .. ":" .. event_id .. ":" .. k
+  local key = passed_key(uid, event_id, k)
   -- The remembered keys are read only for a purchase the flags refuse.
   if status and not passed:get(key) then return reject(status, code, message) end
   -- The limits only for what goes on to the core: they protect it, and a refusal from
