@@ -48,6 +48,8 @@ pub struct Verdict<'a> {
     pub accepted: Vec<&'a Reservation>,
     pub declined: Vec<(&'a Reservation, Declined)>,
     pub room: BTreeMap<u64, i64>,
+    /// The buyers whose hold row existed and is locked; the others have none yet.
+    pub holders: HashSet<u64>,
 }
 
 fn seat_tuples(seats: &[(u64, u32, u32)]) -> String {
@@ -69,6 +71,7 @@ pub async fn judge<'a>(
         accepted: Vec::new(),
         declined: Vec::new(),
         room: BTreeMap::new(),
+        holders: HashSet::new(),
     };
     if fresh.is_empty() {
         return Ok(verdict);
@@ -91,29 +94,20 @@ pub async fn judge<'a>(
         .into_iter()
         .map(|(id, total, committed)| (id, total - committed))
         .collect();
-    // The buyers' hold rows, created if new and locked either way (an upsert locks the
-    // row it inserts or finds; a locking read would not lock a row that is not there
-    // yet), in user order so that two batches wait for each other, never deadlock.
+    // The buyers' hold rows that exist, locked in user order (so that two batches wait
+    // for each other, never deadlock). A buyer without one holds nothing: `record`
+    // inserts their row with a plain INSERT, which a row another transaction inserted
+    // meanwhile refuses (a duplicate key: the batch is tried again, and then finds it).
     let users = list(&mut fresh.iter().map(|r| r.user_id.0));
-    tx.query_drop(format!(
-        "INSERT INTO user_hold (event_id, user_id, units) VALUES {} \
-         ON DUPLICATE KEY UPDATE units = units",
-        users
-            .split(',')
-            .map(|u| format!("({},{u},0)", event.id))
-            .collect::<Vec<_>>()
-            .join(",")
-    ))
-    .await
-    .map_err(classify)?;
     let holds: Vec<(u64, i64)> = tx
         .query(format!(
             "SELECT user_id, CAST(units AS SIGNED) FROM user_hold WHERE event_id = {} \
-             AND user_id IN ({users})",
+             AND user_id IN ({users}) ORDER BY user_id FOR UPDATE",
             event.id
         ))
         .await
         .map_err(classify)?;
+    verdict.holders = holds.iter().map(|(user, _)| *user).collect();
     let mut held: HashMap<u64, i64> = holds.into_iter().collect();
     let wanted: Vec<(u64, u32, u32)> = fresh
         .iter()
@@ -242,13 +236,15 @@ fn seat_segments(r: &Reservation) -> Vec<(u64, u32, u32, usize)> {
         .collect()
 }
 
-/// Writes what [`judge`] let through: one UPDATE per category, one upsert of the holds,
-/// one of the seats (locked for their orders), one insert of a train's seat-segments.
+/// Writes what [`judge`] let through: one UPDATE per category, one upsert of the holds
+/// that exist and one insert of the new ones, one upsert of the seats (locked for their
+/// orders), one insert of a train's seat-segments.
 pub async fn record(
     tx: &mut Transaction<'_>,
     event_id: EventId,
-    accepted: &[&Reservation],
+    verdict: &Verdict<'_>,
 ) -> Result<(), PersistError> {
+    let accepted = &verdict.accepted;
     let mut units: BTreeMap<u64, u64> = BTreeMap::new();
     let mut holds: BTreeMap<u64, u64> = BTreeMap::new();
     let mut seats = Vec::new();
@@ -278,15 +274,27 @@ pub async fn record(
         .await
         .map_err(classify)?;
     }
-    if !holds.is_empty() {
+    // One row write per buyer: the locked rows raised, the missing ones inserted (a
+    // duplicate key here is a row inserted since `judge` looked: the batch rolls back).
+    let (known, new): (Vec<_>, Vec<_>) = holds
+        .iter()
+        .partition(|(user, _)| verdict.holders.contains(user));
+    for (rows, upsert) in [(known, true), (new, false)] {
+        if rows.is_empty() {
+            continue;
+        }
+        let values = rows
+            .iter()
+            .map(|(u, n)| format!("({event_id},{u},{n})"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let on_duplicate = if upsert {
+            " ON DUPLICATE KEY UPDATE units = units + VALUES(units)"
+        } else {
+            ""
+        };
         tx.query_drop(format!(
-            "INSERT INTO user_hold (event_id, user_id, units) VALUES {} \
-             ON DUPLICATE KEY UPDATE units = units + VALUES(units)",
-            holds
-                .iter()
-                .map(|(u, n)| format!("({event_id},{u},{n})"))
-                .collect::<Vec<_>>()
-                .join(",")
+            "INSERT INTO user_hold (event_id, user_id, units) VALUES {values}{on_duplicate}"
         ))
         .await
         .map_err(classify)?;

@@ -107,7 +107,8 @@ pub struct Created {
 /// inserting new order numbers (which all land at the end of the key) never deadlock on
 /// each other's gap locks. What a gap lock would guard is kept by unique keys (an order
 /// number inserted twice fails with a duplicate key, and the next attempt sees it) and
-/// by `guards`, which locks every row it judges by (the hold rows by upserting them).
+/// by `guards`, which locks every row it judges by (a buyer's hold row that is not there
+/// yet by the primary key its insert meets).
 ///
 /// A batch on its first delivery (`Batch::first_delivery`) is first tried without the
 /// reads that find earlier attempts (the orders that exist, stock_log's decisions and
@@ -232,7 +233,7 @@ async fn attempt(
         }
     });
     let verdict = guards::judge(&mut tx, event, fresh).await?;
-    guards::record(&mut tx, EventId(event.id), &verdict.accepted).await?;
+    guards::record(&mut tx, EventId(event.id), &verdict).await?;
     created.room = verdict.room;
     let deadline = (Utc::now() + TimeDelta::seconds(i64::from(event.pay_timeout_s))).naive_utc();
     let mut logs = Vec::new();
