@@ -121,11 +121,14 @@ pub async fn units_by_status(
     } else {
         "o.quantity"
     };
+    // Summed in each shard first: the union then holds a few rows per shard, not one per
+    // order (MariaDB materialises it), and each shard's sum reads the event's orders in
+    // the order of its (event, category, status) index.
     let union = order_tables::over_shards(
         shards,
         &format!(
-            "SELECT o.category_id, o.status, {units} AS quantity FROM {{orders}} o \
-             WHERE o.event_id = {event_id}"
+            "(SELECT o.category_id, o.status, SUM({units}) AS quantity FROM {{orders}} o \
+             WHERE o.event_id = {event_id} GROUP BY o.category_id, o.status)"
         ),
     );
     let sql = format!(
