@@ -9,7 +9,7 @@ use anyhow::Context;
 use chrono::Utc;
 use mysql_async::prelude::*;
 
-use super::Reconciler;
+use super::{Balance, Reconciler};
 use crate::buckets::Mover;
 use crate::catalog::{EventRecord, EventStatus};
 use crate::domain::{CategoryId, EventId, OrderNo, UserId};
@@ -33,11 +33,13 @@ static ADJUST: LazyLock<redis::Script> =
 pub struct Adjusted(pub i64);
 
 impl Reconciler {
+    /// Returns the books as last measured when nothing was changed after measuring
+    /// them (the caller needs no other measurement), None after a heal.
     pub(super) async fn heal_locked(
         &self,
         event: &EventRecord,
         actions: &mut Vec<String>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Option<Balance>> {
         let (orders, units) = self.give_back_cancelled(event.id, event.buckets).await?;
         if orders > 0 {
             actions.push(format!(
@@ -46,12 +48,13 @@ impl Reconciler {
         }
         let first = self.measure(event).await?;
         if first.settled() || first.queued_reservations > 0 {
-            return Ok(());
+            return Ok(Some(first));
         }
         tokio::time::sleep(self.confirm).await;
         let second = self.measure(event).await?;
         if second != first {
-            return Ok(()); // The sale moved: not sure of anything; the next pass looks again.
+            // The sale moved: not sure of anything; the next pass looks again.
+            return Ok(Some(second));
         }
         let now = Utc::now();
         let running = event.status == EventStatus::Published
@@ -133,7 +136,7 @@ impl Reconciler {
                 }
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// A train class whose seats in Redis are not its live orders' (docs/trains.md):
