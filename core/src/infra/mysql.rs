@@ -77,6 +77,14 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V19__order_request_index",
         include_str!("../../../sql/V19__order_request_index.sql"),
     ),
+    (
+        "V20__stock_log_by_order",
+        include_str!("../../../sql/V20__stock_log_by_order.sql"),
+    ),
+    (
+        "V21__order_rows_by_order",
+        include_str!("../../../sql/V21__order_rows_by_order.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

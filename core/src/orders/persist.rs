@@ -278,17 +278,18 @@ async fn attempt(
                     (j.from.to_string(), j.to.to_string())
                 });
             let price = price * u64::from(r.journey.map_or(1, |j| j.span()));
+            // An order's items are numbered from 0: (order_no, line) is their key.
             if seats.is_empty() {
-                for _ in 0..r.quantity {
+                for line in 0..r.quantity {
                     items.push(format!(
-                        "({},{},NULL,NULL,{price},NULL,NULL)",
+                        "({},{line},{},NULL,NULL,{price},NULL,NULL)",
                         r.order_no, r.category_id
                     ));
                 }
             } else {
-                for (row, col) in seats {
+                for (line, (row, col)) in seats.into_iter().enumerate() {
                     items.push(format!(
-                        "({},{},{row},{col},{price},{from},{to})",
+                        "({},{line},{},{row},{col},{price},{from},{to})",
                         r.order_no, r.category_id
                     ));
                 }
@@ -313,8 +314,8 @@ async fn attempt(
         .await
         .map_err(inserted)?;
         tx.query_drop(format!(
-            "INSERT INTO {} (order_no, category_id, row_no, col_no, price_cents, from_station, \
-             to_station) VALUES {}",
+            "INSERT INTO {} (order_no, line, category_id, row_no, col_no, price_cents, \
+             from_station, to_station) VALUES {}",
             order_tables::items(shard),
             items.join(",")
         ))

@@ -87,11 +87,12 @@ pub async fn apply(pool: &Pool, batch_id: &str) -> anyhow::Result<Synced> {
         // error is logged at each redelivery until someone looks.
         .context("Failed to update ticket_category.remain")?;
     }
-    tx.exec_drop(
-        "UPDATE stock_log FORCE INDEX (idx_stock_log_batch) SET synced = 1, synced_at = UTC_TIMESTAMP(3) \
-         WHERE batch_id = ? AND synced = 0",
-        (batch_id,),
-    )
+    // By the order numbers just locked: the primary key, no second pass over the index.
+    let numbers: Vec<String> = rows.iter().map(|(no, _, _)| no.to_string()).collect();
+    tx.query_drop(format!(
+        "UPDATE stock_log SET synced = 1, synced_at = UTC_TIMESTAMP(3) WHERE order_no IN ({})",
+        numbers.join(",")
+    ))
     .await?;
     tx.commit()
         .await

@@ -61,7 +61,7 @@ pub async fn stale_batches(
     let mut conn = pool.get_conn().await?;
     conn.exec(
         "SELECT batch_id, MIN(event_id) FROM stock_log WHERE synced = 0 \
-         AND created_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND GROUP BY batch_id ORDER BY MIN(id) LIMIT ?",
+         AND created_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND GROUP BY batch_id ORDER BY MIN(created_at) LIMIT ?",
         (older_than_s, limit),
     )
     .await
