@@ -2,6 +2,10 @@
 # Sourced by scripts/stack.sh (its settings and helpers are in scope). Redis: one server (part redis), or a Redis Cluster of six (part rediscluster).
 
 # ---------------------------------------------------------------- redis
+# Stream nodes of 16 entries, not 100: settle.lua deletes each settled reservation from
+# its event's stream, and XDEL walks the entry's node from its start — 4.7 µs an entry
+# with 100 a node, 1.4 with 16, XADD and XREADGROUP unchanged, the backlog's memory +33 %
+# (README "Measured"). Every Redis of the stack, cluster nodes included.
 health_redis() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
 start_redis() {
   before_start redis "$REDIS_PORT" REDIS_PORT || return 0
@@ -11,7 +15,7 @@ start_redis() {
   esac
   mkdir -p "$STACK_DIR/redis"
   redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$STACK_DIR/redis" \
-    --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" \
+    --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" --stream-node-max-entries 16 \
     --daemonize yes --pidfile "$PIDS/redis.pid" --logfile "$LOGS/redis.log"
   wait_for redis 20 || die "Redis did not come up; see $LOGS/redis.log"
   say "  redis: started on 127.0.0.1:$REDIS_PORT"
@@ -39,7 +43,7 @@ start_rediscluster() {
     mkdir -p "$dir"
     redis-server --bind 127.0.0.1 --port "$p" --dir "$dir" \
       --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
-      --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" \
+      --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" --stream-node-max-entries 16 \
       --daemonize yes --pidfile "$PIDS/rediscluster-$p.pid" --logfile "$LOGS/rediscluster-$p.log"
   done
   for p in $CLUSTER_PORTS; do
