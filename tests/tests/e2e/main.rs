@@ -22,4 +22,5 @@ mod reconcile;
 mod recovery;
 mod redis_faults;
 mod trains;
+mod upgrade;
 mod waiting_room;
