@@ -37,13 +37,7 @@ pub async fn test_settings(stack: &Stack) -> (Settings, String, String) {
     let database = format!("stampede_t_{tag}");
     let prefix = format!("t{tag}:");
     let server = mysql_async::Pool::new(stack.mysql_url("stampede").as_str());
-    server
-        .get_conn()
-        .await
-        .expect("the test stack's MariaDB answers")
-        .query_drop(format!("CREATE DATABASE `{database}`"))
-        .await
-        .expect("create the test database");
+    crate::sql::create_database(&server, &database).await;
     server.disconnect().await.ok();
 
     let mut s = Settings::defaults();

@@ -25,7 +25,9 @@ pub use fixtures::{concert, small_sale};
 pub use http::{RawAnswer, raw_request};
 pub use own_stack::{OwnBroker, OwnRedis, free_port};
 pub use process::{CoreProcess, core_binary, core_env, paysim_binary};
-pub use sql::{drop_database, order_numbers, ordered_units, over_shards, scalar, test_shards};
+pub use sql::{
+    create_database, drop_database, order_numbers, ordered_units, over_shards, scalar, test_shards,
+};
 pub use stack::{Stack, connect_redis, root};
 pub use stack_app::{StackApp, stack_app};
 pub use stampede_core::TestFaults;

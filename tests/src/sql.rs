@@ -58,13 +58,23 @@ pub async fn order_numbers(
         .collect()
 }
 
+/// Creates a test's own database (the test stack's account may create those named
+/// `stampede…`; the tests use `stampede_t_<random>`).
+pub async fn create_database(mysql: &mysql_async::Pool, database: &str) {
+    database_statement(mysql, &format!("CREATE DATABASE `{database}`")).await;
+}
+
 /// Drops a test's own database (a core process's, when the test is done with it).
 pub async fn drop_database(mysql: &mysql_async::Pool, database: &str) {
+    database_statement(mysql, &format!("DROP DATABASE `{database}`")).await;
+}
+
+async fn database_statement(mysql: &mysql_async::Pool, sql: &str) {
     mysql
         .get_conn()
         .await
-        .unwrap()
-        .query_drop(format!("DROP DATABASE `{database}`"))
+        .expect("the test stack's MariaDB answers")
+        .query_drop(sql)
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -5,7 +5,7 @@
 use mysql_async::prelude::*;
 use rand::Rng;
 use stampede_core::infra::mysql::{MIGRATIONS, migrate, migrations};
-use stampede_e2e::{Stack, drop_database, scalar, test_shards};
+use stampede_e2e::{Stack, create_database, drop_database, scalar, test_shards};
 
 /// The first migration an older core did not have: it re-keys stock_log and the items.
 const FIRST_NEW: &str = "stock_log_by_order";
@@ -16,13 +16,7 @@ async fn a_database_with_orders_from_before_the_rekeying_upgrades_in_place() {
     let tag: u64 = rand::thread_rng().gen_range(0..u64::from(u32::MAX));
     let database = format!("stampede_t_{tag}");
     let server = mysql_async::Pool::new(stack.mysql_url("stampede").as_str());
-    server
-        .get_conn()
-        .await
-        .unwrap()
-        .query_drop(format!("CREATE DATABASE `{database}`"))
-        .await
-        .unwrap();
+    create_database(&server, &database).await;
     let db = mysql_async::Pool::new(stack.mysql_url(&database).as_str());
     let shards = test_shards();
 
