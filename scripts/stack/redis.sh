@@ -2,20 +2,25 @@
 # Sourced by scripts/stack.sh (its settings and helpers are in scope). Redis: one server (part redis), or a Redis Cluster of six (part rediscluster).
 
 # ---------------------------------------------------------------- redis
-# Stream nodes of 16 entries, not 100: settle.lua deletes each settled reservation from
-# its event's stream, and XDEL walks the entry's node from its start — 4.7 µs an entry
-# with 100 a node, 1.4 with 16, XADD and XREADGROUP unchanged, the backlog's memory +33 %
-# (README "Measured"). Every Redis of the stack, cluster nodes included.
-health_redis() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
-start_redis() {
-  before_start redis "$REDIS_PORT" REDIS_PORT || return 0
+# What every Redis of the stack runs with, the single server and each cluster node, in
+# REDIS_COMMON: the AOF, fsynced as REDIS_APPENDFSYNC says; no RDB snapshots; stream nodes
+# of 16 entries, not 100 — settle.lua deletes each settled reservation from its event's
+# stream, and XDEL walks the entry's node from its start: 4.7 µs an entry with 100 a
+# node, 1.4 with 16, XADD and XREADGROUP unchanged, the backlog's memory +33 % (README
+# "Measured").
+redis_common_args() {
   case $REDIS_APPENDFSYNC in
     always | everysec) ;;
     *) die "REDIS_APPENDFSYNC must be always or everysec, not $REDIS_APPENDFSYNC" ;;
   esac
+  REDIS_COMMON=(--appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" --stream-node-max-entries 16)
+}
+health_redis() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+start_redis() {
+  before_start redis "$REDIS_PORT" REDIS_PORT || return 0
+  redis_common_args
   mkdir -p "$STACK_DIR/redis"
-  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$STACK_DIR/redis" \
-    --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" --stream-node-max-entries 16 \
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$STACK_DIR/redis" "${REDIS_COMMON[@]}" \
     --daemonize yes --pidfile "$PIDS/redis.pid" --logfile "$LOGS/redis.log"
   wait_for redis 20 || die "Redis did not come up; see $LOGS/redis.log"
   say "  redis: started on 127.0.0.1:$REDIS_PORT"
@@ -36,6 +41,7 @@ start_rediscluster() {
     return 0
   fi
   local p dir i
+  redis_common_args
   for p in $CLUSTER_PORTS; do
     node_up "$p" && continue
     port_open "$p" && die "port $p is taken by something that is not a node of the stack's Redis Cluster; free it or set REDIS_CLUSTER_PORT"
@@ -43,7 +49,7 @@ start_rediscluster() {
     mkdir -p "$dir"
     redis-server --bind 127.0.0.1 --port "$p" --dir "$dir" \
       --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
-      --appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" --stream-node-max-entries 16 \
+      "${REDIS_COMMON[@]}" \
       --daemonize yes --pidfile "$PIDS/rediscluster-$p.pid" --logfile "$LOGS/rediscluster-$p.log"
   done
   for p in $CLUSTER_PORTS; do
