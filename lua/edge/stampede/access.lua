@@ -11,6 +11,7 @@ local state = require "stampede.state"
 local room = require "stampede.room"
 local reject = require("stampede.respond").reject
 local match, find, sub, gmatch = string.match, string.find, string.sub, string.gmatch
+local get_method, exec = ngx.req.get_method, ngx.exec
 local U64_MAX = "18446744073709551615" -- compared as strings of 20 digits
 
 local _M = {}
@@ -31,22 +32,16 @@ end
 -- The path exactly as the client sent it must be the one nginx matched: no percent
 -- escapes, no "." or ".." segments, nothing nginx normalised on the way. The core
 -- accepts one spelling only, and so does the edge.
--- `id`: the path's one id when the location captured it (the purchase's event), else
--- every 20-digit segment is looked at.
-local function one_spelling(method, id)
+local function one_spelling(method)
   local raw = ngx.var.request_uri
   local q = find(raw, "?", 1, true)
   if q then raw = sub(raw, 1, q - 1) end
   if raw ~= ngx.var.uri then return reject(404, "NOT_FOUND", "no such endpoint") end
   -- nginx.conf's patterns take ids of up to 20 digits; past u64 is no id either.
-  if id then
-    if #id == 20 and id > U64_MAX then return reject(404, "NOT_FOUND", "no such endpoint") end
-  else
-    for long in gmatch(raw, "/(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)") do
-      if long > U64_MAX then return reject(404, "NOT_FOUND", "no such endpoint") end
-    end
+  for long in gmatch(raw, "/(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)") do
+    if long > U64_MAX then return reject(404, "NOT_FOUND", "no such endpoint") end
   end
-  local m = ngx.req.get_method()
+  local m = get_method()
   if m ~= method and not (method == "GET, POST" and (m == "GET" or m == "POST")) then
     ngx.header["Allow"] = method
     return reject(405, "METHOD_NOT_ALLOWED", "this endpoint takes " .. method)
@@ -76,22 +71,31 @@ local function category_of()
     match(body, '"to"%s*:%s*(%d+)')
 end
 
--- The remembered key of a purchase: its buyer, event and Idempotency-Key (`key`, or the
--- request's header).
-local function passed_key(uid, event_id, key)
-  key = key or ngx.var.http_idempotency_key
-  if key and #key > 0 and #key <= 64 then return uid .. ":" .. event_id .. ":" .. key end
+-- The event id of a purchase path sent in its one spelling ("/api/events/<id>/orders",
+-- a query allowed), or nil. nginx matched the location on the path it normalised; a
+-- path it had to normalise cannot match here, so this is one_spelling's check for the
+-- purchase, from one variable instead of three.
+local function purchase_event(raw)
+  local id = match(raw, "^/api/events/([1-9]%d*)/orders$") or match(raw, "^/api/events/([1-9]%d*)/orders%?")
+  if id and (#id < 20 or (#id == 20 and id <= U64_MAX)) then return id end
 end
 
--- POST /api/events/{id}/orders; the id is in $stampede_event.
+-- POST /api/events/{id}/orders. What the edge refuses is answered here; what it lets
+-- through goes on to @purchase (nginx.conf), which proxies it to the core and, in its
+-- header filter (purchase_answered), learns the core's answer — a filter the refusals,
+-- most of a sale's requests, never run.
 --
 -- A purchase whose Idempotency-Key this edge let through before skips the sale window
 -- and the sold-out flags: its first answer may have been 202 (the buyer's connection
 -- dropped before it arrived), and only the core knows. The core answers a repeated key
 -- with its first answer, whatever the flags; any other purchase still meets them there.
 function _M.purchase()
-  local event_id = ngx.var.stampede_event
-  one_spelling("POST", event_id)
+  local event_id = purchase_event(ngx.var.request_uri)
+  if not event_id then return reject(404, "NOT_FOUND", "no such endpoint") end
+  if get_method() ~= "POST" then
+    ngx.header["Allow"] = "POST"
+    return reject(405, "METHOD_NOT_ALLOWED", "this endpoint takes POST")
+  end
   local uid, why = auth.user()
   if not uid then return reject(401, "UNAUTHORIZED", why) end
   -- As the core asks (public/orders.rs): a purchase without its key is no purchase,
@@ -106,7 +110,8 @@ function _M.purchase()
     local refusal = room.pass_refusal(state, event_id, uid)
     if refusal then status, code, message = 403, "QUEUE_REQUIRED", refusal end
   end
-  local key = passed_key(uid, event_id, k)
+  -- The remembered key: the buyer, the event and the Idempotency-Key.
+  local key = uid .. ":" .. event_id .. ":" .. k
   -- The remembered keys are read only for a purchase the flags refuse.
   if status and not passed:get(key) then return reject(status, code, message) end
   -- The limits only for what goes on to the core: they protect it, and a refusal from
@@ -114,20 +119,22 @@ function _M.purchase()
   -- of a sold-out answer). A buyer pressing "buy" on a sold-out sale hears so, not 429.
   limited("orders", uid, event_id)
   ngx.var.stampede_user = uid
+  ngx.var.stampede_purchase = key
   -- Pending until the core answers; a key remembered already keeps its lifetime. Never
   -- evicting (safe_add): a full dict costs a new key its shortcut, not someone else's.
   passed:safe_add(key, PENDING, PENDING_TTL_S)
+  return exec("@purchase")
 end
 
--- The header filter of the purchase location: an answer from the core that is, or may
--- be, a 202 (a 202, a 5xx, a timeout) keeps the key for passed_ttl_s; any other answer
--- forgets a pending key (its repeat meets the flags again) and leaves a key that had a
--- 202 before as it is. Keys the core never saw (the edge's own refusals, nginx's own
--- 4xx) lapse within PENDING_TTL_S.
+-- The header filter of @purchase, and of @core_unavailable (nginx.conf): an answer
+-- from the core that is, or may be, a 202 (a 202, a 5xx, nginx's 503 when the core
+-- could not be reached or did not answer in time) keeps the key let through
+-- ($stampede_purchase) for passed_ttl_s; any other answer forgets a pending key (its
+-- repeat meets the flags again) and leaves a key that had a 202 before as it is. Keys
+-- the core never saw (nginx's own 4xx on the way) lapse within PENDING_TTL_S.
 function _M.purchase_answered()
-  if not ngx.var.upstream_status or ngx.var.stampede_user == "" then return end
-  local key = passed_key(ngx.var.stampede_user, ngx.var.stampede_event)
-  if not key then return end
+  local key = ngx.var.stampede_purchase
+  if not key or key == "" then return end
   local status = ngx.status
   if status == 202 or status >= 500 then
     local ok, err = passed:safe_set(key, QUEUED, passed_ttl_s)

@@ -3,19 +3,33 @@
 -- without padding, with the secret whose key id is <kid> (core/src/auth/token.rs). The
 -- keyring is the current secret and the previous ones, so a rotation logs nobody out;
 -- a key id is the first 8 hex digits of its secret's SHA-1. Verified tokens are
--- remembered per worker, so a buyer's repeated requests cost one table lookup, not an
--- HMAC; signatures are compared in constant time.
+-- remembered per worker, by the Authorization header as sent, so a buyer's repeated
+-- requests cost a table lookup, not an HMAC; signatures are compared in constant time.
 local ngx = ngx
 local bit = require "bit"
 local hmac_sha1, encode_base64, sha1_bin, ngx_time = ngx.hmac_sha1, ngx.encode_base64, ngx.sha1_bin, ngx.time
 local find, sub, byte, format, tonumber = string.find, string.sub, string.byte, string.format, tonumber
 local bor, bxor = bit.bor, bit.bxor
-local lrucache = require "resty.lrucache"
 
 local _M = {}
 
 local secrets    -- key id → secret
-local verified   -- token → {uid, exp}
+
+-- Verified tokens: Authorization header → {uid, exp}, in two plain tables. A header is
+-- looked up in `young`, then in `old` (and moved to `young`); when `young` holds
+-- `young_max` headers it becomes `old` and the previous `old` is dropped. So the
+-- headers used within the last young_max lookups that missed `young` stay, and at most
+-- 2 × young_max are kept: an LRU's bound without its bookkeeping on every hit (one
+-- table lookup, where resty.lrucache moved a node in its queue each time).
+local young, old, young_count, young_max = {}, {}, 0, 100000
+
+local function remember(header, entry)
+  if young_count >= young_max then
+    old, young, young_count = young, {}, 0
+  end
+  young[header] = entry
+  young_count = young_count + 1
+end
 
 -- The key id of a secret: 8 hex digits of its SHA-1, as the core derives it.
 local function key_id(secret)
@@ -44,11 +58,13 @@ end
 local current_id
 
 -- opts.keyring: key id → secret; opts.current: the id of the key that signs;
--- opts.cache_size: tokens remembered per worker.
+-- opts.cache_size: tokens remembered per worker at most (at least half as many of
+-- the latest).
 function _M.init(opts)
   secrets = opts.keyring
   current_id = opts.current
-  verified = assert(lrucache.new(opts.cache_size or 200000))
+  young_max = math.max(1, math.ceil((opts.cache_size or 200000) / 2))
+  young, old, young_count = {}, {}, 0
 end
 
 -- Equal strings, in time that depends on their length only.
@@ -97,16 +113,19 @@ end
 -- The user id of the request's valid token, or nil and why.
 function _M.user()
   local header = ngx.var.http_authorization
-  if not header or sub(header, 1, 7) ~= BEARER then
-    return nil, "missing bearer token"
-  end
-  local token = sub(header, 8)
+  if not header then return nil, "missing bearer token" end
   local now = ngx_time()
-  local hit = verified:get(token)
+  local hit = young[header]
+  if not hit then
+    hit = old[header]
+    if hit then remember(header, hit) end
+  end
   if hit then
     if hit[2] <= now then return nil, "token expired" end
     return hit[1]
   end
+  if sub(header, 1, 7) ~= BEARER then return nil, "missing bearer token" end
+  local token = sub(header, 8)
   local d1 = find(token, ".", 1, true)
   local d2 = d1 and find(token, ".", d1 + 1, true)
   local d3 = d2 and find(token, ".", d2 + 1, true)
@@ -124,7 +143,7 @@ function _M.user()
   if exp <= now then
     return nil, "token expired"
   end
-  verified:set(token, { user, exp })
+  remember(header, { user, exp })
   return user
 end
 
