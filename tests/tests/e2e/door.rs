@@ -221,3 +221,88 @@ async fn a_retried_purchase_gets_its_first_answer_after_the_sell_out() {
     let stock = app.stock(event, categories[0]).await;
     assert_eq!(stock, 0);
 }
+
+/// Starts the stack's core again when dropped (`scripts/stack.sh up core`: nothing if
+/// it runs), so a test that stops it leaves the stack as it found it, failed or not.
+struct CoreComesBack;
+
+impl Drop for CoreComesBack {
+    fn drop(&mut self) {
+        let up = std::process::Command::new(stampede_e2e::root().join("scripts/stack.sh"))
+            .args(["up", "core"])
+            .output()
+            .expect("run scripts/stack.sh up core");
+        assert!(
+            up.status.success(),
+            "the stack's core did not come back: {}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+    }
+}
+
+/// A purchase the edge let through to a core it could not reach (nginx's 503
+/// UNAVAILABLE) may have been taken there: the edge keeps its Idempotency-Key, so the
+/// buyer's retry after the sell-out, past the 15 s a key waits for an answer, goes to
+/// the core (which knows the key) instead of hearing SOLD_OUT from the edge's memory.
+#[tokio::test]
+async fn a_purchase_that_found_the_core_away_is_retried_at_the_core_after_the_sell_out() {
+    let (app, _edge) = stack_app().await;
+    let stack = Stack::from_env();
+    let (event, categories) = open_sale(&app, small_sale(1, 1, 1, 1)).await;
+    let body = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.admin.buyers(3).await;
+    let (away, winner, late) = (&buyers[0], &buyers[1], &buyers[2]);
+
+    let pid = std::fs::read_to_string(stack.dir.join("pids/core.pid")).unwrap();
+    let back = CoreComesBack;
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let core_gone = eventually(Duration::from_secs(20), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", stack.core_port))
+            .await
+            .is_err()
+    })
+    .await;
+    assert!(core_gone, "the stack's core did not stop");
+    let (status, answer) = app.buy(event, away, "core-away", body.clone()).await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "UNAVAILABLE", "{answer}");
+    drop(back);
+
+    let (status, answer) = app.buy(event, winner, "winner", body.clone()).await;
+    assert_eq!(status, 202, "{answer}");
+    // The edge knows the sell-out: a new buyer hears it from the edge, not the core.
+    let mut n = 0;
+    let edge_says_sold_out = eventually(Duration::from_secs(10), || {
+        n += 1;
+        let key = format!("late-{n}");
+        let (app, body) = (&app, body.clone());
+        async move {
+            let before = core_answers(app, 409).await;
+            let (status, answer) = app.buy(event, late, &key, body).await;
+            status == 409
+                && answer["error"]["code"] == "SOLD_OUT"
+                && core_answers(app, 409).await == before
+        }
+    })
+    .await;
+    assert!(
+        edge_says_sold_out,
+        "the edge never answered SOLD_OUT itself"
+    );
+
+    // Past the lifetime of a key that never had an answer (access.lua's PENDING_TTL_S).
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let before = core_answers(&app, 409).await;
+    let (status, answer) = app.buy(event, away, "core-away", body).await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["error"]["code"], "SOLD_OUT", "{answer}");
+    assert_eq!(
+        core_answers(&app, 409).await,
+        before + 1,
+        "the edge refused from memory a key it had let through to a core it could not reach"
+    );
+}
