@@ -31,6 +31,6 @@ pub use sql::{
 pub use stack::{Stack, connect_redis, root};
 pub use stack_app::{StackApp, stack_app};
 pub use stampede_core::TestFaults;
-pub use wait::{eventually, heavy};
+pub use wait::{edge_workers_catch_up, eventually, heavy};
 
 pub use stampede_core::Settings as CoreSettings;

@@ -1,4 +1,5 @@
-//! Waiting: polling until a condition holds, and the lock the heavy tests take turns on.
+//! Waiting: polling until a condition holds, the edge's workers catching up, and the lock
+//! the heavy tests take turns on.
 
 use std::time::Duration;
 
@@ -18,6 +19,14 @@ where
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Once one of the edge's workers answered from a new snapshot (a sale it now knows, a
+/// flag it now has), the others adopt it on their own next refresh timer (nginx.conf's
+/// refresh_interval_s = 0.2): within two intervals every worker has it. A test that then
+/// sends requests on several connections (several workers) waits this long first.
+pub async fn edge_workers_catch_up() {
+    tokio::time::sleep(Duration::from_millis(400)).await;
 }
 
 /// Held by the tests that fire thousands of requests, so two of them never share the

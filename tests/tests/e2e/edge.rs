@@ -40,9 +40,7 @@ pub(crate) async fn open_sale(app: &StackApp, sale: serde_json::Value) -> (u64, 
     })
     .await;
     assert!(known, "the edge did not learn of event {event}");
-    // That worker knows; each of the others adopts the snapshot on its next refresh
-    // timer (edge refresh_interval_s = 0.2): two intervals, and all of them do.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    stampede_e2e::edge_workers_catch_up().await;
     (event, categories)
 }
 

@@ -303,8 +303,7 @@ async fn a_sold_out_answer_comes_before_the_rate_limits() {
     })
     .await;
     assert!(learned, "the edge never answered SOLD_OUT");
-    // Every worker adopts the flags within two refreshes (0.2 s each).
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    stampede_e2e::edge_workers_catch_up().await;
     // Ten presses at once (each its own key), so that they fall within the limit's window
     // whatever the machine's speed.
     let presses = |event: u64, category: u64| {

@@ -690,6 +690,8 @@ async fn one_pass_buys_once_even_when_twin_requests_race() {
     })
     .await;
     assert!(known, "the edge never saw the hidden path");
+    // The twins below go on two connections, maybe to two workers: both must know it.
+    stampede_e2e::edge_workers_catch_up().await;
     for buyer in &buyers {
         let (s, b) = join(&app, event, buyer, None).await;
         assert_eq!(s, 200, "{b}");
