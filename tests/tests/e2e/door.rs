@@ -146,6 +146,30 @@ async fn login_and_the_rest_of_the_api_have_one_spelling_and_one_method() {
     }
 }
 
+/// Whether, within 10 s, a new buyer (`late`, a fresh key each try) hears SOLD_OUT from
+/// the edge itself: the core's count of 409 answers stays put.
+async fn the_edge_says_sold_out(
+    app: &stampede_e2e::StackApp,
+    event: u64,
+    late: &stampede_e2e::Buyer,
+    body: &serde_json::Value,
+) -> bool {
+    let mut n = 0;
+    eventually(Duration::from_secs(10), || {
+        n += 1;
+        let key = format!("late-{n}");
+        let body = body.clone();
+        async move {
+            let before = core_answers(app, 409).await;
+            let (status, answer) = app.buy(event, late, &key, body).await;
+            status == 409
+                && answer["error"]["code"] == "SOLD_OUT"
+                && core_answers(app, 409).await == before
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_purchase_gets_its_first_answer_after_the_sell_out() {
     let (app, _edge) = stack_app().await;
@@ -177,22 +201,8 @@ async fn a_retried_purchase_gets_its_first_answer_after_the_sell_out() {
     // The edge knows the category is sold out: a new buyer hears it from the edge, not
     // the core (whose count of 409s stays put).
     let late = app.admin.buyers(1).await.remove(0);
-    let mut n = 0;
-    let edge_says_sold_out = eventually(Duration::from_secs(10), || {
-        n += 1;
-        let key = format!("late-{n}");
-        let (app, late, body) = (&app, &late, body.clone());
-        async move {
-            let before = core_answers(app, 409).await;
-            let (status, answer) = app.buy(event, late, &key, body).await;
-            status == 409
-                && answer["error"]["code"] == "SOLD_OUT"
-                && core_answers(app, 409).await == before
-        }
-    })
-    .await;
     assert!(
-        edge_says_sold_out,
+        the_edge_says_sold_out(&app, event, &late, &body).await,
         "the edge never answered SOLD_OUT itself"
     );
 
@@ -274,23 +284,8 @@ async fn a_purchase_that_found_the_core_away_is_retried_at_the_core_after_the_se
 
     let (status, answer) = app.buy(event, winner, "winner", body.clone()).await;
     assert_eq!(status, 202, "{answer}");
-    // The edge knows the sell-out: a new buyer hears it from the edge, not the core.
-    let mut n = 0;
-    let edge_says_sold_out = eventually(Duration::from_secs(10), || {
-        n += 1;
-        let key = format!("late-{n}");
-        let (app, body) = (&app, body.clone());
-        async move {
-            let before = core_answers(app, 409).await;
-            let (status, answer) = app.buy(event, late, &key, body).await;
-            status == 409
-                && answer["error"]["code"] == "SOLD_OUT"
-                && core_answers(app, 409).await == before
-        }
-    })
-    .await;
     assert!(
-        edge_says_sold_out,
+        the_edge_says_sold_out(&app, event, late, &body).await,
         "the edge never answered SOLD_OUT itself"
     );
 
