@@ -3,7 +3,8 @@
 -- method → auth token → (purchases) sale window → sold out → rate limits; every other
 -- route: token → rate limits. Whatever passes goes to
 -- the core, which verifies the token again; $stampede_user keeps the user id for the
--- edge's own bookkeeping (the purchase keys it remembers).
+-- edge's own use in the content phase (room.lua), $stampede_purchase the key a purchase
+-- let through is remembered under.
 local ngx = ngx
 local auth = require "stampede.auth"
 local limit = require "stampede.limit"
@@ -118,7 +119,6 @@ function _M.purchase()
   -- memory costs it nothing (and the limits' shared-dict writes were most of the cost
   -- of a sold-out answer). A buyer pressing "buy" on a sold-out sale hears so, not 429.
   limited("orders", uid, event_id)
-  ngx.var.stampede_user = uid
   ngx.var.stampede_purchase = key
   -- Pending until the core answers; a key remembered already keeps its lifetime. Never
   -- evicting (safe_add): a full dict costs a new key its shortcut, not someone else's.
@@ -127,15 +127,21 @@ function _M.purchase()
 end
 
 -- The header filter of @purchase, and of @core_unavailable (nginx.conf): an answer
--- from the core that is, or may be, a 202 (a 202, a 5xx, nginx's 503 when the core
--- could not be reached or did not answer in time) keeps the key let through
+-- that is, or may be, a 202 — a 202, a 5xx of the core's, nginx's 503 when the core had
+-- the request and did not answer in time — keeps the key let through
 -- ($stampede_purchase) for passed_ttl_s; any other answer forgets a pending key (its
--- repeat meets the flags again) and leaves a key that had a 202 before as it is. Keys
--- the core never saw (nginx's own 4xx on the way) lapse within PENDING_TTL_S.
+-- repeat meets the flags again) and leaves a key that had a 202 before as it is: also
+-- nginx's 503 when not a byte reached a core (refused connections), so an outage
+-- does not fill the dict for passed_ttl_s with keys no core ever saw. Keys of nginx's
+-- own 4xx on the way lapse within PENDING_TTL_S.
 function _M.purchase_answered()
   local key = ngx.var.stampede_purchase
   if not key or key == "" then return end
   local status = ngx.status
+  -- "0", "0, 0", "517", "0, 517": per core tried, the bytes sent to it.
+  if status >= 500 and not find(ngx.var.upstream_bytes_sent or "", "[1-9]") then
+    status = 0
+  end
   if status == 202 or status >= 500 then
     local ok, err = passed:safe_set(key, QUEUED, passed_ttl_s)
     if not ok then ngx.log(ngx.WARN, "idempotency-key dict: ", err) end

@@ -58,12 +58,12 @@ end
 local current_id
 
 -- opts.keyring: key id → secret; opts.current: the id of the key that signs;
--- opts.cache_size: tokens remembered per worker at most (at least half as many of
--- the latest).
+-- opts.cache_size: tokens remembered per worker: at least this many of the latest, at
+-- most twice as many.
 function _M.init(opts)
   secrets = opts.keyring
   current_id = opts.current
-  young_max = math.max(1, math.ceil((opts.cache_size or 200000) / 2))
+  young_max = math.max(1, opts.cache_size or 200000)
   young, old, young_count = {}, {}, 0
 end
 
