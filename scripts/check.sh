@@ -8,6 +8,9 @@
 #                   (empty HOME and CARGO_HOME, cargo on PATH or not) plans the RocketMQ
 #                   build and the missing Debian packages, exits 0 and changes nothing; a
 #                   bad option and a failing step say so, never a silent exit
+#   edge refusals   every status the edge's Lua refuses with has its named location in
+#                   openresty/conf/refusals.conf, and respond.lua knows each (a status
+#                   without one would be an HTML 500)
 #   compose         docker-compose.yml is valid by the Compose specification's JSON schema,
 #                   and agrees with the local stack and config/stampede.toml
 #                   (scripts/check_compose.py)
@@ -205,7 +208,22 @@ check_compose() {
   ok "docker-compose.yml agrees with scripts/stack.sh and config/stampede.toml: ports, environment keys, health checks"
 }
 
+# Statuses the edge's Lua refuses with (reject(NNN, …), and the gates' `return NNN, "…"`
+# and `status, … = NNN`), each with its `location @refuse_NNN` and in respond.lua's list.
+check_edge_refusals() {
+  local lua=lua/edge/stampede conf=openresty/conf/refusals.conf used status
+  used=$(grep -ohE 'reject\([0-9]{3}|return [0-9]{3}, "|status, code, message = [0-9]{3}' "$lua"/*.lua \
+    | grep -oE '[0-9]{3}' | sort -u)
+  [ -n "$used" ] || fail "no refusal status found in $lua (has reject() changed?)"
+  for status in $used; do
+    grep -q "^location @refuse_$status " "$conf" || fail "$lua refuses with $status but $conf has no @refuse_$status"
+    grep -qE "ipairs\(\{[^}]*\b$status\b" "$lua/respond.lua" || fail "$lua/respond.lua does not list status $status"
+  done
+  ok "edge refusals: $(echo "$used" | tr '\n' ' ')each with its named location"
+}
+
 check_shell_scripts
+check_edge_refusals
 check_install
 check_compose
 echo "  all checks passed in ${SECONDS}s"
