@@ -33,6 +33,12 @@ end
 -- The path exactly as the client sent it must be the one nginx matched: no percent
 -- escapes, no "." or ".." segments, nothing nginx normalised on the way. The core
 -- accepts one spelling only, and so does the edge.
+-- 405 with the Allow header: `method` is what the endpoint takes.
+local function wrong_method(method)
+  ngx.header["Allow"] = method
+  return reject(405, "METHOD_NOT_ALLOWED", "this endpoint takes " .. method)
+end
+
 local function one_spelling(method)
   local raw = ngx.var.request_uri
   local q = find(raw, "?", 1, true)
@@ -44,8 +50,7 @@ local function one_spelling(method)
   end
   local m = get_method()
   if m ~= method and not (method == "GET, POST" and (m == "GET" or m == "POST")) then
-    ngx.header["Allow"] = method
-    return reject(405, "METHOD_NOT_ALLOWED", "this endpoint takes " .. method)
+    return wrong_method(method)
   end
 end
 
@@ -93,10 +98,7 @@ end
 function _M.purchase()
   local event_id = purchase_event(ngx.var.request_uri)
   if not event_id then return reject(404, "NOT_FOUND", "no such endpoint") end
-  if get_method() ~= "POST" then
-    ngx.header["Allow"] = "POST"
-    return reject(405, "METHOD_NOT_ALLOWED", "this endpoint takes POST")
-  end
+  if get_method() ~= "POST" then return wrong_method("POST") end
   local uid, why = auth.user()
   if not uid then return reject(401, "UNAUTHORIZED", why) end
   -- As the core asks (public/orders.rs): a purchase without its key is no purchase,
@@ -138,11 +140,10 @@ function _M.purchase_answered()
   local key = ngx.var.stampede_purchase
   if not key or key == "" then return end
   local status = ngx.status
-  -- "0", "0, 0", "517", "0, 517": per core tried, the bytes sent to it.
-  if status >= 500 and not find(ngx.var.upstream_bytes_sent or "", "[1-9]") then
-    status = 0
-  end
-  if status == 202 or status >= 500 then
+  -- $upstream_bytes_sent: per core tried, the bytes sent to it ("0", "0, 517", ...).
+  local may_be_queued = status == 202
+    or (status >= 500 and find(ngx.var.upstream_bytes_sent or "", "[1-9]") ~= nil)
+  if may_be_queued then
     local ok, err = passed:safe_set(key, QUEUED, passed_ttl_s)
     if not ok then ngx.log(ngx.WARN, "idempotency-key dict: ", err) end
   elseif passed:get(key) == PENDING then
