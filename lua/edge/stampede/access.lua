@@ -11,7 +11,7 @@ local limit = require "stampede.limit"
 local state = require "stampede.state"
 local room = require "stampede.room"
 local reject = require("stampede.respond").reject
-local match, find, sub, gmatch = string.match, string.find, string.sub, string.gmatch
+local match, find, sub, gmatch, byte = string.match, string.find, string.sub, string.gmatch, string.byte
 local get_method, exec = ngx.req.get_method, ngx.exec
 local U64_MAX = "18446744073709551615" -- compared as strings of 20 digits
 
@@ -80,10 +80,34 @@ end
 -- The event id of a purchase path sent in its one spelling ("/api/events/<id>/orders",
 -- a query allowed), or nil. nginx matched the location on the path it normalised; a
 -- path it had to normalise cannot match here, so this is one_spelling's check for the
--- purchase, from one variable instead of three.
+-- purchase, from one variable instead of three. Read byte by byte, which LuaJIT
+-- compiles, not with a Lua pattern, which it does not (1.3 k instructions a request).
+local PURCHASE_PREFIX, PURCHASE_TAIL = "/api/events/", "/orders"
 local function purchase_event(raw)
-  local id = match(raw, "^/api/events/([1-9]%d*)/orders$") or match(raw, "^/api/events/([1-9]%d*)/orders%?")
-  if id and (#id < 20 or (#id == 20 and id <= U64_MAX)) then return id end
+  if find(raw, PURCHASE_PREFIX, 1, true) ~= 1 then return nil end
+  local first = byte(raw, 13)
+  if not first or first < 49 or first > 57 then return nil end -- 1-9
+  local i = 14
+  while true do
+    local b = byte(raw, i)
+    if not b or b < 48 or b > 57 then break end
+    i = i + 1
+  end
+  local after = byte(raw, i + 7)
+  if sub(raw, i, i + 6) ~= PURCHASE_TAIL or (after and after ~= 63) then return nil end -- "?"
+  local id = sub(raw, 13, i - 1)
+  if #id < 20 or (#id == 20 and id <= U64_MAX) then return id end
+end
+
+-- An Idempotency-Key as the core takes it: 1..=64 visible ASCII characters ("!" to "~").
+local function good_key(k)
+  local n = #k
+  if n == 0 or n > 64 then return false end
+  for i = 1, n do
+    local b = byte(k, i)
+    if b < 33 or b > 126 then return false end
+  end
+  return true
 end
 
 -- POST /api/events/{id}/orders. What the edge refuses is answered here; what it lets
@@ -104,7 +128,7 @@ function _M.purchase()
   -- As the core asks (public/orders.rs): a purchase without its key is no purchase,
   -- whatever the flags say.
   local k = ngx.var.http_idempotency_key
-  if not k or #k > 64 or not find(k, "^[!-~]+$") then
+  if not k or not good_key(k) then
     return reject(400, "INVALID", "header Idempotency-Key is required: 1..=64 visible ASCII characters")
   end
   local status, code, message = state.gate(event_id, category_of)

@@ -86,6 +86,62 @@ async fn no_other_spelling_of_the_purchase_path_reaches_a_handler_or_reserves() 
     assert_eq!(a.status, 202, "{a:?}");
 }
 
+/// The edge takes the Idempotency-Key the core takes (1..=64 visible ASCII characters)
+/// and refuses every other itself, before the core and before any flag: 400 INVALID,
+/// nothing reserved. The path's one spelling may carry a query.
+#[tokio::test]
+async fn the_edge_takes_the_idempotency_keys_the_core_takes_and_no_other() {
+    let (app, _edge) = stack_app().await;
+    let stack = Stack::from_env();
+    let (event, categories) = open_sale(&app, small_sale(5, 1, 1, 1)).await;
+    let ga = categories[0];
+    let buyers = app.admin.buyers(4).await;
+    let body = json!({"category_id": ga, "quantity": 1}).to_string();
+    let path = format!("/api/events/{event}/orders");
+    let post = |buyer: usize, path: String, key: String| {
+        let auth = format!("Bearer {}", buyers[buyer].token);
+        let body = body.clone();
+        async move {
+            let headers = [
+                ("Authorization", auth.as_str()),
+                ("Idempotency-Key", key.as_str()),
+                ("Content-Type", "application/json"),
+            ];
+            raw_request(stack.edge_port, "POST", &path, &headers, &body).await
+        }
+    };
+    let core_400s = core_answers(&app, 400).await;
+    for (why, key) in [
+        ("empty", String::new()),
+        ("65 characters", "k".repeat(65)),
+        ("a space inside", "two words".to_owned()),
+        ("DEL", "key\u{7f}".to_owned()),
+        ("UTF-8", "clé".to_owned()),
+        ("a tab inside", "a\tb".to_owned()),
+    ] {
+        let a = post(0, path.clone(), key).await;
+        assert_eq!(a.status, 400, "{why}: {a:?}");
+        assert_eq!(a.json()["error"]["code"], "INVALID", "{why}: {a:?}");
+    }
+    assert_eq!(
+        core_answers(&app, 400).await,
+        core_400s,
+        "the edge answered them"
+    );
+    assert_eq!(app.stock(event, ga).await, 5, "nothing reserved");
+
+    // The longest key, the visible range's two ends, and a query on the one spelling.
+    for (buyer, path, key) in [
+        (1, path.clone(), "k".repeat(64)),
+        (2, path.clone(), "!~".to_owned()),
+        (3, format!("{path}?from=app"), "with-a-query".to_owned()),
+    ] {
+        let a = post(buyer, path.clone(), key.clone()).await;
+        assert_eq!(a.status, 202, "{path} {key}: {a:?}");
+    }
+    assert_eq!(app.stock(event, ga).await, 2);
+}
+
 #[tokio::test]
 async fn login_and_the_rest_of_the_api_have_one_spelling_and_one_method() {
     let (app, _edge) = stack_app().await;
