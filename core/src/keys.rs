@@ -6,6 +6,15 @@
 
 use crate::domain::{CategoryId, EventId, OrderNo, UserId};
 
+// The suffixes of a bucket's keys that reserve.lua takes ([`Keys::admission`]).
+const META: &str = "meta";
+const STOCK: &str = "stock";
+const DRY: &str = "soldout";
+const HELD: &str = "held";
+const IDEMPOTENCY: &str = "idem";
+const STATUS: &str = "status";
+const ORDERS: &str = "orders";
+
 /// Builds keys under the configured prefix.
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -23,8 +32,25 @@ impl Keys {
         &self.prefix
     }
 
+    /// `<prefix>{<tag>}:<suffix>`, in one allocation: reserve.lua's keys are built for
+    /// every admission.
     fn tagged(&self, tag: &str, suffix: &str) -> String {
-        format!("{}{{{tag}}}:{suffix}", self.prefix)
+        let mut key = String::with_capacity(self.prefix.len() + tag.len() + suffix.len() + 3);
+        key.push_str(&self.prefix);
+        key.push('{');
+        key.push_str(tag);
+        key.push_str("}:");
+        key.push_str(suffix);
+        key
+    }
+
+    /// The bucket's keys reserve.lua takes (KEYS[1..7]), from one hash tag: computing a
+    /// bucket's tag formats it (and, for an event of several buckets, searches for its
+    /// slot range), so once, not once per key.
+    pub fn admission(&self, b: Bucket) -> [String; 7] {
+        let tag = b.tag();
+        [META, STOCK, DRY, HELD, IDEMPOTENCY, STATUS, ORDERS]
+            .map(|suffix| self.tagged(&tag, suffix))
     }
 
     fn event_key(&self, event_id: impl Into<EventId>, suffix: &str) -> String {
@@ -74,17 +100,17 @@ impl Keys {
     /// Hash: the bucket's copy of what reserve.lua reads (status, window, limit,
     /// generation, `buckets`) and its admission counter `seq`.
     pub fn meta(&self, b: Bucket) -> String {
-        self.tagged(&b.tag(), "meta")
+        self.tagged(&b.tag(), META)
     }
 
     /// Hash: category id → units available in the bucket.
     pub fn stock(&self, b: Bucket) -> String {
-        self.tagged(&b.tag(), "stock")
+        self.tagged(&b.tag(), STOCK)
     }
 
     /// Hash: category id → 1 once the bucket's stock of it reached 0.
     pub fn dry(&self, b: Bucket) -> String {
-        self.tagged(&b.tag(), "soldout")
+        self.tagged(&b.tag(), DRY)
     }
 
     /// Hash: move id → `<to>|<category>|<units>|<ms>`, units taken out of the bucket
@@ -149,26 +175,26 @@ impl Keys {
     /// Hash: user id → units the user holds in this event (reserved, unpaid or paid).
     /// A buyer's units are all in their own bucket.
     pub fn held(&self, b: Bucket) -> String {
-        self.tagged(&b.tag(), "held")
+        self.tagged(&b.tag(), HELD)
     }
 
     /// Hash: `<user id>:<Idempotency-Key>` ([`idempotency_field`]) →
     /// `<request id>|<fingerprint>|<seats>` ([`idempotency_request`]), as reserve.lua
     /// writes them.
     pub fn idempotency(&self, b: Bucket) -> String {
-        self.tagged(&b.tag(), "idem")
+        self.tagged(&b.tag(), IDEMPOTENCY)
     }
 
     /// Hash: user id → the user's latest purchase: `QUEUED:<request id>`,
     /// `CREATED:<order no>`, `PAID:<order no>`, `CANCELLED:<order no>` or
     /// `FAILED:<reason>` (parsed by `admission::status::PurchaseStatus`).
     pub fn purchase_status(&self, b: Bucket) -> String {
-        self.tagged(&b.tag(), "status")
+        self.tagged(&b.tag(), STATUS)
     }
 
     /// Stream: admitted reservations, read by the order workers; one per bucket.
     pub fn order_stream(&self, b: Bucket) -> String {
-        self.tagged(&b.tag(), "orders")
+        self.tagged(&b.tag(), ORDERS)
     }
 
     /// Set: order numbers whose units were given back after a cancellation.
@@ -468,6 +494,25 @@ mod tests {
             "t:login:fail:{616e6e}:3132372e302e302e31"
         );
         assert_eq!(k.login_failures_all("ann"), "t:login:fail:{616e6e}");
+    }
+
+    #[test]
+    fn the_admission_keys_are_the_buckets_own() {
+        let k = Keys::new("t:");
+        for b in [Bucket::only(7), Bucket::of_buyer(7, 3, UserId(11))] {
+            assert_eq!(
+                k.admission(b),
+                [
+                    k.meta(b),
+                    k.stock(b),
+                    k.dry(b),
+                    k.held(b),
+                    k.idempotency(b),
+                    k.purchase_status(b),
+                    k.order_stream(b),
+                ]
+            );
+        }
     }
 
     #[test]

@@ -127,28 +127,28 @@ pub async fn reserve(
         }
     };
     let b = p.bucket;
-    // Seats in another slot are never touched here: the bucket's own key stands in.
-    let (seats_key, row_free_key) = if let Seats::Journey { .. } = p.seats {
-        (
+    let [meta, stock, dry, held, idempotency, status, stream] = keys.admission(b);
+    // Seats in another slot, or none at all, are never touched here: the bucket's own
+    // key stands in.
+    let (seats_key, row_free_key) = match (&p.seats, locked) {
+        (Seats::Journey { .. }, _) => (
             keys.segments(b, p.category_id),
             keys.segment_versions(b.event),
-        )
-    } else if b.holds_seats() {
-        (
+        ),
+        (Seats::Best { .. } | Seats::Chosen { .. }, None) if b.holds_seats() => (
             keys.seats(b, p.category_id),
             keys.row_free(b, p.category_id),
-        )
-    } else {
-        (keys.stock(b), keys.stock(b))
+        ),
+        _ => (stock.clone(), stock.clone()),
     };
     let (code, rid, seats): (i64, String, String) = RESERVE
-        .key(keys.meta(b))
-        .key(keys.stock(b))
-        .key(keys.dry(b))
-        .key(keys.held(b))
-        .key(keys.idempotency(b))
-        .key(keys.purchase_status(b))
-        .key(keys.order_stream(b))
+        .key(meta)
+        .key(stock)
+        .key(dry)
+        .key(held)
+        .key(idempotency)
+        .key(status)
+        .key(stream)
         .key(seats_key)
         .key(row_free_key)
         .arg(p.category_id)

@@ -27,8 +27,50 @@ pub struct Reservation {
     pub journey: Option<crate::trains::Journey>,
 }
 
+/// The field reserve.lua writes a reservation in: its values joined by `|`, in the
+/// order [`Reservation::from_entry`] reads them.
+pub const ENTRY_FIELD: &str = "v1";
+
 impl Reservation {
+    /// The reservation of a stream entry: reserve.lua's one field [`ENTRY_FIELD`], or
+    /// (entries queued by a core before it) one field per value, `r u c q s t` and
+    /// `e n j` when present.
     pub fn from_entry(entry: &StreamId) -> anyhow::Result<Reservation> {
+        match entry.map.get(ENTRY_FIELD) {
+            Some(redis::Value::BulkString(packed)) => Self::from_packed(&entry.id, packed)
+                .with_context(|| format!("stream entry {} field {ENTRY_FIELD}", entry.id)),
+            Some(other) => {
+                anyhow::bail!("stream entry {} field {ENTRY_FIELD} is {other:?}", entry.id)
+            }
+            None => Self::from_fields(entry),
+        }
+    }
+
+    fn from_packed(id: &str, packed: &[u8]) -> anyhow::Result<Reservation> {
+        let text = std::str::from_utf8(packed)?;
+        let values: Vec<&str> = text.split('|').collect();
+        let [r, u, c, q, s, t, e, n, j] = values[..] else {
+            anyhow::bail!("{} values, not 9", values.len());
+        };
+        Ok(Reservation {
+            entry_id: id.to_owned(),
+            order_no: OrderNo(r.parse().context("request id")?),
+            user_id: UserId(u.parse().context("user")?),
+            category_id: CategoryId(c.parse().context("category")?),
+            quantity: q.parse().context("quantity")?,
+            seats_raw: s.to_owned(),
+            admitted_ms: t.parse().context("time")?,
+            epoch: e.parse().context("epoch")?,
+            seq: Some(n.parse().context("seq")?),
+            journey: if j.is_empty() {
+                None
+            } else {
+                Some(crate::trains::Journey::parse(j).context("journey")?)
+            },
+        })
+    }
+
+    fn from_fields(entry: &StreamId) -> anyhow::Result<Reservation> {
         let field = |name: &str| -> anyhow::Result<String> {
             entry
                 .get::<String>(name)
@@ -104,33 +146,76 @@ pub struct Batch {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_stream_entry_becomes_a_reservation() {
+    fn entry(fields: &[(&str, &str)]) -> StreamId {
         let mut entry = StreamId {
             id: "1-0".into(),
             ..Default::default()
         };
-        for (k, v) in [
+        for (k, v) in fields {
+            entry
+                .map
+                .insert((*k).into(), redis::Value::BulkString(v.as_bytes().to_vec()));
+        }
+        entry
+    }
+
+    #[test]
+    fn a_stream_entry_becomes_a_reservation() {
+        let r = Reservation::from_entry(&entry(&[(ENTRY_FIELD, "77|5|9|2|1:2,1:3|1000|4|12|")]))
+            .unwrap();
+        assert_eq!(
+            (r.order_no, r.user_id, r.category_id, r.quantity),
+            (OrderNo(77), UserId(5), CategoryId(9), 2)
+        );
+        assert_eq!(
+            (r.admitted_ms, r.epoch, r.seq, r.journey),
+            (1000, 4, Some(12), None)
+        );
+        assert_eq!(r.seats(), vec![(1, 2), (1, 3)]);
+        let train =
+            Reservation::from_entry(&entry(&[(ENTRY_FIELD, "78|5|9|1||1000|4|13|2:5")])).unwrap();
+        assert_eq!(
+            (train.journey.map(|j| j.span()), train.units()),
+            (Some(3), 3)
+        );
+    }
+
+    #[test]
+    fn a_malformed_entry_is_refused_by_name() {
+        for (packed, why) in [
+            ("77|5|9|2|1:2|1000|4|12", "8 values, not 9"),
+            ("77|5|9|2|1:2|1000|4|12||", "10 values, not 9"),
+            ("77|x|9|2|1:2|1000|4|12|", "user"),
+            ("77|5|9|-2|1:2|1000|4|12|", "quantity"),
+            ("77|5|9|1||1000|4|13|5:2", "journey"),
+            ("", "1 values, not 9"),
+        ] {
+            let err = Reservation::from_entry(&entry(&[(ENTRY_FIELD, packed)])).unwrap_err();
+            assert!(format!("{err:#}").contains(why), "{packed:?}: {err:#}");
+        }
+    }
+
+    #[test]
+    fn an_entry_queued_before_the_packed_field_still_reads() {
+        let mut fields = vec![
             ("r", "77"),
             ("u", "5"),
             ("c", "9"),
             ("q", "2"),
             ("s", "1:2,1:3"),
             ("t", "1000"),
-        ] {
-            entry
-                .map
-                .insert(k.into(), redis::Value::BulkString(v.as_bytes().to_vec()));
-        }
-        let r = Reservation::from_entry(&entry).unwrap();
+        ];
+        let r = Reservation::from_entry(&entry(&fields)).unwrap();
         assert_eq!(
-            (r.order_no, r.user_id, r.category_id, r.quantity),
-            (OrderNo(77), UserId(5), CategoryId(9), 2)
+            (r.order_no, r.user_id, r.quantity, r.epoch, r.seq),
+            (OrderNo(77), UserId(5), 2, 0, None)
         );
-        assert_eq!(r.seats(), vec![(1, 2), (1, 3)]);
-        entry.map.remove("u");
+        fields.extend([("e", "3"), ("n", "8"), ("j", "0:2")]);
+        let r = Reservation::from_entry(&entry(&fields)).unwrap();
+        assert_eq!((r.epoch, r.seq, r.units()), (3, Some(8), 4));
+        fields.retain(|(k, _)| *k != "u");
         assert!(
-            Reservation::from_entry(&entry)
+            Reservation::from_entry(&entry(&fields))
                 .unwrap_err()
                 .to_string()
                 .contains("no field u")

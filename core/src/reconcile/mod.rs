@@ -81,6 +81,19 @@ pub struct Reconciler {
     pub alarmed: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(u64, u64)>>>,
 }
 
+/// The reservations queued in a stream's entries under the keys' current generation
+/// (`epoch`); an entry that does not read as one is not counted.
+fn queued(
+    entries: &redis::streams::StreamRangeReply,
+    epoch: u64,
+) -> impl Iterator<Item = crate::orders::reservation::Reservation> + '_ {
+    entries
+        .ids
+        .iter()
+        .filter_map(|e| crate::orders::reservation::Reservation::from_entry(e).ok())
+        .filter(move |r| r.epoch >= epoch)
+}
+
 impl Reconciler {
     /// Shares the preloader's connections; exports into `metrics`.
     pub fn new(preloader: Preloader, settings: &Settings, metrics: &Metrics) -> Reconciler {
@@ -226,19 +239,9 @@ impl Reconciler {
             for (c, units) in stock {
                 *books.stock.entry(c).or_default() += units;
             }
-            let epoch = epoch.unwrap_or(0);
-            for entry in &entries.ids {
-                let current = entry.get::<u64>("e").unwrap_or(0) >= epoch;
-                if let (true, Some(c), Some(q)) =
-                    (current, entry.get::<u64>("c"), entry.get::<i64>("q"))
-                {
-                    // A train ticket's units are its seat-segments.
-                    let segments = entry
-                        .get::<String>("j")
-                        .and_then(|j| crate::trains::Journey::parse(&j))
-                        .map_or(1, |j| i64::from(j.span()));
-                    *books.queued.entry(c).or_default() += q * segments;
-                }
+            for r in queued(&entries, epoch.unwrap_or(0)) {
+                // A train ticket's units are its seat-segments.
+                *books.queued.entry(r.category_id.0).or_default() += i64::from(r.units());
             }
         }
         if event.is_train() {
@@ -313,21 +316,12 @@ impl Reconciler {
             }
             books.insert(c.id, (taken, vec![0; segments]));
         }
-        let epoch = epoch.unwrap_or(0);
-        for entry in &entries.ids {
-            let current = entry.get::<u64>("e").unwrap_or(0) >= epoch;
-            let journey = entry
-                .get::<String>("j")
-                .and_then(|j| crate::trains::Journey::parse(&j));
-            if let (true, Some(c), Some(q), Some(j)) = (
-                current,
-                entry.get::<u64>("c"),
-                entry.get::<i64>("q"),
-                journey,
-            ) && let Some((_, queued)) = books.get_mut(&c)
+        for r in queued(&entries, epoch.unwrap_or(0)) {
+            if let Some(j) = r.journey
+                && let Some((_, queued)) = books.get_mut(&r.category_id.0)
             {
                 for k in j.segments().filter(|&k| k < segments) {
-                    queued[k] += q;
+                    queued[k] += i64::from(r.quantity);
                 }
             }
         }

@@ -49,10 +49,14 @@ async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
         .await
         .unwrap();
     assert_eq!(entries.ids.len(), 1);
-    let entry = &entries.ids[0];
-    assert_eq!(entry.get::<String>("r"), Some(request_id.to_string()));
-    assert_eq!(entry.get::<u64>("u"), Some(buyer.user_id));
-    assert_eq!(entry.get::<u32>("q"), Some(3));
+    let entry = stampede_core::orders::reservation::Reservation::from_entry(&entries.ids[0])
+        .expect("reserve.lua's entry reads as a reservation");
+    assert_eq!(entry.order_no.to_string(), request_id.to_string());
+    assert_eq!(entry.user_id.0, buyer.user_id);
+    assert_eq!(
+        (entry.quantity, entry.seq, entry.journey),
+        (3, Some(1), None)
+    );
 
     let resp = app
         .http
