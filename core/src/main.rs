@@ -59,8 +59,7 @@ enum Command {
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let config = match cli.command {
         Command::Serve { ref config }
@@ -96,10 +95,25 @@ async fn main() -> ExitCode {
             }
         };
     }
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if resolved.settings.server.worker_threads > 0 {
+        runtime.worker_threads(resolved.settings.server.worker_threads);
+    }
+    match runtime.enable_all().build() {
+        Ok(runtime) => runtime.block_on(run(cli.command, resolved)),
+        Err(e) => {
+            eprintln!("stampede: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What needs the runtime: `serve` and `reconcile`.
+async fn run(command: Command, resolved: Resolved) -> ExitCode {
     telemetry::init(&resolved.settings.log);
     if let Command::Reconcile {
         events, dry_run, ..
-    } = cli.command
+    } = command
     {
         return match reconcile::report::run_once(&resolved, events, dry_run).await {
             Ok(true) => ExitCode::SUCCESS,

@@ -184,8 +184,8 @@ rcall('HSET', KEYS[5], idem_field, rid .. '|' .. fingerprint .. '|' .. seat_list
 rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)
 local seq = string.format('%d', rcall('HINCRBY', KEYS[1], 'seq', buckets_s))
 -- One field, "v1": the reservation's values joined by "|" (Reservation::from_entry in
--- core/src/orders/reservation.rs). One value per entry instead of eight named ones: the
--- workers and the reconciler decode a ninth of the values per reservation, and Redis
+-- core/src/orders/reservation.rs). One field instead of eight: the workers and the
+-- reconciler decode 5 RESP values per reservation where they decoded 19, and Redis
 -- writes and replies fewer.
 local journey_s = journey and (from_st .. ':' .. to_st) or ''
 rcall('XADD', KEYS[7], '*', 'v1',

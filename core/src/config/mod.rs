@@ -52,7 +52,13 @@ pub struct ServerSettings {
     pub read_timeout_ms: u64,
     /// Longest a request may take from its headers to its answer (503 beyond).
     pub request_timeout_ms: u64,
+    /// Threads of the runtime that serves the APIs and runs the pipeline; 0: one per
+    /// CPU (`MAX_WORKER_THREADS` at most).
+    pub worker_threads: usize,
 }
+
+/// The most runtime threads `server.worker_threads` may ask for.
+pub const MAX_WORKER_THREADS: usize = 256;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

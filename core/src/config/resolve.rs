@@ -31,6 +31,12 @@ impl Settings {
                 "server.max_body_bytes must be at least 1024".into(),
             ));
         }
+        if self.server.worker_threads > super::MAX_WORKER_THREADS {
+            return Err(ConfigError(format!(
+                "server.worker_threads must be 0 (one per CPU) … {}",
+                super::MAX_WORKER_THREADS
+            )));
+        }
         if self.redis.key_prefix.is_empty() || self.redis.key_prefix.contains(['{', '}', ' ']) {
             return Err(ConfigError(
                 "redis.key_prefix must be non-empty, without braces or spaces".into(),
@@ -272,6 +278,9 @@ mod tests {
         let mut s = with_secrets();
         s.server.admin_addr = "localhost".into();
         assert!(s.resolve().unwrap_err().0.contains("server.admin_addr"));
+        let mut s = with_secrets();
+        s.server.worker_threads = 257;
+        assert!(s.resolve().unwrap_err().0.contains("server.worker_threads"));
         for shards in [0, 3, 128] {
             let mut s = with_secrets();
             s.mysql.order_shards = shards;
