@@ -7,13 +7,23 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde_json::json;
-use stampede_e2e::{RawAnswer, Stack, eventually, raw_request, small_sale, stack_app};
+use stampede_e2e::{RawAnswer, Stack, raw_request, small_sale, stack_app};
 
-use crate::edge::{core_answers, open_sale};
+use crate::edge::{core_answers, open_sale, the_edge_says_sold_out};
 
 fn assert_not_found(a: &RawAnswer, what: &str) {
     assert_eq!(a.status, 404, "{what}: {a:?}");
     assert_eq!(a.json()["error"]["code"], "NOT_FOUND", "{what}: {a:?}");
+}
+
+/// A purchase POST sent as raw bytes to `port`: its token, Idempotency-Key and JSON body.
+async fn raw_purchase(port: u16, path: &str, auth: &str, key: &str, body: &str) -> RawAnswer {
+    let headers = [
+        ("Authorization", auth),
+        ("Idempotency-Key", key),
+        ("Content-Type", "application/json"),
+    ];
+    raw_request(port, "POST", path, &headers, body).await
 }
 
 #[tokio::test]
@@ -50,12 +60,7 @@ async fn no_other_spelling_of_the_purchase_path_reaches_a_handler_or_reserves() 
     for (i, path) in spellings.iter().enumerate() {
         for (port, at) in [(stack.edge_port, "edge"), (stack.core_port, "core")] {
             let key = format!("spelling-{i}-{at}");
-            let headers = [
-                ("Authorization", auth.as_str()),
-                ("Idempotency-Key", key.as_str()),
-                ("Content-Type", "application/json"),
-            ];
-            let a = raw_request(port, "POST", path, &headers, &body).await;
+            let a = raw_purchase(port, path, &auth, &key, &body).await;
             assert_not_found(&a, &format!("{at} {path}"));
         }
     }
@@ -69,20 +74,8 @@ async fn no_other_spelling_of_the_purchase_path_reaches_a_handler_or_reserves() 
     assert_eq!((stock, held), (5, 0), "nothing reserved");
 
     // The one spelling does reserve: the checks above could have failed.
-    let key = "the-one-spelling";
-    let headers = [
-        ("Authorization", auth.as_str()),
-        ("Idempotency-Key", key),
-        ("Content-Type", "application/json"),
-    ];
-    let a = raw_request(
-        stack.edge_port,
-        "POST",
-        &format!("/api/events/{e}/orders"),
-        &headers,
-        &body,
-    )
-    .await;
+    let path = format!("/api/events/{e}/orders");
+    let a = raw_purchase(stack.edge_port, &path, &auth, "the-one-spelling", &body).await;
     assert_eq!(a.status, 202, "{a:?}");
 }
 
@@ -101,14 +94,7 @@ async fn the_edge_takes_the_idempotency_keys_the_core_takes_and_no_other() {
     let post = |buyer: usize, path: String, key: String| {
         let auth = format!("Bearer {}", buyers[buyer].token);
         let body = body.clone();
-        async move {
-            let headers = [
-                ("Authorization", auth.as_str()),
-                ("Idempotency-Key", key.as_str()),
-                ("Content-Type", "application/json"),
-            ];
-            raw_request(stack.edge_port, "POST", &path, &headers, &body).await
-        }
+        async move { raw_purchase(stack.edge_port, &path, &auth, &key, &body).await }
     };
     let core_400s = core_answers(&app, 400).await;
     for (why, key) in [
@@ -202,30 +188,6 @@ async fn login_and_the_rest_of_the_api_have_one_spelling_and_one_method() {
     }
 }
 
-/// Whether, within 10 s, a new buyer (`late`, a fresh key each try) hears SOLD_OUT from
-/// the edge itself: the core's count of 409 answers stays put.
-async fn the_edge_says_sold_out(
-    app: &stampede_e2e::StackApp,
-    event: u64,
-    late: &stampede_e2e::Buyer,
-    body: &serde_json::Value,
-) -> bool {
-    let mut n = 0;
-    eventually(Duration::from_secs(10), || {
-        n += 1;
-        let key = format!("late-{n}");
-        let body = body.clone();
-        async move {
-            let before = core_answers(app, 409).await;
-            let (status, answer) = app.buy(event, late, &key, body).await;
-            status == 409
-                && answer["error"]["code"] == "SOLD_OUT"
-                && core_answers(app, 409).await == before
-        }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_purchase_gets_its_first_answer_after_the_sell_out() {
     let (app, _edge) = stack_app().await;
@@ -258,7 +220,7 @@ async fn a_retried_purchase_gets_its_first_answer_after_the_sell_out() {
     // the core (whose count of 409s stays put).
     let late = app.admin.buyers(1).await.remove(0);
     assert!(
-        the_edge_says_sold_out(&app, event, &late, &body).await,
+        the_edge_says_sold_out(&app, event, &late, &body, Duration::from_secs(10)).await,
         "the edge never answered SOLD_OUT itself"
     );
 
@@ -346,7 +308,7 @@ async fn a_purchase_the_core_did_not_answer_in_time_is_retried_at_the_core_after
         "{others_status} {others_answer}"
     );
     assert!(
-        the_edge_says_sold_out(&app, event, late, &body).await,
+        the_edge_says_sold_out(&app, event, late, &body, Duration::from_secs(10)).await,
         "the edge never answered SOLD_OUT itself"
     );
 

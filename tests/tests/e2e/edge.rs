@@ -28,6 +28,32 @@ pub(crate) async fn core_answers(app: &StackApp, status: u16) -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether, `within` this long, `buyer` (a fresh Idempotency-Key each try, `late-<n>`)
+/// hears SOLD_OUT from the edge itself for `body`: the core's count of 409 answers stays
+/// put.
+pub(crate) async fn the_edge_says_sold_out(
+    app: &StackApp,
+    event: u64,
+    buyer: &stampede_e2e::Buyer,
+    body: &serde_json::Value,
+    within: Duration,
+) -> bool {
+    let mut n = 0;
+    eventually(within, || {
+        n += 1;
+        let key = format!("late-{n}");
+        let body = body.clone();
+        async move {
+            let before = core_answers(app, 409).await;
+            let (status, answer) = app.buy(event, buyer, &key, body).await;
+            status == 409
+                && answer["error"]["code"] == "SOLD_OUT"
+                && core_answers(app, 409).await == before
+        }
+    })
+    .await
+}
+
 /// Creates and publishes a sale, then waits until the edge knows it is open.
 pub(crate) async fn open_sale(app: &StackApp, sale: serde_json::Value) -> (u64, Vec<u64>) {
     let (event, categories) = app.admin.create_event(sale).await;

@@ -621,7 +621,7 @@ fn free_by_class(answer: &serde_json::Value) -> Vec<u64> {
 
 #[tokio::test]
 async fn a_trains_availability_seat_map_and_journey_flags_through_the_edge() {
-    use crate::edge::{core_answers, open_sale};
+    use crate::edge::{open_sale, the_edge_says_sold_out};
     use serde_json::json;
     use std::time::Duration;
 
@@ -729,18 +729,13 @@ async fn a_trains_availability_seat_map_and_journey_flags_through_the_edge() {
         (409, Some("SOLD_OUT")),
         "{answer}"
     );
-    let mut n = 0;
-    let edge_says = stampede_e2e::eventually(Duration::from_secs(5), || {
-        n += 1;
-        let (app, buyer, key, body) = (&app, &buyers[2], format!("ab-{n}"), ticket(first, 0, 1));
-        async move {
-            let before = core_answers(app, 409).await;
-            let (status, answer) = app.buy(event, buyer, &key, body).await;
-            status == 409
-                && answer["error"]["code"] == "SOLD_OUT"
-                && core_answers(app, 409).await == before
-        }
-    })
+    let edge_says = the_edge_says_sold_out(
+        &app,
+        event,
+        &buyers[2],
+        &ticket(first, 0, 1),
+        Duration::from_secs(5),
+    )
     .await;
     assert!(
         edge_says,
