@@ -10,7 +10,8 @@
 #                   bad option and a failing step say so, never a silent exit
 #   edge refusals   every status the edge's Lua refuses with has its named location in
 #                   openresty/conf/refusals.conf, and respond.lua knows each (a status
-#                   without one would be an HTML 500)
+#                   without one would be an HTML 500); each constant body there is in
+#                   the one form respond.lua reads
 #   compose         docker-compose.yml is valid by the Compose specification's JSON schema,
 #                   and agrees with the local stack and config/stampede.toml
 #                   (scripts/check_compose.py)
@@ -219,7 +220,15 @@ check_edge_refusals() {
     grep -q "^location @refuse_$status " "$conf" || fail "$lua refuses with $status but $conf has no @refuse_$status"
     grep -qE "ipairs\(\{[^}]*\b$status\b" "$lua/respond.lua" || fail "$lua/respond.lua does not list status $status"
   done
-  ok "edge refusals: $(echo "$used" | tr '\n' ' ')each with its named location"
+  # The constant refusals: respond.lua reads only lines of exactly this form (any other
+  # would be skipped silently, its refusal then written from Lua, correct but slower).
+  local q="'"
+  local per_status="^location @refuse_[0-9]{3} \\{ return [0-9]{3} \\\$stampede_refusal; \\}\$"
+  local fixed="^location @[A-Za-z0-9_]+ \\{ return [0-9]{3} $q\\{\"error\":\\{\"code\":\"[A-Z_]+\",\"message\":\"[^\"\\\\$q]*\"\\}\\}$q; \\}\$"
+  local odd
+  odd=$(grep -E '^[[:space:]]*location' "$conf" | grep -vE "$per_status|$fixed" || true)
+  [ -z "$odd" ] || fail "$conf: not in the form respond.lua reads: $odd"
+  ok "edge refusals: $(echo "$used" | tr '\n' ' ')each with its named location; $(grep -cE "$fixed" "$conf") constant bodies"
 }
 
 check_shell_scripts

@@ -39,6 +39,8 @@ function _M.init(opts)
     timeout_ms = r.timeout_ms, interval_s = opts.refresh_interval_s,
   })
   stats.init({ dict = opts.stats_dict })
+  -- The constant refusals, from refusals.conf as rendered next to nginx.conf.
+  require("stampede.respond").init(ngx.config.prefix() .. "conf/refusals.conf")
   require("stampede.room").init({ dict = opts.queue_dict })
   require("stampede.access").init({ passed_dict = opts.passed_dict, passed_ttl_s = opts.passed_ttl_s })
   require("stampede.availability").init({

@@ -1,8 +1,11 @@
 -- Rejections in DESIGN.md's error shape: {"error":{"code":"...","message":"..."}}.
--- Lua puts the body in $stampede_refusal and nginx answers it from the status's named
--- location (refusals.conf): its `return` sets Content-Type (the server's default_type)
--- and Content-Length and writes the body, in fewer instructions than ngx.print with the
--- headers set from Lua (measured there); the answer is one plain response, not chunked.
+-- nginx writes every refusal from a named location of refusals.conf, whose `return` sets
+-- Content-Type (the server's default_type) and Content-Length and writes the body, in
+-- fewer instructions than ngx.print with the headers set from Lua (measured there); the
+-- answer is one plain response, not chunked. A refusal whose body never changes (sold
+-- out, not open, each 401, ...) has its own location with the body written out there:
+-- Lua only jumps to it. Any other puts its body in $stampede_refusal first and jumps to
+-- its status's location.
 local ngx = ngx
 local ngx_exec = ngx.exec
 local ceil = math.ceil
@@ -15,7 +18,38 @@ for _, status in ipairs({ 400, 401, 403, 404, 405, 409, 429 }) do
   LOCATION[status] = "@refuse_" .. status
 end
 
+-- code → message → {status, location}: the constant bodies refusals.conf holds, read
+-- from it by init(), so a location is used only for the very body it writes.
+local constant = {}
+
 local _M = {}
+
+-- The constant refusals of refusals.conf's text: each line
+--   location @NAME { return STATUS '{"error":{"code":"CODE","message":"MESSAGE"}}'; }
+-- Returns code → message → {status, location}; errors on such a location whose body is
+-- not in the error shape.
+function _M.parse_constant(text)
+  local found = {}
+  for location, status, body in string.gmatch(text, "\nlocation (@[%w_]+) { return (%d%d%d) '([^']*)'; }") do
+    local code, message = string.match(body, '^{"error":{"code":"([A-Z_]+)","message":"([^"\\]*)"}}$')
+    if not code then error("refusals.conf: " .. location .. " does not write the error shape: " .. body) end
+    found[code] = found[code] or {}
+    found[code][message] = { status = tonumber(status), location = location }
+  end
+  return found
+end
+
+-- From init_by_lua: reads the constant refusals from `path` (the rendered refusals.conf).
+-- Without the file every refusal still goes out, its body written from Lua.
+function _M.init(path)
+  local f = io.open(path, "r")
+  if not f then
+    ngx.log(ngx.WARN, "no ", path, ": every refusal's body is written from Lua")
+    return
+  end
+  constant = _M.parse_constant("\n" .. f:read("*a"))
+  f:close()
+end
 
 -- status: HTTP status (one of refusals.conf's); code, message: constant strings;
 -- retry_after: seconds or nil. Headers set before (Allow) go out with the answer.
@@ -24,6 +58,9 @@ function _M.reject(status, code, message, retry_after)
   if retry_after then
     ngx.header["Retry-After"] = ceil(retry_after)
   end
+  local by_message = constant[code]
+  local fixed = by_message and by_message[message]
+  if fixed and fixed.status == status then return ngx_exec(fixed.location) end
   local location = LOCATION[status]
   if not location then error("no refusals.conf location for status " .. tostring(status)) end
   ngx.var.stampede_refusal = OPEN .. code .. MIDDLE .. message .. CLOSE

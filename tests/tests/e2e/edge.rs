@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use stampede_core::auth::token::TokenSigner;
-use stampede_e2e::{Stack, StackApp, eventually, small_sale, stack_app};
+use stampede_e2e::{RawAnswer, Stack, StackApp, eventually, raw_request, small_sale, stack_app};
 
 async fn edge_get(app: &StackApp, path: &str, token: Option<&str>) -> reqwest::Response {
     let mut req = app.http.get(format!("{}{path}", app.edge_url));
@@ -144,6 +144,135 @@ async fn oversized_bodies_get_413_in_the_error_shape() {
     assert_eq!(body["error"]["code"], "PAYLOAD_TOO_LARGE");
 }
 
+/// `a` is the whole refusal: `status`, a JSON body in the error shape with exactly
+/// `code` and `message` and nothing else, its length declared (not chunked).
+fn assert_refusal(a: &RawAnswer, status: u16, code: &str, message: &str) {
+    let body = format!(r#"{{"error":{{"code":"{code}","message":"{message}"}}}}"#);
+    assert_eq!(
+        (a.status, a.body.as_str()),
+        (status, body.as_str()),
+        "{a:?}"
+    );
+    assert_eq!(a.header("content-type"), Some("application/json"), "{a:?}");
+    assert_eq!(
+        a.header("content-length"),
+        Some(body.len().to_string().as_str()),
+        "{a:?}"
+    );
+    assert_eq!(a.header("transfer-encoding"), None, "{a:?}");
+}
+
+/// A purchase POST to the edge as raw bytes, with `headers` besides the JSON body's.
+async fn raw_edge_purchase(path: &str, headers: &[(&str, &str)], body: &str) -> RawAnswer {
+    let mut all = vec![("Content-Type", "application/json")];
+    all.extend_from_slice(headers);
+    raw_request(Stack::from_env().edge_port, "POST", path, &all, body).await
+}
+
+#[tokio::test]
+async fn every_refusal_of_the_edge_is_a_whole_answer_with_its_own_message() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, small_sale(2, 1, 1, 20)).await;
+    let buyers = app.admin.buyers(2).await;
+    let auth = format!("Bearer {}", buyers[0].token);
+    let body = json!({"category_id": categories[0], "quantity": 1}).to_string();
+    let path = format!("/api/events/{event}/orders");
+    let mut before = Vec::new();
+    for status in [400, 401, 403, 404, 405, 429] {
+        before.push((status, core_answers(&app, status).await));
+    }
+    let with_key = |key: &'static str| [("Authorization", auth.as_str()), ("Idempotency-Key", key)];
+
+    let a = raw_edge_purchase(
+        &format!("/api/events/{event}//orders"),
+        &with_key("k1"),
+        &body,
+    )
+    .await;
+    assert_refusal(&a, 404, "NOT_FOUND", "no such endpoint");
+    let a = raw_edge_purchase(&path, &with_key(""), &body).await;
+    assert_refusal(
+        &a,
+        400,
+        "INVALID",
+        "header Idempotency-Key is required: 1..=64 visible ASCII characters",
+    );
+    // A body Lua builds (the method the endpoint takes), through its status's location.
+    let a = raw_request(
+        Stack::from_env().edge_port,
+        "GET",
+        &path,
+        &with_key("k1"),
+        "",
+    )
+    .await;
+    assert_refusal(&a, 405, "METHOD_NOT_ALLOWED", "this endpoint takes POST");
+    assert_eq!(a.header("allow"), Some("POST"), "{a:?}");
+
+    // Up to the per-user limit's five a second, then 429 with when to come back.
+    let mut buys = tokio::task::JoinSet::new();
+    for n in 0..8 {
+        let (path, body, auth) = (path.clone(), body.clone(), auth.clone());
+        buys.spawn(async move {
+            let key = format!("burst-{n}");
+            raw_edge_purchase(
+                &path,
+                &[("Authorization", &auth), ("Idempotency-Key", &key)],
+                &body,
+            )
+            .await
+        });
+    }
+    let answers = buys.join_all().await;
+    let limited: Vec<_> = answers.iter().filter(|a| a.status == 429).collect();
+    assert!(
+        !limited.is_empty(),
+        "8 purchases at once, 5 a second allowed: {answers:?}"
+    );
+    for a in limited {
+        assert_refusal(a, 429, "RATE_LIMITED", "too many requests");
+        assert!(
+            a.header("retry-after")
+                .is_some_and(|s| s.parse::<u32>().is_ok()),
+            "{a:?}"
+        );
+    }
+
+    // The two units are gone: the edge's flag, then the whole answer.
+    let late = &buyers[1];
+    let sold = json!({"category_id": categories[0], "quantity": 1});
+    assert!(the_edge_says_sold_out(&app, event, late, &sold, Duration::from_secs(10)).await);
+    let late_auth = format!("Bearer {}", late.token);
+    let a = raw_edge_purchase(
+        &path,
+        &[("Authorization", &late_auth), ("Idempotency-Key", "after")],
+        &body,
+    )
+    .await;
+    assert_refusal(&a, 409, "SOLD_OUT", "sold out");
+
+    let mut later = small_sale(5, 1, 1, 2);
+    later["sale_start"] = json!("2031-01-01T00:00:00Z");
+    let (closed, _) = app.admin.create_event(later).await;
+    app.admin.publish(closed).await;
+    tokio::time::sleep(Duration::from_millis(600)).await; // past two edge refreshes
+    let a = raw_edge_purchase(
+        &format!("/api/events/{closed}/orders"),
+        &with_key("k2"),
+        &body,
+    )
+    .await;
+    assert_refusal(&a, 403, "NOT_OPEN", "the sale is not open");
+
+    for (status, count) in before {
+        let now = core_answers(&app, status).await;
+        assert_eq!(
+            now, count,
+            "{status}s from the core: the edge should have answered"
+        );
+    }
+}
+
 #[tokio::test]
 async fn bad_expired_and_forged_tokens_get_401_at_the_edge() {
     let (app, _edge) = stack_app().await;
@@ -152,32 +281,50 @@ async fn bad_expired_and_forged_tokens_get_401_at_the_edge() {
     let signer = TokenSigner::from_text(&secret).unwrap();
     let forger = TokenSigner::from_text("some-other-secret-entirely").unwrap();
     let cases = [
-        ("no token", None),
-        ("garbage", Some("garbage".to_owned())),
-        ("expired", Some(signer.sign(buyer.user_id, 1_000))),
-        ("forged", Some(forger.sign(buyer.user_id, 4_000_000_000))),
+        (None, "missing bearer token"),
         (
-            "tampered",
-            Some(buyer.token.replacen(
-                &format!(".{}.", buyer.user_id),
-                &format!(".{}.", buyer.user_id + 1),
-                1,
+            Some(format!("Basic {}", buyer.token)),
+            "missing bearer token",
+        ),
+        (Some("Bearer garbage".to_owned()), "malformed token"),
+        (
+            Some(format!("Bearer {}", signer.sign(buyer.user_id, 1_000))),
+            "token expired",
+        ),
+        (
+            Some(format!(
+                "Bearer {}",
+                forger.sign(buyer.user_id, 4_000_000_000)
             )),
+            "token signed with a retired or unknown key",
+        ),
+        (
+            Some(format!(
+                "Bearer {}",
+                buyer.token.replacen(
+                    &format!(".{}.", buyer.user_id),
+                    &format!(".{}.", buyer.user_id + 1),
+                    1,
+                )
+            )),
+            "bad token signature",
         ),
     ];
-    for (why, token) in cases {
-        let mut req = app
-            .http
-            .post(format!("{}/api/events/1/orders", app.edge_url))
-            .json(&json!({}));
-        if let Some(t) = &token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.unwrap();
-        assert_eq!(resp.status(), 401, "{why}");
-        let body: serde_json::Value = resp.json().await.unwrap();
-        assert_eq!(body["error"]["code"], "UNAUTHORIZED", "{why}");
+    let before = core_answers(&app, 401).await;
+    for (auth, why) in cases {
+        let headers: Vec<(&str, &str)> = auth
+            .iter()
+            .map(|a| ("Authorization", a.as_str()))
+            .chain([("Idempotency-Key", "k")])
+            .collect();
+        let a = raw_edge_purchase("/api/events/1/orders", &headers, "{}").await;
+        assert_refusal(&a, 401, "UNAUTHORIZED", why);
     }
+    assert_eq!(
+        core_answers(&app, 401).await,
+        before,
+        "the edge answered them"
+    );
 }
 
 #[tokio::test]
