@@ -223,11 +223,13 @@ check_edge_refusals() {
   # The constant refusals: respond.lua reads only lines of exactly this form (any other
   # would be skipped silently, its refusal then written from Lua, correct but slower).
   local q="'"
-  local per_status="^location @refuse_[0-9]{3} \\{ return [0-9]{3} \\\$stampede_refusal; \\}\$"
-  local fixed="^location @[A-Za-z0-9_]+ \\{ return [0-9]{3} $q\\{\"error\":\\{\"code\":\"[A-Z_]+\",\"message\":\"[^\"\\\\$q]*\"\\}\\}$q; \\}\$"
+  local per_status="^location @refuse_([0-9]{3}) \\{ return \\1 \\\$stampede_refusal; \\}\$"
+  local fixed="^location @[a-z0-9_]+ \\{ return [0-9]{3} $q\\{\"error\":\\{\"code\":\"[A-Z_]+\",\"message\":\"[^\"\\\\\$$q]*\"\\}\\}$q; \\}\$"
   local odd
   odd=$(grep -E '^[[:space:]]*location' "$conf" | grep -vE "$per_status|$fixed" || true)
   [ -z "$odd" ] || fail "$conf: not in the form respond.lua reads: $odd"
+  odd=$(grep -E '^location @refuse_' "$conf" | grep -vE "$per_status" || true)
+  [ -z "$odd" ] || fail "$conf: @refuse_NNN returns NNN and \$stampede_refusal only: $odd"
   ok "edge refusals: $(echo "$used" | tr '\n' ' ')each with its named location; $(grep -cE "$fixed" "$conf") constant bodies"
 }
 

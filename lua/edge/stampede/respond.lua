@@ -26,29 +26,36 @@ local _M = {}
 
 -- The constant refusals of refusals.conf's text: each line
 --   location @NAME { return STATUS '{"error":{"code":"CODE","message":"MESSAGE"}}'; }
--- Returns code → message → {status, location}; errors on such a location whose body is
--- not in the error shape.
+-- (not @refuse_*, the per-status ones). Returns code → message → {status, location},
+-- and the lines of that form whose body is not in the error shape (or holds a "$",
+-- which nginx would expand): those are left out, their refusals written from Lua.
 function _M.parse_constant(text)
-  local found = {}
+  local found, skipped = {}, {}
   for location, status, body in string.gmatch(text, "\nlocation (@[%w_]+) { return (%d%d%d) '([^']*)'; }") do
-    local code, message = string.match(body, '^{"error":{"code":"([A-Z_]+)","message":"([^"\\]*)"}}$')
-    if not code then error("refusals.conf: " .. location .. " does not write the error shape: " .. body) end
-    found[code] = found[code] or {}
-    found[code][message] = { status = tonumber(status), location = location }
+    local code, message = string.match(body, '^{"error":{"code":"([A-Z_]+)","message":"([^"\\$]*)"}}$')
+    if not code or string.sub(location, 1, 8) == "@refuse_" then
+      skipped[#skipped + 1] = location
+    else
+      found[code] = found[code] or {}
+      found[code][message] = { status = tonumber(status), location = location }
+    end
   end
-  return found
+  return found, skipped
 end
 
--- From init_by_lua: reads the constant refusals from `path` (the rendered refusals.conf).
--- Without the file every refusal still goes out, its body written from Lua.
+-- From init_by_lua: reads the constant refusals from `path`, the rendered refusals.conf
+-- that nginx.conf includes (nginx started with -p <dir>/ -c conf/nginx.conf, as
+-- scripts/stack.sh and deploy/edge-entrypoint.sh do). Without it nginx does not start:
+-- the Lua would jump to locations it cannot know are there.
 function _M.init(path)
-  local f = io.open(path, "r")
-  if not f then
-    ngx.log(ngx.WARN, "no ", path, ": every refusal's body is written from Lua")
-    return
-  end
-  constant = _M.parse_constant("\n" .. f:read("*a"))
+  local f = assert(io.open(path, "r"))
+  local skipped
+  constant, skipped = _M.parse_constant("\n" .. f:read("*a"))
   f:close()
+  for _, location in ipairs(skipped) do
+    ngx.log(ngx.WARN, path, ": ", location, " is not a constant refusal in the error shape; ",
+      "its refusal is written from Lua")
+  end
 end
 
 -- status: HTTP status (one of refusals.conf's); code, message: constant strings;
