@@ -24,7 +24,8 @@ render_edge_conf() { # render_edge_conf DIR EDGE_PORT OPS_PORT: openresty/conf/,
 }
 # reload_edge MASTER_PID: a graceful reload, done once no worker of the old configuration
 # accepts connections any more (each is "shutting down" or gone), so what follows — a
-# request with a token of a rotated key — meets the new one.
+# request with a token of a rotated key — meets the new one. Fails when after 10 s they
+# still do: nginx refused the new configuration.
 reload_edge() {
   local master=$1 old p i serving
   old=$(pgrep -P "$master" -f 'worker process$' || true)
@@ -37,7 +38,9 @@ reload_edge() {
     [ "$serving" = 0 ] && return 0
     sleep 0.1
   done
-  say "  edge: workers of the old configuration still serving after 10 s"
+  # nginx -t does not run init_by_lua: a Lua error there fails only the reload itself,
+  # and the master keeps the old workers.
+  return 1
 }
 start_edge() { start_an_edge edge "$EDGE_PREFIX" "$EDGE_PORT" "$OPS_PORT" EDGE_PORT; }
 start_edge2() { start_an_edge edge2 "$STACK_DIR/nginx2" "$EDGE2_PORT" "$OPS2_PORT" EDGE2_PORT; }
@@ -56,7 +59,10 @@ start_an_edge() {
         || die "nginx rejected openresty/conf/nginx.conf"
       rm -rf "$prefix/conf.old" && mv "$prefix/conf" "$prefix/conf.old"
       mv "$prefix/conf.new" "$prefix/conf" && rm -rf "$prefix/conf.old"
-      reload_edge "$(pid_of "$part")"
+      if ! reload_edge "$(pid_of "$part")"; then
+        rm -f "$prefix/conf/lua.sha256" # so that the next start tries the reload again
+        die "$part: nginx kept its old configuration (still serving it after 10 s): see $prefix/logs/error.log"
+      fi
       say "  $part: openresty/conf or lua/edge changed; reloaded"
     fi
     return 0
