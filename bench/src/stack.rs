@@ -245,8 +245,54 @@ impl Stack {
             .await
     }
 
-    /// Polls the event's stats until nothing is queued and nothing is left to sync, within
-    /// `within`: (when every reservation was an order, when everything was synced).
+    /// What is left of the event's pipeline: reservations still in its streams (the
+    /// stats' `queued_reservations`, XLEN of each bucket's stream) and stock_log rows not
+    /// yet synced (its `unsynced_stock_log`), read from Redis and MySQL directly. Not
+    /// the stats endpoint: it counts every order of the event (about 10 ms of MariaDB's
+    /// CPU per call at 10 000 orders, measured), which polled every 50 ms was charged to
+    /// the pipeline's CPU per order.
+    /// `redis`: a connection kept between calls (made when None; dropped on an error).
+    pub async fn left_to_settle(
+        &self,
+        event: u64,
+        redis: &mut Option<stampede_core::infra::redis::Redis>,
+    ) -> anyhow::Result<(u64, u64)> {
+        use mysql_async::prelude::Queryable;
+        let keys =
+            stampede_core::keys::Keys::new(&stampede_core::Settings::defaults().redis.key_prefix);
+        let buckets = self.buckets(event).await?;
+        let conn = match redis {
+            Some(conn) => conn,
+            None => redis.insert(self.redis().await?),
+        };
+        let mut queued = 0;
+        for b in Bucket::all(event, buckets) {
+            match redis::cmd("XLEN")
+                .arg(keys.order_stream(b))
+                .query_async::<u64>(conn)
+                .await
+            {
+                Ok(n) => queued += n,
+                Err(e) => {
+                    *redis = None;
+                    return Err(e.into());
+                }
+            }
+        }
+        let mut conn = self.mysql.get_conn().await?;
+        // By idx_stock_log_unsynced (synced, event_id, …): the unsynced rows only.
+        let unsynced: Option<u64> = conn
+            .exec_first(
+                "SELECT COUNT(*) FROM stock_log WHERE synced = 0 AND event_id = ?",
+                (event,),
+            )
+            .await?;
+        Ok((queued, unsynced.unwrap_or(0)))
+    }
+
+    /// Polls the event's pipeline (`left_to_settle`) every 50 ms until nothing is queued
+    /// and nothing is left to sync, within `within`: (when every reservation was an
+    /// order, when everything was synced).
     pub async fn wait_settled(
         &self,
         event: u64,
@@ -256,10 +302,11 @@ impl Stack {
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!("waiting for event {event} to settle"));
         let mut created = None;
+        let mut redis = None;
         loop {
-            // While a part is down the stats may answer 503 naming it: ask again.
-            let s = match self.stats(event).await {
-                Ok(s) => s,
+            // While a part is down Redis or MySQL may not answer: ask again.
+            let (queued, unsynced) = match self.left_to_settle(event, &mut redis).await {
+                Ok(left) => left,
                 Err(e) if Instant::now() < until => {
                     spinner.set_message(format!("waiting for event {event} to settle ({e:#})"));
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -270,16 +317,17 @@ impl Stack {
                 }
             };
             spinner.tick();
-            if s["queued_reservations"] == 0 {
+            if queued == 0 {
                 let at = *created.get_or_insert_with(Instant::now);
-                if s["unsynced_stock_log"] == 0 {
+                if unsynced == 0 {
                     spinner.finish_and_clear();
                     return Ok((at, Instant::now()));
                 }
             }
             anyhow::ensure!(
                 Instant::now() < until,
-                "event {event} not settled within {within:?}: {s}"
+                "event {event} not settled within {within:?}: {queued} reservations queued, \
+                 {unsynced} stock_log rows unsynced"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
