@@ -305,7 +305,17 @@ impl Stack {
         let mut redis = None;
         loop {
             // While a part is down Redis or MySQL may not answer: ask again.
-            let (queued, unsynced) = match self.left_to_settle(event, &mut redis).await {
+            // Bounded: a store that hangs (the chaos suite's SIGSTOP) is asked again.
+            let left = tokio::time::timeout(
+                Duration::from_secs(5),
+                self.left_to_settle(event, &mut redis),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                redis = None;
+                Err(anyhow::anyhow!("Redis or MySQL did not answer within 5 s"))
+            });
+            let (queued, unsynced) = match left {
                 Ok(left) => left,
                 Err(e) if Instant::now() < until => {
                     spinner.set_message(format!("waiting for event {event} to settle ({e:#})"));
