@@ -9,21 +9,11 @@ use redis::AsyncCommands;
 use serde_json::json;
 use stampede_e2e::{RawAnswer, Stack, raw_request, small_sale, stack_app};
 
-use crate::edge::{core_answers, open_sale, the_edge_says_sold_out};
+use crate::edge::{core_answers, open_sale, raw_purchase, the_edge_says_sold_out};
 
 fn assert_not_found(a: &RawAnswer, what: &str) {
     assert_eq!(a.status, 404, "{what}: {a:?}");
     assert_eq!(a.json()["error"]["code"], "NOT_FOUND", "{what}: {a:?}");
-}
-
-/// A purchase POST sent as raw bytes to `port`: its token, Idempotency-Key and JSON body.
-async fn raw_purchase(port: u16, path: &str, auth: &str, key: &str, body: &str) -> RawAnswer {
-    let headers = [
-        ("Authorization", auth),
-        ("Idempotency-Key", key),
-        ("Content-Type", "application/json"),
-    ];
-    raw_request(port, "POST", path, &headers, body).await
 }
 
 #[tokio::test]
@@ -60,7 +50,13 @@ async fn no_other_spelling_of_the_purchase_path_reaches_a_handler_or_reserves() 
     for (i, path) in spellings.iter().enumerate() {
         for (port, at) in [(stack.edge_port, "edge"), (stack.core_port, "core")] {
             let key = format!("spelling-{i}-{at}");
-            let a = raw_purchase(port, path, &auth, &key, &body).await;
+            let a = raw_purchase(
+                port,
+                path,
+                &[("Authorization", &auth), ("Idempotency-Key", &key)],
+                &body,
+            )
+            .await;
             assert_not_found(&a, &format!("{at} {path}"));
         }
     }
@@ -75,7 +71,16 @@ async fn no_other_spelling_of_the_purchase_path_reaches_a_handler_or_reserves() 
 
     // The one spelling does reserve: the checks above could have failed.
     let path = format!("/api/events/{e}/orders");
-    let a = raw_purchase(stack.edge_port, &path, &auth, "the-one-spelling", &body).await;
+    let a = raw_purchase(
+        stack.edge_port,
+        &path,
+        &[
+            ("Authorization", &auth),
+            ("Idempotency-Key", "the-one-spelling"),
+        ],
+        &body,
+    )
+    .await;
     assert_eq!(a.status, 202, "{a:?}");
 }
 
@@ -94,7 +99,15 @@ async fn the_edge_takes_the_idempotency_keys_the_core_takes_and_no_other() {
     let post = |buyer: usize, path: String, key: String| {
         let auth = format!("Bearer {}", buyers[buyer].token);
         let body = body.clone();
-        async move { raw_purchase(stack.edge_port, &path, &auth, &key, &body).await }
+        async move {
+            raw_purchase(
+                stack.edge_port,
+                &path,
+                &[("Authorization", &auth), ("Idempotency-Key", &key)],
+                &body,
+            )
+            .await
+        }
     };
     let core_400s = core_answers(&app, 400).await;
     for (why, key) in [

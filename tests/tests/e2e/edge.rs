@@ -162,11 +162,22 @@ fn assert_refusal(a: &RawAnswer, status: u16, code: &str, message: &str) {
     assert_eq!(a.header("transfer-encoding"), None, "{a:?}");
 }
 
-/// A purchase POST to the edge as raw bytes, with `headers` besides the JSON body's.
-async fn raw_edge_purchase(path: &str, headers: &[(&str, &str)], body: &str) -> RawAnswer {
+/// A purchase POST to `port` as raw bytes: `headers` (its token, Idempotency-Key) and the
+/// JSON body's.
+pub(crate) async fn raw_purchase(
+    port: u16,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> RawAnswer {
     let mut all = vec![("Content-Type", "application/json")];
     all.extend_from_slice(headers);
-    raw_request(Stack::from_env().edge_port, "POST", path, &all, body).await
+    raw_request(port, "POST", path, &all, body).await
+}
+
+/// `raw_purchase` to the stack's edge.
+async fn raw_edge_purchase(path: &str, headers: &[(&str, &str)], body: &str) -> RawAnswer {
+    raw_purchase(Stack::from_env().edge_port, path, headers, body).await
 }
 
 #[tokio::test]
