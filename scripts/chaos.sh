@@ -10,7 +10,7 @@
 #
 # Exits 1 if any experiment oversold, put a seat in two live orders, took a buyer over
 # the limit, lost a 202 the durability table does not allow, or broke any other check of
-# the audit (conservation, stock_log synced, paid or cancelled never both).
+# the audit (conservation, stock synced, paid or cancelled never both).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export STACK_DIR=${STACK_DIR:-$ROOT/.stack}
@@ -80,7 +80,7 @@ def count(check):
     return sum(1 for v in a["violations"] if v.startswith(check + ":"))
 oversold, seats, limit = count("no oversell"), count("one order per seat"), count("per-user limit")
 lost = a["lost_202"]
-# Every other check (conservation, stock_log synced, paid or cancelled) must hold too,
+# Every other check (conservation, stock synced, paid or cancelled) must hold too,
 # and the fault must have run: a fault that failed proves nothing.
 others = [v for v in a["violations"] if not v.startswith(
     ("no oversell:", "one order per seat:", "per-user limit:", "every 202 terminal:"))]

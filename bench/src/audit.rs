@@ -189,17 +189,17 @@ pub async fn run(
         .collect();
     audit.check("every 202 terminal", missing);
 
-    // 6. Every stock_log row synced.
-    let unsynced: Vec<(u64, u64)> = conn
+    // 6. Every batch's stock synced.
+    let unsynced: Vec<(String, u64, u64)> = conn
         .query(format!(
-            "SELECT order_no, category_id FROM stock_log WHERE event_id = {event} AND synced = 0 LIMIT 20"
+            "SELECT batch_id, category_id, orders FROM stock_batch WHERE synced = 0 AND event_id = {event} LIMIT 20"
         ))
         .await?;
     audit.check(
-        "stock_log synced",
+        "stock synced",
         unsynced
             .into_iter()
-            .map(|(o, c)| format!("order {o} (category {c}) not synced"))
+            .map(|(b, c, n)| format!("batch {b} (category {c}, {n} orders) not synced"))
             .collect(),
     );
     let kind: Option<String> = conn

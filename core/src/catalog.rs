@@ -382,19 +382,20 @@ pub async fn published_opening_within(pool: &Pool, window_s: u64) -> anyhow::Res
     .context("Failed to find events opening soon")
 }
 
-/// Units per category created but not yet subtracted from `remain` (stock_log not synced).
+/// Units per category created but not yet subtracted from `remain` (their stock_batch
+/// rows not synced).
 pub async fn unsynced_units(pool: &Pool, event_id: u64) -> anyhow::Result<Vec<(u64, i64)>> {
     let mut conn = pool
         .get_conn()
         .await
         .context("Failed to get a MySQL connection")?;
     conn.exec(
-        "SELECT category_id, CAST(SUM(quantity) AS SIGNED) FROM stock_log \
-         WHERE event_id = ? AND synced = 0 GROUP BY category_id",
+        "SELECT category_id, CAST(SUM(units) AS SIGNED) FROM stock_batch \
+         WHERE synced = 0 AND event_id = ? GROUP BY category_id",
         (event_id,),
     )
     .await
-    .context("Failed to read unsynced stock_log")
+    .context("Failed to read the unsynced stock_batch rows")
 }
 
 /// Seats of a category as (row, col, status).

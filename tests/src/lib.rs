@@ -27,6 +27,7 @@ pub use own_stack::{OwnBroker, OwnRedis, free_port};
 pub use process::{CoreProcess, core_binary, core_env, paysim_binary};
 pub use sql::{
     create_database, drop_database, order_numbers, ordered_units, over_shards, scalar, test_shards,
+    unsynced_orders,
 };
 pub use stack::{Stack, connect_redis, root};
 pub use stack_app::{StackApp, stack_app};

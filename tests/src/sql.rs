@@ -39,6 +39,19 @@ pub async fn scalar(mysql: &mysql_async::Pool, sql: &str) -> i64 {
         .unwrap_or(0)
 }
 
+/// Orders of `event` whose stock sync has not subtracted from `remain` yet (their
+/// batch's stock_batch row unsynced).
+pub async fn unsynced_orders(mysql: &mysql_async::Pool, event: u64) -> i64 {
+    scalar(
+        mysql,
+        &format!(
+            "SELECT CAST(COALESCE(SUM(orders), 0) AS SIGNED) FROM stock_batch \
+             WHERE synced = 0 AND event_id = {event}"
+        ),
+    )
+    .await
+}
+
 /// The order numbers of an event's orders, whatever their status, over every shard.
 pub async fn order_numbers(
     mysql: &mysql_async::Pool,

@@ -85,6 +85,14 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V21__order_rows_by_order",
         include_str!("../../../sql/V21__order_rows_by_order.sql"),
     ),
+    (
+        "V22__stock_batch",
+        include_str!("../../../sql/V22__stock_batch.sql"),
+    ),
+    (
+        "V23__stock_log_unflagged",
+        include_str!("../../../sql/V23__stock_log_unflagged.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

@@ -179,7 +179,7 @@ impl Lifecycle {
             .filter(|o| o.user_id == owner.0))
     }
 
-    /// Cancels an UNPAID order: in MySQL (order, remain or its unsynced stock_log row,
+    /// Cancels an UNPAID order: in MySQL (order, remain or its batch's unsynced units,
     /// seats) in one transaction, then in Redis (units, seats, the buyer's limit), once.
     pub async fn cancel(&self, order_no: OrderNo, by: Canceller) -> anyhow::Result<Cancelled> {
         let mut conn = self
@@ -208,20 +208,45 @@ impl Lifecycle {
             (OrderStatus::Cancelled, order_no, OrderStatus::Unpaid),
         )
         .await?;
-        // Stock sync subtracted this order from remain, or is yet to: add it back, or make
-        // sure it never subtracts it.
-        let synced: Option<u8> = tx
+        // Stock sync subtracted this order from remain, or is yet to: add it back, or take
+        // it out of what its batch will subtract. The batch's row is locked before the
+        // category's, as stock sync locks them.
+        let batch: Option<String> = tx
             .exec_first(
-                "SELECT synced FROM stock_log WHERE order_no = ? FOR UPDATE",
+                "SELECT batch_id FROM stock_log WHERE order_no = ? FOR UPDATE",
                 (order_no,),
             )
             .await?;
-        if synced == Some(1) {
-            tx.exec_drop(
-                "UPDATE ticket_category SET remain = remain + ? WHERE id = ?",
-                (order.units(), order.category_id),
-            )
-            .await?;
+        let synced: Option<u8> = match &batch {
+            Some(batch) => {
+                tx.exec_first(
+                    "SELECT synced FROM stock_batch WHERE batch_id = ? AND category_id = ? FOR UPDATE",
+                    (batch, order.category_id),
+                )
+                .await?
+            }
+            None => None,
+        };
+        match (synced, &batch) {
+            (Some(1), _) => {
+                tx.exec_drop(
+                    "UPDATE ticket_category SET remain = remain + ? WHERE id = ?",
+                    (order.units(), order.category_id),
+                )
+                .await?;
+            }
+            (Some(_), Some(batch)) => {
+                tx.exec_drop(
+                    "UPDATE stock_batch SET units = units - ?, orders = orders - 1 \
+                     WHERE batch_id = ? AND category_id = ?",
+                    (order.units(), batch, order.category_id),
+                )
+                .await?;
+            }
+            _ => tracing::error!(
+                %order_no,
+                "cancelling an order stock_log has no batch for: remain left as it is"
+            ),
         }
         // The guards' counters: the units and the buyer's share are free again.
         tx.exec_drop(
@@ -235,8 +260,7 @@ impl Lifecycle {
         )
         .await?;
         tx.exec_drop(
-            "UPDATE stock_log SET status = 'CANCELLED', synced = 1, synced_at = COALESCE(synced_at, UTC_TIMESTAMP(3)) \
-             WHERE order_no = ?",
+            "UPDATE stock_log SET status = 'CANCELLED' WHERE order_no = ?",
             (order_no,),
         )
         .await?;

@@ -1,6 +1,6 @@
-//! The local transaction of a batch: its orders, their items and one stock_log row per
-//! order, in one MySQL transaction, after the guards (`guards`) have judged each
-//! reservation. Idempotent on the order number (orders already there are locked and
+//! The local transaction of a batch: its orders, their items, one stock_log row per
+//! order and one stock_batch row per category (what stock sync is to subtract), in one
+//! MySQL transaction, after the guards (`guards`) have judged each reservation. Idempotent on the order number (orders already there are locked and
 //! skipped, reservations turned away before stay turned away), so a replayed batch
 //! inserts nothing twice.
 
@@ -295,7 +295,7 @@ async fn attempt(
                 }
             }
             logs.push(format!(
-                "({},{},{},{},'{}','COMMITTED',0,{})",
+                "({},{},{},{},'{}','COMMITTED',{})",
                 r.order_no,
                 batch.event_id,
                 r.category_id,
@@ -325,22 +325,58 @@ async fn attempt(
     for (r, why) in &verdict.declined {
         tracing::warn!(order_no = %r.order_no, why = why.reason(), "MySQL refused a reservation Redis admitted");
         logs.push(format!(
-            "({},{},{},0,'{}','REFUSED',1,NULL)",
+            "({},{},{},0,'{}','REFUSED',NULL)",
             r.order_no, batch.event_id, r.category_id, batch.batch_id
         ));
         created.declined.push((r.order_no, *why));
     }
     if !logs.is_empty() {
         tx.query_drop(format!(
-            "INSERT INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status, synced, seq) \
+            "INSERT INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status, seq) \
              VALUES {}",
             logs.join(",")
+        ))
+        .await
+        .map_err(inserted)?;
+        tx.query_drop(format!(
+            "INSERT INTO stock_batch (batch_id, category_id, event_id, units, orders, synced) VALUES {}",
+            stock_batch_rows(batch, &verdict.accepted, &verdict.declined)
         ))
         .await
         .map_err(inserted)?;
     }
     commit(tx).await?;
     Ok(created)
+}
+
+/// The batch's stock_batch rows: per category of the reservations judged, the units and
+/// orders the guards let through (none: nothing for stock sync to do, synced already).
+fn stock_batch_rows(
+    batch: &Batch,
+    accepted: &[&Reservation],
+    declined: &[(&Reservation, Declined)],
+) -> String {
+    let mut per_category: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for (r, _) in declined {
+        per_category.entry(r.category_id.0).or_default();
+    }
+    for r in accepted {
+        let (units, orders) = per_category.entry(r.category_id.0).or_default();
+        *units += u64::from(r.units());
+        *orders += 1;
+    }
+    per_category
+        .iter()
+        .map(|(category, (units, orders))| {
+            format!(
+                "('{}',{category},{},{units},{orders},{})",
+                batch.batch_id,
+                batch.event_id,
+                u8::from(*units == 0)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// What became of a reservation past its deadline.
@@ -392,8 +428,8 @@ pub async fn expire(
         return Ok(Expiry::Created);
     }
     tx.exec_drop(
-        "INSERT IGNORE INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status, synced) \
-         VALUES (?, ?, ?, 0, 'expired', 'EXPIRED', 1)",
+        "INSERT IGNORE INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status) \
+         VALUES (?, ?, ?, 0, 'expired', 'EXPIRED')",
         (r.order_no, event_id, r.category_id),
     )
     .await
@@ -407,9 +443,49 @@ pub async fn batch_committed(pool: &Pool, batch_id: &str) -> anyhow::Result<bool
     let mut conn = pool.get_conn().await?;
     let found: Option<u8> = conn
         .exec_first(
-            "SELECT 1 FROM stock_log WHERE batch_id = ? LIMIT 1",
+            "SELECT 1 FROM stock_batch WHERE batch_id = ? LIMIT 1",
             (batch_id,),
         )
         .await?;
     Ok(found.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{CategoryId, UserId};
+
+    fn reservation(order_no: u64, category: u64, quantity: u32) -> Reservation {
+        Reservation {
+            entry_id: "0-1".into(),
+            order_no: OrderNo(order_no),
+            user_id: UserId(order_no),
+            category_id: CategoryId(category),
+            quantity,
+            seats_raw: String::new(),
+            admitted_ms: 0,
+            epoch: 1,
+            seq: None,
+            journey: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_records_per_category_the_units_let_through_and_a_category_all_refused_as_synced() {
+        let (a, b, c) = (
+            reservation(1, 7, 1),
+            reservation(2, 7, 2),
+            reservation(3, 8, 1),
+        );
+        let batch = Batch {
+            event_id: EventId(5),
+            batch_id: "1-9".into(),
+            reservations: Vec::new(),
+            first_delivery: true,
+        };
+        assert_eq!(
+            stock_batch_rows(&batch, &[&a, &b], &[(&c, Declined::SoldOut)]),
+            "('1-9',7,5,3,2,0),('1-9',8,5,0,0,1)"
+        );
+    }
 }

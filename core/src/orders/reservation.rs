@@ -132,7 +132,8 @@ impl Reservation {
 #[derive(Debug, Clone)]
 pub struct Batch {
     pub event_id: EventId,
-    /// Unique per attempt; stock_log rows record it, the check-back looks for it.
+    /// Unique per attempt; stock_log and stock_batch rows record it, the check-back
+    /// looks for it.
     pub batch_id: String,
     pub reservations: Vec<Reservation>,
     /// Every reservation was read from the stream for the first time (XREADGROUP `>`)

@@ -1,6 +1,6 @@
 //! The transactional half of order creation: a batch's `stock-sync` half message, whose
 //! local transaction creates the batch's orders (`persist::create_orders`), and the
-//! answers to the broker's check-backs, read from stock_log.
+//! answers to the broker's check-backs, read from stock_batch.
 
 use std::any::Any;
 use std::future::Future;
@@ -40,11 +40,11 @@ impl LocalTx {
     }
 }
 
-/// Answers the broker: the local transaction's outcome, and check-backs from stock_log.
+/// Answers the broker: the local transaction's outcome, and check-backs from stock_batch.
 pub struct OrdersTxListener {
     core: Handle,
     mysql: Pool,
-    /// A half message older than this whose batch is not in stock_log is rolled back.
+    /// A half message older than this whose batch is not in stock_batch is rolled back.
     grace: Duration,
     /// Test-only fault: answer UNKNOWN for committed batches, so the check-back decides.
     checkback_only: bool,
@@ -117,7 +117,7 @@ impl TransactionListener for OrdersTxListener {
                 tracing::warn!(
                     batch = batch.batch_id,
                     error = format!("{e:#}"),
-                    "check-back could not read stock_log"
+                    "check-back could not read stock_batch"
                 );
                 LocalTransactionState::Unknown
             }

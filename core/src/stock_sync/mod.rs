@@ -1,14 +1,13 @@
 //! Stock sync (DESIGN.md "Stock sync"): a delivered `stock-sync` message names a batch;
-//! its unsynced stock_log rows are aggregated per ticket category into one UPDATE of
-//! `remain` each, and the rows are marked synced, in one transaction, so a redelivered
-//! message changes nothing. (The batch's seats were locked, and its units counted in
-//! `committed`, by order creation's own transaction.) stock_log is also the outbox: the sweeper
-//! (`outbox`) re-publishes batches whose rows stay unsynced (their message was lost, or
-//! the broker was down when they were created).
+//! its unsynced stock_batch rows (one per ticket category, written by order creation's
+//! transaction) are subtracted from `remain`, one UPDATE per category, and marked synced,
+//! in one transaction, so a redelivered message changes nothing. (The batch's seats were
+//! locked, and its units counted in `committed`, by order creation's own transaction.)
+//! stock_batch is also the outbox: the sweeper (`outbox`) re-publishes batches that stay
+//! unsynced (their message was lost, or the broker was down when they were created).
 
 pub mod outbox;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -43,15 +42,14 @@ pub fn consumer(mysql: Pool, names: &Names) -> Subscription {
     }
 }
 
-/// Applies the batch's unsynced stock_log rows to ticket_category.remain.
+/// Applies the batch's unsynced stock_batch rows to ticket_category.remain.
 pub async fn apply(pool: &Pool, batch_id: &str) -> anyhow::Result<Synced> {
     let mut conn = pool
         .get_conn()
         .await
         .context("Failed to get a MySQL connection")?;
     // READ COMMITTED: the batch's rows are locked, not the gaps around them, so order
-    // creation (which holds the category rows this waits for) can insert its own
-    // stock_log rows meanwhile instead of deadlocking with this.
+    // creation can insert the rows of its own batches meanwhile.
     let mut tx = conn
         .start_transaction(
             TxOpts::default()
@@ -59,25 +57,20 @@ pub async fn apply(pool: &Pool, batch_id: &str) -> anyhow::Result<Synced> {
                 .clone(),
         )
         .await?;
-    let rows: Vec<(u64, u64, i64)> = tx
+    // Locked first, as a cancellation locks its batch's row before the category's.
+    let rows: Vec<(u64, i64, u64)> = tx
         .exec(
-            // By the batch's index: the unsynced one would have this lock (and wait for)
-            // every unsynced row of every batch it scans.
-            "SELECT order_no, category_id, CAST(quantity AS SIGNED) FROM stock_log \
-             FORCE INDEX (idx_stock_log_batch) WHERE batch_id = ? AND synced = 0 FOR UPDATE",
+            "SELECT category_id, CAST(units AS SIGNED), orders FROM stock_batch \
+             WHERE batch_id = ? AND synced = 0 ORDER BY category_id FOR UPDATE",
             (batch_id,),
         )
         .await
-        .context("Failed to read the batch's stock_log rows")?;
+        .context("Failed to read the batch's stock_batch rows")?;
     if rows.is_empty() {
         tx.commit().await?;
         return Ok(Synced::default());
     }
-    let mut per_category: BTreeMap<u64, i64> = BTreeMap::new();
-    for (_, category_id, quantity) in &rows {
-        *per_category.entry(*category_id).or_default() += quantity;
-    }
-    for (category_id, units) in &per_category {
+    for (category_id, units, _) in rows.iter().filter(|(_, units, _)| *units > 0) {
         tx.exec_drop(
             "UPDATE ticket_category SET remain = remain - ? WHERE id = ?",
             (units, category_id),
@@ -87,33 +80,34 @@ pub async fn apply(pool: &Pool, batch_id: &str) -> anyhow::Result<Synced> {
         // error is logged at each redelivery until someone looks.
         .context("Failed to update ticket_category.remain")?;
     }
-    // By the order numbers just locked: the primary key, no second pass over the index.
-    let numbers: Vec<String> = rows.iter().map(|(no, _, _)| no.to_string()).collect();
-    tx.query_drop(format!(
-        "UPDATE stock_log SET synced = 1, synced_at = UTC_TIMESTAMP(3) WHERE order_no IN ({})",
-        numbers.join(",")
-    ))
+    tx.exec_drop(
+        "UPDATE stock_batch SET synced = 1, synced_at = UTC_TIMESTAMP(3) \
+         WHERE batch_id = ? AND synced = 0",
+        (batch_id,),
+    )
     .await?;
     tx.commit()
         .await
         .context("Failed to commit the stock sync")?;
     Ok(Synced {
-        orders: rows.len(),
-        units: per_category.values().sum(),
+        orders: rows.iter().map(|(_, _, orders)| *orders as usize).sum(),
+        units: rows.iter().map(|(_, units, _)| units).sum(),
     })
 }
 
-/// For the stats: unsynced rows of an event and the age of the oldest, in seconds.
+/// For the stats: orders of an event not yet synced and the age of the oldest batch
+/// holding one, in seconds.
 pub async fn lag(pool: &Pool, event_id: EventId) -> anyhow::Result<(u64, f64)> {
     let mut conn = pool.get_conn().await?;
-    let row: Option<(u64, Option<f64>)> = conn
+    let row: Option<(Option<u64>, Option<f64>)> = conn
         .exec_first(
-            "SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(3)) / 1e6 \
-             FROM stock_log WHERE event_id = ? AND synced = 0",
+            "SELECT CAST(SUM(orders) AS UNSIGNED), \
+             TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(3)) / 1e6 \
+             FROM stock_batch WHERE synced = 0 AND event_id = ?",
             (event_id,),
         )
         .await?;
     Ok(row
-        .map(|(n, age)| (n, age.unwrap_or(0.0)))
+        .map(|(n, age)| (n.unwrap_or(0), age.unwrap_or(0.0)))
         .unwrap_or((0, 0.0)))
 }

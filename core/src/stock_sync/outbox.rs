@@ -1,5 +1,6 @@
-//! The outbox sweeper: stock_log rows that stay unsynced (their `stock-sync` message was
-//! lost, or the broker was down when their orders were created) are published again.
+//! The outbox sweeper: batches whose stock_batch rows stay unsynced (their `stock-sync`
+//! message was lost, or the broker was down when their orders were created) are
+//! published again.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -52,7 +53,7 @@ pub async fn run(mysql: Pool, mq: MqCell, sweep_after_s: u64, mut stop: Shutdown
     }
 }
 
-/// Batches with rows unsynced for longer than `older_than_s`, oldest first.
+/// Batches unsynced for longer than `older_than_s`, oldest first.
 pub async fn stale_batches(
     pool: &Pool,
     older_than_s: u64,
@@ -60,7 +61,7 @@ pub async fn stale_batches(
 ) -> anyhow::Result<Vec<(String, u64)>> {
     let mut conn = pool.get_conn().await?;
     conn.exec(
-        "SELECT batch_id, MIN(event_id) FROM stock_log WHERE synced = 0 \
+        "SELECT batch_id, MIN(event_id) FROM stock_batch WHERE synced = 0 \
          AND created_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND GROUP BY batch_id ORDER BY MIN(created_at) LIMIT ?",
         (older_than_s, limit),
     )

@@ -9,7 +9,7 @@ use redis::AsyncCommands;
 use serde_json::json;
 use stampede_e2e::{
     TestApp, TestFaults, eventually, ordered_units, scalar, small_sale, spawn_app_with,
-    spawn_faulty_app,
+    spawn_faulty_app, unsynced_orders,
 };
 
 /// Fires one purchase of `quantity` per buyer, 256 at a time; answers by status.
@@ -43,15 +43,11 @@ pub(crate) async fn burst(
     answers
 }
 
-/// Stream drained, every stock_log row synced, and `remain` as in Redis.
+/// Stream drained, every order synced, and `remain` as in Redis.
 async fn settled(app: &TestApp, event: u64, category: u64, units: u64) -> bool {
     let (ordered, _) = ordered_units(&app.mysql, event).await;
     let backlog: u64 = app.stream_len(event).await;
-    let unsynced = scalar(
-        &app.mysql,
-        &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND synced = 0"),
-    )
-    .await;
+    let unsynced = unsynced_orders(&app.mysql, event).await;
     let remain = scalar(
         &app.mysql,
         &format!("SELECT remain FROM ticket_category WHERE id = {category}"),
@@ -142,19 +138,45 @@ async fn a_transaction_left_unknown_is_resolved_by_the_broker_check_back() {
     })
     .await;
     assert!(created, "orders not created");
-    let unsynced = scalar(
-        &app.mysql,
-        &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND synced = 0"),
+    assert_eq!(
+        unsynced_orders(&app.mysql, event).await,
+        20,
+        "nothing may sync before the check-back"
+    );
+    // Cancelled before its batch synced: the batch will subtract one unit fewer.
+    let order_no = crate::lifecycle::created(&app, event, &buyers[0]).await;
+    let (status, cancelled) = crate::lifecycle::call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{order_no}/cancel"),
+        &buyers[0],
     )
     .await;
-    assert!(unsynced > 0, "nothing may sync before the check-back");
-    let resolved = eventually(Duration::from_secs(60), || {
-        settled(&app, event, categories[0], 20)
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(unsynced_orders(&app.mysql, event).await, 19);
+    let remain = || async {
+        scalar(
+            &app.mysql,
+            &format!(
+                "SELECT remain FROM ticket_category WHERE id = {}",
+                categories[0]
+            ),
+        )
+        .await
+    };
+    assert_eq!(remain().await, 5_000, "nothing subtracted yet");
+    let resolved = eventually(Duration::from_secs(60), || async {
+        unsynced_orders(&app.mysql, event).await == 0 && app.stream_len(event).await == 0
     })
     .await;
     assert!(
         resolved,
         "the check-back did not commit the messages within 60 s"
+    );
+    assert_eq!(
+        remain().await,
+        5_000 - 19,
+        "the cancelled unit never subtracted"
     );
     let (_, metrics) = app.get("/metrics").await;
     let metrics = metrics.as_str().unwrap().to_owned();

@@ -6,7 +6,9 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use serde_json::json;
 use stampede_core::keys::Keys;
-use stampede_e2e::{eventually, ordered_units, scalar, small_sale, spawn_app_with};
+use stampede_e2e::{
+    eventually, ordered_units, scalar, small_sale, spawn_app_with, unsynced_orders,
+};
 
 use crate::pipeline::burst;
 
@@ -28,11 +30,7 @@ pub(crate) async fn conserved(
         .xlen(keys.order_stream(Bucket::only(event)))
         .await
         .unwrap();
-    let unsynced = scalar(
-        mysql,
-        &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND synced = 0"),
-    )
-    .await;
+    let unsynced = unsynced_orders(mysql, event).await;
     let logs = scalar(
         mysql,
         &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event}"),
@@ -190,11 +188,7 @@ async fn a_broker_stopped_for_twenty_seconds_delays_the_sync_but_loses_nothing()
     })
     .await;
     assert!(created, "orders are created while the broker is down");
-    let unsynced = scalar(
-        &app.mysql,
-        &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND synced = 0"),
-    )
-    .await;
+    let unsynced = unsynced_orders(&app.mysql, event).await;
     assert!(unsynced > 0, "nothing can sync without the broker");
     tokio::time::sleep(Duration::from_secs(20).saturating_sub(stopped.elapsed())).await;
     own.start_broker();
