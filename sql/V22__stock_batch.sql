@@ -1,13 +1,15 @@
 -- Stock sync's record per batch and ticket category, where it was one flag per order
--- (stock_log.synced): order creation writes one row per category of its batch (the
--- units its orders took; 0 when the guards refused them all, so the transaction
--- check-back still finds the batch), stock sync subtracts `units` from remain and marks
--- the row, a cancellation before that lowers `units` instead. An order no longer
+-- (stock_log.synced): order creation writes one row per category of the reservations it
+-- judged (the units its orders took; 0, and synced, when the guards refused them all, so
+-- the transaction check-back still finds the batch), stock sync subtracts `units` from
+-- remain and marks the row, a cancellation before that lowers `units` instead (and marks
+-- the row synced when it takes out the last order). An order no longer
 -- writes an entry into an index of unsynced rows nor has its row updated by stock sync:
 -- the work per batch is one row per category, whatever the batch's size.
 --
--- units:  what stock sync subtracts from remain for this batch and category (once
---         synced: what it subtracted, cancellations since then added back to remain).
+-- units:  while unsynced, what stock sync is to subtract from remain for this batch and
+--         category; once synced, nothing reads it (the batches copied below keep their
+--         live orders' units).
 -- orders: the orders behind `units` (the stats' count of orders not yet synced).
 CREATE TABLE IF NOT EXISTS stock_batch (
   batch_id    VARCHAR(64)     NOT NULL,

@@ -217,35 +217,49 @@ impl Lifecycle {
                 (order_no,),
             )
             .await?;
-        let synced: Option<u8> = match &batch {
+        let row: Option<(u8, u64, u64)> = match &batch {
             Some(batch) => {
                 tx.exec_first(
-                    "SELECT synced FROM stock_batch WHERE batch_id = ? AND category_id = ? FOR UPDATE",
+                    "SELECT synced, units, orders FROM stock_batch \
+                     WHERE batch_id = ? AND category_id = ? FOR UPDATE",
                     (batch, order.category_id),
                 )
                 .await?
             }
             None => None,
         };
-        match (synced, &batch) {
-            (Some(1), _) => {
+        let units = u64::from(order.units());
+        match (row, &batch) {
+            (Some((1, _, _)), _) => {
                 tx.exec_drop(
                     "UPDATE ticket_category SET remain = remain + ? WHERE id = ?",
-                    (order.units(), order.category_id),
+                    (units, order.category_id),
                 )
                 .await?;
             }
-            (Some(_), Some(batch)) => {
+            (Some((_, left, orders)), Some(batch)) if left >= units && orders >= 1 => {
+                // The last order out: nothing is left to subtract, the batch is synced.
+                let last = orders == 1 && left == units;
                 tx.exec_drop(
-                    "UPDATE stock_batch SET units = units - ?, orders = orders - 1 \
-                     WHERE batch_id = ? AND category_id = ?",
-                    (order.units(), batch, order.category_id),
+                    "UPDATE stock_batch SET units = ?, orders = ?, synced = ?, \
+                     synced_at = IF(?, UTC_TIMESTAMP(3), NULL) WHERE batch_id = ? AND category_id = ?",
+                    (
+                        left - units,
+                        orders - 1,
+                        last,
+                        last,
+                        batch,
+                        order.category_id,
+                    ),
                 )
                 .await?;
             }
-            _ => tracing::error!(
+            (row, _) => tracing::error!(
                 %order_no,
-                "cancelling an order stock_log has no batch for: remain left as it is"
+                ?batch,
+                ?row,
+                "ALARM: the order's batch does not hold its units for stock sync; \
+                 cancelling with remain left as it is (the reconciler reports the gap)"
             ),
         }
         // The guards' counters: the units and the buyer's share are free again.

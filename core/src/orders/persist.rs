@@ -350,7 +350,10 @@ async fn attempt(
 }
 
 /// The batch's stock_batch rows: per category of the reservations judged, the units and
-/// orders the guards let through (none: nothing for stock sync to do, synced already).
+/// orders the guards let through (none: nothing for stock sync to do, synced already —
+/// the row is there for the check-back). A batch that judged nothing (every reservation
+/// created, refused or expired by an earlier attempt) writes none: its check-back
+/// answers rollback after the grace, and there is nothing to sync.
 fn stock_batch_rows(
     batch: &Batch,
     accepted: &[&Reservation],

@@ -30,7 +30,9 @@ async fn a_database_with_orders_from_before_the_rekeying_upgrades_in_place() {
         .unwrap();
     let mut conn = db.get_conn().await.unwrap();
     // Order 1000 with two items, 1001 with one (ids 1, 2, 3); its stock_log rows: one
-    // unsynced an hour old, one synced, and an expired reservation's.
+    // unsynced an hour old, one synced, and an expired reservation's; then a batch with
+    // one order cancelled before its sync, one the guards refused whole, and one over two
+    // categories (a train order of three segment-units in the second).
     conn.query_drop(
         "INSERT INTO order_item_0 (order_no, category_id, row_no, col_no, price_cents) VALUES \
          (1000, 7, 1, 1, 500), (1000, 7, 1, 2, 500), (1001, 7, NULL, NULL, 500)",
@@ -42,7 +44,12 @@ async fn a_database_with_orders_from_before_the_rekeying_upgrades_in_place() {
          synced, seq, created_at) VALUES \
          (1000, 3, 7, 2, 'b-old', 'COMMITTED', 0, 1, UTC_TIMESTAMP(3) - INTERVAL 1 HOUR), \
          (1001, 3, 7, 1, 'b-synced', 'COMMITTED', 1, 2, UTC_TIMESTAMP(3)), \
-         (1002, 3, 7, 0, 'expired', 'EXPIRED', 1, NULL, UTC_TIMESTAMP(3))",
+         (1002, 3, 7, 0, 'expired', 'EXPIRED', 1, NULL, UTC_TIMESTAMP(3)), \
+         (1003, 3, 7, 1, 'b-part', 'COMMITTED', 0, 3, UTC_TIMESTAMP(3)), \
+         (1004, 3, 7, 2, 'b-part', 'CANCELLED', 1, 4, UTC_TIMESTAMP(3)), \
+         (1005, 3, 8, 0, 'b-refused', 'REFUSED', 1, NULL, UTC_TIMESTAMP(3)), \
+         (1006, 3, 7, 1, 'b-two', 'COMMITTED', 0, 5, UTC_TIMESTAMP(3)), \
+         (1007, 3, 8, 3, 'b-two', 'COMMITTED', 0, 6, UTC_TIMESTAMP(3))",
     )
     .await
     .unwrap();
@@ -79,15 +86,22 @@ async fn a_database_with_orders_from_before_the_rekeying_upgrades_in_place() {
         vec![
             (1000, "COMMITTED".into()),
             (1001, "COMMITTED".into()),
-            (1002, "EXPIRED".into())
+            (1002, "EXPIRED".into()),
+            (1003, "COMMITTED".into()),
+            (1004, "CANCELLED".into()),
+            (1005, "REFUSED".into()),
+            (1006, "COMMITTED".into()),
+            (1007, "COMMITTED".into())
         ]
     );
-    // What was synced is now said per batch (V22, V23): the unsynced batch still has its
-    // two units to subtract, the synced one none; the expiry names no batch.
+    // What was synced is now said per batch (V22, V23): an unsynced batch keeps the units
+    // of its live orders to subtract (not those of the order cancelled before the sync,
+    // never to be subtracted), a synced one is synced, one refused whole is synced with
+    // nothing; the expiry names no batch.
     let batches: Vec<(String, u64, u64, u32, u32, u8)> = conn
         .query(
             "SELECT batch_id, category_id, event_id, units, orders, synced FROM stock_batch \
-             ORDER BY batch_id",
+             ORDER BY batch_id, category_id",
         )
         .await
         .unwrap();
@@ -95,15 +109,18 @@ async fn a_database_with_orders_from_before_the_rekeying_upgrades_in_place() {
         batches,
         vec![
             ("b-old".into(), 7, 3, 2, 1, 0),
-            ("b-synced".into(), 7, 3, 1, 1, 1)
+            ("b-part".into(), 7, 3, 1, 1, 0),
+            ("b-refused".into(), 8, 3, 0, 0, 1),
+            ("b-synced".into(), 7, 3, 1, 1, 1),
+            ("b-two".into(), 7, 3, 1, 1, 0),
+            ("b-two".into(), 8, 3, 3, 1, 0)
         ]
     );
-    assert_eq!(
-        stampede_core::catalog::unsynced_units(&db, 3)
-            .await
-            .unwrap(),
-        vec![(7, 2)]
-    );
+    let mut unsynced = stampede_core::catalog::unsynced_units(&db, 3)
+        .await
+        .unwrap();
+    unsynced.sort_unstable();
+    assert_eq!(unsynced, vec![(7, 4), (8, 3)]);
     // A new order numbers its items from 0: no clash with the old ids.
     conn.query_drop(
         "INSERT INTO order_item_0 (order_no, line, category_id, price_cents) VALUES \
@@ -160,8 +177,8 @@ async fn a_database_with_orders_from_before_the_rekeying_upgrades_in_place() {
         5,
         "the items as before the re-run"
     );
-    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM stock_log").await, 3);
-    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM stock_batch").await, 2);
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM stock_log").await, 8);
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM stock_batch").await, 6);
     db.disconnect().await.ok();
     drop_database(&server, &database).await;
 }
