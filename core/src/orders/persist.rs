@@ -1,5 +1,5 @@
-//! The local transaction of a batch: its orders, their items, one stock_log row per
-//! order and one stock_batch row per category (what stock sync is to subtract), in one
+//! The local transaction of a batch: its orders, their seats (items), one stock_log row
+//! per order and one stock_batch row per category (what stock sync is to subtract), in one
 //! MySQL transaction, after the guards (`guards`) have judged each reservation. Idempotent on the order number (orders already there are locked and
 //! skipped, reservations turned away before stay turned away), so a replayed batch
 //! inserts nothing twice.
@@ -278,21 +278,14 @@ async fn attempt(
                     (j.from.to_string(), j.to.to_string())
                 });
             let price = price * u64::from(r.journey.map_or(1, |j| j.span()));
-            // An order's items are numbered from 0: (order_no, line) is their key.
-            if seats.is_empty() {
-                for line in 0..r.quantity {
-                    items.push(format!(
-                        "({},{line},{},NULL,NULL,{price},NULL,NULL)",
-                        r.order_no, r.category_id
-                    ));
-                }
-            } else {
-                for (line, (row, col)) in seats.into_iter().enumerate() {
-                    items.push(format!(
-                        "({},{line},{},{row},{col},{price},{from},{to})",
-                        r.order_no, r.category_id
-                    ));
-                }
+            // An item is a seat, numbered from 0 in its order: (order_no, line) is their
+            // key. An unseated order has none: its row says all there is (category,
+            // quantity, amount), and every read of items is a read of seats.
+            for (line, (row, col)) in seats.into_iter().enumerate() {
+                items.push(format!(
+                    "({},{line},{},{row},{col},{price},{from},{to})",
+                    r.order_no, r.category_id
+                ));
             }
             logs.push(format!(
                 "({},{},{},{},'{}','COMMITTED',{})",
@@ -313,6 +306,9 @@ async fn attempt(
         ))
         .await
         .map_err(inserted)?;
+        if items.is_empty() {
+            continue;
+        }
         tx.query_drop(format!(
             "INSERT INTO {} (order_no, line, category_id, row_no, col_no, price_cents, \
              from_station, to_station) VALUES {}",

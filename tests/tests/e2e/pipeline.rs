@@ -111,6 +111,18 @@ async fn twenty_thousand_buyers_for_five_thousand_units_end_as_five_thousand_ord
     )
     .await;
     assert_eq!(distinct, 5_000, "one stock_log row per order");
+    let items = scalar(
+        &app.mysql,
+        &format!(
+            "SELECT COUNT(*) FROM ({}) i",
+            stampede_e2e::over_shards(&format!(
+                "SELECT i.line FROM {{items}} i JOIN {{orders}} o USING (order_no) \
+                 WHERE o.event_id = {event}"
+            ))
+        ),
+    )
+    .await;
+    assert_eq!(items, 0, "an unseated order is its row alone");
     app.stop().await;
 }
 
