@@ -93,6 +93,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V23__stock_log_unflagged",
         include_str!("../../../sql/V23__stock_log_unflagged.sql"),
     ),
+    (
+        "V24__stock_log_batch_index",
+        include_str!("../../../sql/V24__stock_log_batch_index.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

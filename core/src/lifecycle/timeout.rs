@@ -44,8 +44,8 @@ pub fn consumer(lifecycle: Lifecycle, names: &Names) -> Subscription {
                 })?;
                 tokio::spawn(async move {
                     let _permit = permit;
-                    let batch = message.batch_id;
-                    match lifecycle.expire_batch(&batch).await {
+                    let batch = message.batch_id.clone();
+                    match lifecycle.expire_batch(&message).await {
                         Ok(n) => tracing::debug!(batch, cancelled = n, "order timeout applied"),
                         Err(e) => tracing::warn!(
                             batch,
@@ -61,21 +61,19 @@ pub fn consumer(lifecycle: Lifecycle, names: &Names) -> Subscription {
 }
 
 impl Lifecycle {
-    /// The `order-timeout` consumer's work: cancel the batch's orders still unpaid at
-    /// their deadline. A message a little early waits for the deadline (delays are
-    /// precise to about half a second).
-    pub async fn expire_batch(&self, batch_id: &str) -> anyhow::Result<usize> {
-        let orders: Vec<u64> = self
-            .mysql
-            .get_conn()
-            .await?
-            .exec(
-                "SELECT order_no FROM stock_log WHERE batch_id = ? AND status = 'COMMITTED'",
-                (batch_id,),
-            )
-            .await?;
+    /// The `order-timeout` consumer's work: cancel the batch's orders (the message names
+    /// them) still unpaid at their deadline. A message a little early waits for the
+    /// deadline (delays are precise to about half a second).
+    pub async fn expire_batch(&self, message: &BatchMessage) -> anyhow::Result<usize> {
+        if message.orders.is_empty() {
+            tracing::info!(
+                batch = message.batch_id,
+                "an order-timeout message without its orders (from an older core): \
+                 the overdue sweep cancels them"
+            );
+        }
         let mut cancelled = 0;
-        for order_no in orders {
+        for &order_no in &message.orders {
             for _ in 0..10 {
                 match self.cancel(OrderNo(order_no), Canceller::Deadline).await? {
                     Cancelled::NotDue(o) => {

@@ -36,6 +36,12 @@ pub use listener::{BoxFuture, Subscription, wait_on};
 pub struct BatchMessage {
     pub batch_id: String,
     pub event_id: u64,
+    /// `order-timeout` only: the batch's orders, to be cancelled if still unpaid at their
+    /// deadline (MySQL keeps no index of orders by batch). Absent from `stock-sync`
+    /// messages, and from timeouts sent by a core before 2026-11-24 (the overdue sweep
+    /// cancels those orders).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub orders: Vec<u64>,
 }
 
 /// Topic and group names under the configured namespace.
@@ -316,5 +322,33 @@ where
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
             _ = stop.wait() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_names_its_orders_and_a_message_without_them_still_reads() {
+        let timeout = BatchMessage {
+            batch_id: "7-1".into(),
+            event_id: 3,
+            orders: vec![7, 9],
+        };
+        let json = serde_json::to_string(&timeout).unwrap();
+        assert_eq!(json, r#"{"batch_id":"7-1","event_id":3,"orders":[7,9]}"#);
+        let sync = BatchMessage {
+            orders: Vec::new(),
+            ..timeout
+        };
+        assert_eq!(
+            serde_json::to_string(&sync).unwrap(),
+            r#"{"batch_id":"7-1","event_id":3}"#,
+            "a stock-sync message as before"
+        );
+        let older: BatchMessage =
+            serde_json::from_str(r#"{"batch_id":"7-1","event_id":3}"#).unwrap();
+        assert!(older.orders.is_empty());
     }
 }

@@ -135,6 +135,7 @@ impl Pipeline {
         let message = BatchMessage {
             batch_id: batch.batch_id.clone(),
             event_id: event.id,
+            orders: Vec::new(),
         };
         let local = {
             let (pool, shards, event, batch) = (
@@ -197,7 +198,11 @@ impl Pipeline {
         }
         if let Some(mq) = mq {
             let delay = Duration::from_secs(u64::from(event.pay_timeout_s));
-            if let Err(e) = mq.publish_timeout(&message, delay).await {
+            let timeout = BatchMessage {
+                orders: made.iter().map(|r| r.order_no.0).collect(),
+                ..message
+            };
+            if let Err(e) = mq.publish_timeout(&timeout, delay).await {
                 tracing::warn!(
                     batch = batch.batch_id,
                     error = format!("{e:#}"),

@@ -33,7 +33,11 @@ pub async fn run(mysql: Pool, mq: MqCell, sweep_after_s: u64, mut stop: Shutdown
                     if !published.due(&batch_id) {
                         continue;
                     }
-                    let message = BatchMessage { batch_id, event_id };
+                    let message = BatchMessage {
+                        batch_id,
+                        event_id,
+                        orders: Vec::new(),
+                    };
                     if let Err(e) = mq.publish_sync(&message).await {
                         tracing::warn!(
                             error = format!("{e:#}"),

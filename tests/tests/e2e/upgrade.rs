@@ -154,13 +154,15 @@ async fn a_database_with_orders_from_before_the_rekeying_upgrades_in_place() {
         .unwrap();
     assert_eq!(stale, vec![("b-old".to_owned(), 3)]);
 
-    // A run cut short is run again: each re-keying migration, and the one dropping the
-    // flag, once more by hand, changes nothing; and the core's start-up finds nothing
-    // left to apply. (V22 is run again only when cut short itself, before V23.)
+    // A run cut short is run again: each re-keying migration, and those dropping the
+    // flag and the batch index, once more by hand, changes nothing; and the core's
+    // start-up finds nothing left to apply. (V22 is run again only when cut short
+    // itself, before V23.)
     for name in [
         "V20__stock_log_by_order",
         "V21__order_rows_by_order",
         "V23__stock_log_unflagged",
+        "V24__stock_log_batch_index",
     ] {
         let sql = all
             .iter()
