@@ -3,9 +3,10 @@
 //! Workers (`worker`) read the events' reservation streams through one consumer group,
 //! in batches, and take over entries a dead worker left pending. Per batch (`create`),
 //! one RocketMQ transactional message on `stock-sync` (`tx`); its local transaction
-//! creates the batch's orders, stock_log and stock_batch rows in MySQL (`persist`). Committed → the
-//! purchases become CREATED in Redis and the entries are dropped (`redis`), and one
-//! delayed `order-timeout` message goes out for the batch. If the broker cannot take the
+//! creates the batch's orders, stock_log and stock_batch rows in MySQL (`persist`).
+//! Committed → the purchases become CREATED in Redis and the entries are dropped
+//! (`redis`), and one delayed `order-timeout` message, naming the batch's orders, goes
+//! out. If the broker cannot take the
 //! half message, the orders are created all the same and stock_batch (the outbox) waits
 //! for stock sync's sweeper. If MySQL is down, the entries stay in the stream and the
 //! worker retries with backoff. What happens to an order after that belongs to

@@ -1,8 +1,9 @@
 //! The local transaction of a batch: its orders, their seats (items), one stock_log row
-//! per order and one stock_batch row per category (what stock sync is to subtract), in one
-//! MySQL transaction, after the guards (`guards`) have judged each reservation. Idempotent on the order number (orders already there are locked and
-//! skipped, reservations turned away before stay turned away), so a replayed batch
-//! inserts nothing twice.
+//! per order and one stock_batch row per category (what stock sync is to subtract), in
+//! one MySQL transaction, after the guards (`guards`) have judged each reservation.
+//! Idempotent on the order number (orders already there are locked and skipped,
+//! reservations turned away before stay turned away), so a replayed batch inserts
+//! nothing twice.
 
 use std::collections::BTreeMap;
 
