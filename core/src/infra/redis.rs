@@ -85,10 +85,21 @@ pub async fn connect(settings: &RedisSettings, timeout: Duration) -> anyhow::Res
 async fn connect_single(url: &str, timeout: Duration) -> anyhow::Result<Redis> {
     let client = redis::Client::open(url).context("Invalid Redis URL")?;
     let target = client.get_connection_info().addr.to_string();
+    // After a lost connection every call waits on one reconnection, which tries again
+    // after a pause it takes from `backon`: the first pause is 1 s, each next one the
+    // last times `factor`, at most `max_delay` ms, each plus up to as much again at
+    // random. The crate's `factor` of 100 (documented as milliseconds, redis-rs #1556,
+    // #1830) made the second pause 60–120 s: a Redis back within seconds of a kill -9
+    // was left unused for a minute or two whenever the first two tries came too early.
+    // Here a reconnection is two tries at most 1–2 s apart; when both fail, the next
+    // call starts another, so the core is back within ~2 s of Redis, and no call
+    // waits on a dead Redis for more than a few seconds.
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(CONNECT_TIMEOUT)
         .set_response_timeout(RESPONSE_TIMEOUT)
-        .set_number_of_retries(2);
+        .set_number_of_retries(1)
+        .set_factor(2)
+        .set_max_delay(1_000);
     retry_until("Redis", &target, timeout, || async {
         let mut con = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
         redis::cmd("PING").query_async::<String>(&mut con).await?;

@@ -1,5 +1,5 @@
-//! Redis as a process that fails: restarted from an older AOF mid-sale, and hung while
-//! a buyer buys. Each runs a Redis of its own.
+//! Redis as a process that fails: restarted from an older AOF mid-sale, killed and
+//! down for seconds, and hung while a buyer buys. Each runs a Redis of its own.
 
 use stampede_core::keys::Bucket;
 use std::time::Duration;
@@ -157,6 +157,70 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
+}
+
+/// Redis killed and down for a few seconds, then back: the core uses it again within
+/// seconds. The reconnection used to pause 60–120 s after its first two tries failed
+/// (the redis crate's backoff), so a Redis down longer than those tries was left unused
+/// for a minute or two after it came back (chaos `redis-kill`'s slow settles).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_back_after_seconds_down_is_used_again_within_seconds() {
+    let redis_server = OwnRedis::start();
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        redis_server.use_in(s);
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 2, 2)).await;
+    app.publish(event).await;
+    let body = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.buyers(2).await;
+    assert_eq!(app.buy(event, &buyers[0], "k", body.clone()).await.0, 202);
+    // The AOF holds the purchase (everysec: wait for the fsync).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let readyz = || async {
+        let resp = app
+            .http
+            .get(format!("{}/readyz", app.admin_url))
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.text().await.unwrap())
+    };
+
+    redis_server.kill9();
+    // Down for longer than a reconnection's two tries (the first pause is 1–2 s).
+    let (down, why) = readyz().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    redis_server.restart();
+    let restarted = tokio::time::Instant::now();
+    let back = eventually(Duration::from_secs(15), || async {
+        readyz().await.0 == 200
+    })
+    .await;
+
+    assert_eq!(down, 503, "{why}");
+    assert!(
+        back,
+        "the core still finds Redis down {:?} after it came back: {}",
+        restarted.elapsed(),
+        readyz().await.1
+    );
+    let bought = eventually(Duration::from_secs(10), || async {
+        app.buy(event, &buyers[1], "k", body.clone()).await.0 == 202
+    })
+    .await;
+    assert!(
+        bought,
+        "{:?}",
+        app.buy(event, &buyers[1], "k", body.clone()).await
+    );
+    let both = eventually(Duration::from_secs(20), || async {
+        ordered_units(&app.mysql, event).await == (2, 2)
+    })
+    .await;
+    assert!(both, "{:?}", ordered_units(&app.mysql, event).await);
+    app.stop().await;
 }
 
 /// Redis hung (SIGSTOP) while a buyer presses buy: the answer is true — not a 500 — and
