@@ -162,6 +162,10 @@ pub enum Canceller {
     Deadline,
 }
 
+/// An order's stock_log batch and, if the batch has a row for the order's category, its
+/// `synced`, `units` and `orders` (NULL from the LEFT JOIN when it has none).
+type OrderBatch = (String, Option<u8>, Option<u64>, Option<u64>);
+
 impl Lifecycle {
     /// The order, if `owner` is its buyer.
     pub async fn view(
@@ -209,25 +213,18 @@ impl Lifecycle {
         )
         .await?;
         // Stock sync subtracted this order from remain, or is yet to: add it back, or take
-        // it out of what its batch will subtract. The batch's row is locked before the
-        // category's, as stock sync locks them.
-        let batch: Option<String> = tx
+        // it out of what its batch will subtract. One read locks the order's stock_log row
+        // and its batch's row, before the category's, as stock sync locks them.
+        let found: Option<OrderBatch> = tx
             .exec_first(
-                "SELECT batch_id FROM stock_log WHERE order_no = ? FOR UPDATE",
-                (order_no,),
+                "SELECT l.batch_id, b.synced, b.units, b.orders FROM stock_log l \
+                 LEFT JOIN stock_batch b ON b.batch_id = l.batch_id AND b.category_id = ? \
+                 WHERE l.order_no = ? FOR UPDATE",
+                (order.category_id, order_no),
             )
             .await?;
-        let row: Option<(u8, u64, u64)> = match &batch {
-            Some(batch) => {
-                tx.exec_first(
-                    "SELECT synced, units, orders FROM stock_batch \
-                     WHERE batch_id = ? AND category_id = ? FOR UPDATE",
-                    (batch, order.category_id),
-                )
-                .await?
-            }
-            None => None,
-        };
+        let batch = found.as_ref().map(|(batch, ..)| batch.clone());
+        let row = found.and_then(|(_, synced, units, orders)| Some((synced?, units?, orders?)));
         let units = u64::from(order.units());
         match (row, &batch) {
             (Some((1, _, _)), _) => {
