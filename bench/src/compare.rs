@@ -409,6 +409,7 @@ pub async fn compare(
     println!("where the time goes (CPU µs per request, every part on the same cores):");
     for (name, u) in &breakdown {
         println!("  {name}: {}", u.line());
+        println!("    {}", u.sched_line());
     }
     match &wrk_check {
         Some(check) => check.lines().iter().for_each(|l| println!("{l}")),

@@ -1,5 +1,8 @@
 //! Where the time goes: CPU seconds (user + system) per part of the stack over a
-//! measurement, read from /proc, so a ratio comes with its per-stage breakdown.
+//! measurement, read from /proc, so a ratio comes with its per-stage breakdown; and how
+//! often each part's threads were put on a CPU and how long they waited for one (the
+//! scheduler's own counts, `/proc/<pid>/task/<tid>/schedstat`): on cores every part
+//! shares, a request that wakes more processes costs each of them more.
 
 use std::collections::BTreeMap;
 
@@ -16,12 +19,25 @@ const PARTS: [(&str, &str); 7] = [
     ("stampede-bench", "bench client"),
 ];
 
-/// CPU ticks used so far, per part.
+/// What one part used so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Counts {
+    /// CPU ticks (user + system).
+    ticks: u64,
+    /// Of which in the kernel (system).
+    sys_ticks: u64,
+    /// Times its threads were put on a CPU (woken, or given the CPU back).
+    slices: u64,
+    /// Nanoseconds its threads were runnable and waited for a CPU.
+    wait_ns: u64,
+}
+
+/// What each part used so far.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot(BTreeMap<&'static str, u64>);
+pub struct Snapshot(BTreeMap<&'static str, Counts>);
 
 pub fn snapshot() -> Snapshot {
-    let mut by_part = BTreeMap::new();
+    let mut by_part: BTreeMap<&'static str, Counts> = BTreeMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Snapshot(by_part);
     };
@@ -36,7 +52,25 @@ pub fn snapshot() -> Snapshot {
         let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
             continue;
         };
-        *by_part.entry(*part).or_default() += ticks_of(&stat).unwrap_or(0);
+        let counts = by_part.entry(*part).or_default();
+        let (user, system) = ticks_of(&stat).unwrap_or((0, 0));
+        counts.ticks += user + system;
+        counts.sys_ticks += system;
+        // Every thread's, as the scheduler counts them (a thread that has exited is
+        // no longer counted: the blocking pools' short-lived threads are undercounted).
+        for task in std::fs::read_dir(path.join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Some((slices, wait_ns)) = std::fs::read_to_string(task.path().join("schedstat"))
+                .ok()
+                .and_then(|s| schedstat_of(&s))
+            {
+                counts.slices += slices;
+                counts.wait_ns += wait_ns;
+            }
+        }
     }
     Snapshot(by_part)
 }
@@ -46,44 +80,69 @@ pub fn own_s() -> f64 {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| ticks_of(&s))
-        .unwrap_or(0) as f64
+        .map_or(0, |(user, system)| user + system) as f64
         / 100.0 // USER_HZ on Linux
 }
 
-/// utime + stime of a `/proc/<pid>/stat` line. Fields after the parenthesised name
+/// (utime, stime) of a `/proc/<pid>/stat` line. Fields after the parenthesised name
 /// (which may hold spaces or parentheses): state is field 3, utime 14, stime 15.
-fn ticks_of(stat: &str) -> Option<u64> {
+fn ticks_of(stat: &str) -> Option<(u64, u64)> {
     let (_, rest) = stat.rsplit_once(')')?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let field = |i: usize| fields.get(i - 3)?.parse::<u64>().ok();
-    Some(field(14)? + field(15)?)
+    Some((field(14)?, field(15)?))
+}
+
+/// Times run and nanoseconds waited of a `schedstat` line: "<ns on a CPU> <ns waiting
+/// for one> <times run>".
+fn schedstat_of(line: &str) -> Option<(u64, u64)> {
+    let mut fields = line.split_whitespace().map(|f| f.parse::<u64>().ok());
+    let (_on_cpu, waited, runs) = (fields.next()??, fields.next()??, fields.next()??);
+    Some((runs, waited))
 }
 
 /// CPU used between two snapshots, per part.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Usage {
     /// Seconds of CPU per part.
     pub cpu_s: BTreeMap<String, f64>,
     /// Microseconds of CPU per request (or per unit of `per`), per part.
     pub us_per_request: BTreeMap<String, f64>,
+    /// Of `us_per_request`, the microseconds in the kernel (system time).
+    pub system_us_per_request: BTreeMap<String, f64>,
+    /// Times the part's threads were put on a CPU, per request.
+    pub runs_per_request: BTreeMap<String, f64>,
+    /// Microseconds the part's threads waited, runnable, for a CPU, per request.
+    pub wait_us_per_request: BTreeMap<String, f64>,
 }
 
 pub fn between(before: &Snapshot, after: &Snapshot, requests: u64) -> Usage {
     let hz = 100.0; // USER_HZ on Linux
-    let mut cpu_s = BTreeMap::new();
-    let mut us_per_request = BTreeMap::new();
+    let per = requests.max(1) as f64;
+    let mut usage = Usage::default();
     for (part, end) in &after.0 {
-        let start = before.0.get(part).copied().unwrap_or(0);
-        let secs = end.saturating_sub(start) as f64 / hz;
+        let start = before.0.get(part).copied().unwrap_or_default();
+        let secs = end.ticks.saturating_sub(start.ticks) as f64 / hz;
         if secs > 0.0 {
-            cpu_s.insert(part.to_string(), secs);
-            us_per_request.insert(part.to_string(), secs * 1e6 / requests.max(1) as f64);
+            usage.cpu_s.insert(part.to_string(), secs);
+            usage
+                .us_per_request
+                .insert(part.to_string(), secs * 1e6 / per);
+            usage.system_us_per_request.insert(
+                part.to_string(),
+                end.sys_ticks.saturating_sub(start.sys_ticks) as f64 / hz * 1e6 / per,
+            );
+            usage.runs_per_request.insert(
+                part.to_string(),
+                end.slices.saturating_sub(start.slices) as f64 / per,
+            );
+            usage.wait_us_per_request.insert(
+                part.to_string(),
+                end.wait_ns.saturating_sub(start.wait_ns) as f64 / 1e3 / per,
+            );
         }
     }
-    Usage {
-        cpu_s,
-        us_per_request,
-    }
+    usage
 }
 
 impl Usage {
@@ -107,6 +166,26 @@ impl Usage {
             .collect::<Vec<_>>()
             .join(", ")
     }
+
+    /// "per request: nginx 40 % in the kernel, on a CPU 2.10 times (waited 3.0 µs), …",
+    /// in `line`'s order.
+    pub fn sched_line(&self) -> String {
+        let mut parts: Vec<(&String, &f64)> = self.us_per_request.iter().collect();
+        parts.sort_by(|a, b| b.1.total_cmp(a.1));
+        let parts: Vec<String> = parts
+            .iter()
+            .map(|(p, us)| {
+                let kernel = self.system_us_per_request.get(*p).copied().unwrap_or(0.0);
+                let runs = self.runs_per_request.get(*p).copied().unwrap_or(0.0);
+                let wait = self.wait_us_per_request.get(*p).copied().unwrap_or(0.0);
+                format!(
+                    "{p} {:.0} % in the kernel, on a CPU {runs:.2} times (waited {wait:.1} µs)",
+                    100.0 * kernel / *us
+                )
+            })
+            .collect();
+        format!("per request: {}", parts.join(", "))
+    }
 }
 
 #[cfg(test)]
@@ -116,18 +195,27 @@ mod tests {
     #[test]
     fn stat_lines_give_user_plus_system_ticks_even_with_odd_names() {
         let line = "4242 (nginx: worker) S 1 4242 4242 0 -1 4194624 900 0 0 0 123 45 0 0 20 0 1 0";
-        assert_eq!(ticks_of(line), Some(168));
-        assert_eq!(ticks_of("1 (a) b) R 0 0 0 0 0 0 0 0 0 0 7 8"), Some(15));
+        assert_eq!(ticks_of(line), Some((123, 45)));
+        assert_eq!(ticks_of("1 (a) b) R 0 0 0 0 0 0 0 0 0 0 7 8"), Some((7, 8)));
         assert_eq!(ticks_of("garbage"), None);
     }
 
     #[test]
     fn usage_is_per_part_and_per_request() {
-        let before = Snapshot(BTreeMap::from([("nginx", 100), ("core", 50)]));
+        let c = |ticks, slices, wait_ns| Counts {
+            ticks,
+            sys_ticks: ticks / 4,
+            slices,
+            wait_ns,
+        };
+        let before = Snapshot(BTreeMap::from([
+            ("nginx", c(100, 10, 0)),
+            ("core", c(50, 5, 0)),
+        ]));
         let after = Snapshot(BTreeMap::from([
-            ("nginx", 300),
-            ("core", 50),
-            ("redis", 10),
+            ("nginx", c(300, 2_000_010, 3_000_000_000)),
+            ("core", c(50, 5, 0)),
+            ("redis", c(10, 500_000, 0)),
         ]));
         let u = between(&before, &after, 1_000_000);
         assert_eq!(u.cpu_s.get("nginx"), Some(&2.0));
@@ -141,5 +229,24 @@ mod tests {
         assert_eq!(u.part("nginx"), 2.0);
         assert_eq!(u.part("core"), 0.0);
         assert!((u.total() - 2.1).abs() < 1e-9);
+        assert_eq!(u.runs_per_request.get("nginx"), Some(&2.0));
+        assert_eq!(u.system_us_per_request.get("nginx"), Some(&0.5));
+        assert_eq!(u.wait_us_per_request.get("nginx"), Some(&3.0));
+        assert_eq!(u.runs_per_request.get("redis"), Some(&0.5));
+        assert_eq!(
+            u.sched_line(),
+            "per request: nginx 25 % in the kernel, on a CPU 2.00 times (waited 3.0 µs), \
+             redis 20 % in the kernel, on a CPU 0.50 times (waited 0.0 µs)"
+        );
+    }
+
+    #[test]
+    fn schedstat_lines_give_runs_and_waits() {
+        assert_eq!(
+            schedstat_of("12670780769 4638126741 293352\n"),
+            Some((293352, 4638126741))
+        );
+        assert_eq!(schedstat_of("1 2"), None);
+        assert_eq!(schedstat_of("a b c"), None);
     }
 }

@@ -1222,6 +1222,7 @@ async fn edge_cpu(
             .map(|(p, s)| (p.clone(), s * 1e6 / n.max(1) as f64))
             .collect(),
         cpu_s,
+        ..Default::default()
     };
     let (poll_usage, reject_usage) = (
         usage(poll_cpu, polls_from_edge),

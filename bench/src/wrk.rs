@@ -619,7 +619,7 @@ stampede-wrk-answer 429 RATE_LIMITED 19
             wrk_ticks: 3,
             usage: cpu::Usage {
                 cpu_s: BTreeMap::from([("nginx".to_owned(), 2.0)]),
-                us_per_request: BTreeMap::new(),
+                ..Default::default()
             },
         }
         // Idle, nginx spent 0.5 CPU s a second: 0.5 of the run's 2 s were not the answers'.
