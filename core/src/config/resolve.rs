@@ -21,6 +21,10 @@ pub struct Resolved {
     pub provider_secret: Option<SecretString>,
     pub mysql_opts: mysql_async::Opts,
 }
+
+/// The most orders one worker creates in one batch (`orders.batch_size`).
+pub const MAX_BATCH_SIZE: usize = 10_000;
+
 impl Settings {
     /// Checks every value and reads the secrets; nothing is bound or connected yet.
     pub fn resolve(self) -> Result<Resolved, ConfigError> {
@@ -85,6 +89,15 @@ impl Settings {
                 "orders.workers, batch_size and max_stream_depth must be positive, claim_idle_ms ≥ 1000"
                     .into(),
             ));
+        }
+        // A batch is one MySQL transaction (its orders' rows in a few statements, their
+        // locks held until it commits), one stream read and one order-timeout message
+        // naming each order: past this, a batch would hold its locks for long and its
+        // statements and message grow towards MySQL's and the broker's size limits.
+        if o.batch_size > MAX_BATCH_SIZE {
+            return Err(ConfigError(format!(
+                "orders.batch_size must be at most {MAX_BATCH_SIZE} (one MySQL transaction and one broker message per batch)"
+            )));
         }
         if !self
             .rocketmq
@@ -292,6 +305,19 @@ mod tests {
         let mut s = with_secrets();
         s.redis.key_prefix = "a{b".into();
         assert!(s.resolve().unwrap_err().0.contains("key_prefix"));
+        for (size, ok) in [
+            (0, false),
+            (1, true),
+            (MAX_BATCH_SIZE, true),
+            (MAX_BATCH_SIZE + 1, false),
+        ] {
+            let mut s = with_secrets();
+            s.orders.batch_size = size;
+            match s.resolve() {
+                Ok(_) => assert!(ok, "{size} accepted"),
+                Err(e) => assert!(!ok && e.0.contains("batch_size"), "{size}: {e}"),
+            }
+        }
     }
 
     #[test]
