@@ -71,6 +71,10 @@ impl Down {
         e.chain().find_map(|cause| {
             if let Some(r) = cause.downcast_ref::<::redis::RedisError>() {
                 use ::redis::ErrorKind::*;
+                // Redis refused a reconnection's AUTH: unavailable, and nothing was sent.
+                if r.kind() == AuthenticationFailed {
+                    return Some(Down::Redis { maybe_sent: false });
+                }
                 // A cluster failing a shard over, or a node still loading its data:
                 // down for now. The cluster client retries a call that met an I/O
                 // error, so its last error says nothing of whether an earlier attempt
@@ -138,6 +142,15 @@ mod tests {
             "an answer, not an outage"
         );
         assert_eq!(Down::of(&anyhow::anyhow!("other")), None);
+        let auth = ::redis::RedisError::from((
+            ::redis::ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        assert_eq!(
+            Down::of(&anyhow::Error::new(auth).context("Redis call failed")),
+            Some(Down::Redis { maybe_sent: false }),
+            "a reconnection refused: down, nothing sent"
+        );
         for (kind, code) in [
             (::redis::ErrorKind::ClusterDown, "CLUSTERDOWN"),
             (::redis::ErrorKind::TryAgain, "TRYAGAIN"),

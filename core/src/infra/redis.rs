@@ -91,9 +91,14 @@ async fn connect_single(url: &str, timeout: Duration) -> anyhow::Result<Redis> {
     // random. The crate's `factor` of 100 (documented as milliseconds, redis-rs #1556,
     // #1830) made the second pause 60–120 s: a Redis back within seconds of a kill -9
     // was left unused for a minute or two whenever the first two tries came too early.
-    // Here a reconnection is two tries at most 1–2 s apart; when both fail, the next
-    // call starts another, so the core is back within ~2 s of Redis, and no call
-    // waits on a dead Redis for more than a few seconds.
+    // Here a reconnection is two tries 1–2 s apart (factor and max_delay matter only if
+    // the retries are raised); when both fail, the next call starts another, so the
+    // core is back within ~2 s of Redis answering, and a call waits on a reconnection
+    // at most ~6 s (two 2 s connection timeouts and the pause, for a hung Redis).
+    // A reconnection that fails with a non-I/O error (a refused AUTH or SELECT: a
+    // password changed while the core runs, or Redis at maxclients with a password
+    // set) is not retried by the crate (redis-rs #984): such a core answers 503 (a
+    // refused AUTH) or fails its Redis calls until it is restarted.
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(CONNECT_TIMEOUT)
         .set_response_timeout(RESPONSE_TIMEOUT)
@@ -117,9 +122,12 @@ async fn connect_cluster(nodes: &[String], timeout: Duration) -> anyhow::Result<
     let client = ClusterClientBuilder::new(seeds.clone())
         .connection_timeout(CONNECT_TIMEOUT)
         .response_timeout(RESPONSE_TIMEOUT)
-        // A call that meets a moved slot or a shard being failed over retries a few
-        // times, 0.1–1 s apart, then fails like a single Redis that is down (the crate's
-        // default, 16 retries from 1.3 s apart, would hold a buyer for minutes). Every
+        // A call that meets a moved slot or a shard being failed over retries 4 times,
+        // then fails like a single Redis that is down (the crate's default, 16 retries
+        // from 1.3 s apart, would hold a buyer for minutes). The crate waits a random
+        // time from `min_retry_wait` up to 10 · 2^n ms, at most `max_retry_wait`: about
+        // 0.1 s before each of the first four, ~0.5 s in all (a retry that reconnects
+        // does not wait). Every
         // script is safe to run twice (an Idempotency-Key, a stream entry, an order
         // number or the stock it was measured against makes the second run a no-op),
         // so a retried call never counts twice.
