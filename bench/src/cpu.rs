@@ -19,29 +19,45 @@ const PARTS: [(&str, &str); 7] = [
     ("stampede-bench", "bench client"),
 ];
 
-/// What one part used so far.
+/// CPU ticks one part used so far: user + system, and of which system.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct Counts {
-    /// CPU ticks (user + system).
-    ticks: u64,
-    /// Of which in the kernel (system).
-    sys_ticks: u64,
-    /// Times its threads were put on a CPU (woken, or given the CPU back).
-    slices: u64,
-    /// Nanoseconds its threads were runnable and waited for a CPU.
+struct Ticks {
+    all: u64,
+    system: u64,
+}
+
+/// One thread's scheduler counts so far: times put on a CPU (woken, or given the CPU
+/// back after a preemption) and nanoseconds runnable waiting for one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Sched {
+    part: &'static str,
+    runs: u64,
     wait_ns: u64,
 }
 
-/// What each part used so far.
+/// What each part used so far: its processes' ticks (which keep their exited threads'),
+/// and each living thread's scheduler counts by (pid, tid), so a delta is taken per
+/// thread: one that exits in between drops out of both sides, one that starts counts
+/// from zero.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot(BTreeMap<&'static str, Counts>);
+pub struct Snapshot {
+    ticks: BTreeMap<&'static str, Ticks>,
+    threads: BTreeMap<(u32, u32), Sched>,
+}
 
 pub fn snapshot() -> Snapshot {
-    let mut by_part: BTreeMap<&'static str, Counts> = BTreeMap::new();
+    let mut snap = Snapshot::default();
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Snapshot(by_part);
+        return snap;
     };
     for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
         let path = entry.path();
         let Ok(comm) = std::fs::read_to_string(path.join("comm")) else {
             continue;
@@ -52,27 +68,38 @@ pub fn snapshot() -> Snapshot {
         let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
             continue;
         };
-        let counts = by_part.entry(*part).or_default();
+        let ticks = snap.ticks.entry(*part).or_default();
         let (user, system) = ticks_of(&stat).unwrap_or((0, 0));
-        counts.ticks += user + system;
-        counts.sys_ticks += system;
-        // Every thread's, as the scheduler counts them (a thread that has exited is
-        // no longer counted: the blocking pools' short-lived threads are undercounted).
+        ticks.all += user + system;
+        ticks.system += system;
         for task in std::fs::read_dir(path.join("task"))
             .into_iter()
             .flatten()
             .flatten()
         {
-            if let Some((slices, wait_ns)) = std::fs::read_to_string(task.path().join("schedstat"))
+            let Some(tid) = task
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Some((runs, wait_ns)) = std::fs::read_to_string(task.path().join("schedstat"))
                 .ok()
                 .and_then(|s| schedstat_of(&s))
             {
-                counts.slices += slices;
-                counts.wait_ns += wait_ns;
+                snap.threads.insert(
+                    (pid, tid),
+                    Sched {
+                        part,
+                        runs,
+                        wait_ns,
+                    },
+                );
             }
         }
     }
-    Snapshot(by_part)
+    snap
 }
 
 /// This process's CPU seconds so far (user + system, every thread).
@@ -119,27 +146,36 @@ pub struct Usage {
 pub fn between(before: &Snapshot, after: &Snapshot, requests: u64) -> Usage {
     let hz = 100.0; // USER_HZ on Linux
     let per = requests.max(1) as f64;
+    let mut sched: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (key, end) in &after.threads {
+        let (runs, wait_ns) = before
+            .threads
+            .get(key)
+            .filter(|start| start.part == end.part)
+            .map_or((0, 0), |start| (start.runs, start.wait_ns));
+        let sum = sched.entry(end.part).or_default();
+        sum.0 += end.runs.saturating_sub(runs);
+        sum.1 += end.wait_ns.saturating_sub(wait_ns);
+    }
     let mut usage = Usage::default();
-    for (part, end) in &after.0 {
-        let start = before.0.get(part).copied().unwrap_or_default();
-        let secs = end.ticks.saturating_sub(start.ticks) as f64 / hz;
+    for (part, end) in &after.ticks {
+        let start = before.ticks.get(part).copied().unwrap_or_default();
+        let secs = end.all.saturating_sub(start.all) as f64 / hz;
         if secs > 0.0 {
-            usage.cpu_s.insert(part.to_string(), secs);
-            usage
-                .us_per_request
-                .insert(part.to_string(), secs * 1e6 / per);
+            let (runs, wait_ns) = sched.get(part).copied().unwrap_or_default();
+            let part = part.to_string();
+            usage.cpu_s.insert(part.clone(), secs);
+            usage.us_per_request.insert(part.clone(), secs * 1e6 / per);
             usage.system_us_per_request.insert(
-                part.to_string(),
-                end.sys_ticks.saturating_sub(start.sys_ticks) as f64 / hz * 1e6 / per,
+                part.clone(),
+                end.system.saturating_sub(start.system) as f64 / hz * 1e6 / per,
             );
-            usage.runs_per_request.insert(
-                part.to_string(),
-                end.slices.saturating_sub(start.slices) as f64 / per,
-            );
-            usage.wait_us_per_request.insert(
-                part.to_string(),
-                end.wait_ns.saturating_sub(start.wait_ns) as f64 / 1e3 / per,
-            );
+            usage
+                .runs_per_request
+                .insert(part.clone(), runs as f64 / per);
+            usage
+                .wait_us_per_request
+                .insert(part, wait_ns as f64 / 1e3 / per);
         }
     }
     usage
@@ -202,21 +238,38 @@ mod tests {
 
     #[test]
     fn usage_is_per_part_and_per_request() {
-        let c = |ticks, slices, wait_ns| Counts {
-            ticks,
-            sys_ticks: ticks / 4,
-            slices,
+        let ticks = |all| Ticks {
+            all,
+            system: all / 4,
+        };
+        let thread = |part, runs, wait_ns| Sched {
+            part,
+            runs,
             wait_ns,
         };
-        let before = Snapshot(BTreeMap::from([
-            ("nginx", c(100, 10, 0)),
-            ("core", c(50, 5, 0)),
-        ]));
-        let after = Snapshot(BTreeMap::from([
-            ("nginx", c(300, 2_000_010, 3_000_000_000)),
-            ("core", c(50, 5, 0)),
-            ("redis", c(10, 500_000, 0)),
-        ]));
+        let before = Snapshot {
+            ticks: BTreeMap::from([("nginx", ticks(100)), ("core", ticks(50))]),
+            threads: BTreeMap::from([
+                ((1, 1), thread("nginx", 10, 0)),
+                ((2, 2), thread("core", 5, 0)),
+                // Exits in between: its lifetime counts must not come off the others'.
+                ((1, 7), thread("nginx", 900_000, 9_000_000_000)),
+            ]),
+        };
+        let after = Snapshot {
+            ticks: BTreeMap::from([
+                ("nginx", ticks(300)),
+                ("core", ticks(50)),
+                ("redis", ticks(10)),
+            ]),
+            threads: BTreeMap::from([
+                ((1, 1), thread("nginx", 1_000_010, 1_000_000_000)),
+                // Started in between: every count is the window's.
+                ((1, 8), thread("nginx", 1_000_000, 2_000_000_000)),
+                ((2, 2), thread("core", 5, 0)),
+                ((3, 3), thread("redis", 500_000, 0)),
+            ]),
+        };
         let u = between(&before, &after, 1_000_000);
         assert_eq!(u.cpu_s.get("nginx"), Some(&2.0));
         assert_eq!(u.us_per_request.get("nginx"), Some(&2.0));
