@@ -51,11 +51,7 @@ pub fn snapshot() -> Snapshot {
         return snap;
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
+        let Some(pid) = id_of(&entry) else {
             continue;
         };
         let path = entry.path();
@@ -77,11 +73,7 @@ pub fn snapshot() -> Snapshot {
             .flatten()
             .flatten()
         {
-            let Some(tid) = task
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
+            let Some(tid) = id_of(&task) else {
                 continue;
             };
             if let Some((runs, wait_ns)) = std::fs::read_to_string(task.path().join("schedstat"))
@@ -100,6 +92,11 @@ pub fn snapshot() -> Snapshot {
         }
     }
     snap
+}
+
+/// The number a `/proc` (or `/proc/<pid>/task`) entry is named by, if it is one.
+fn id_of(entry: &std::fs::DirEntry) -> Option<u32> {
+    entry.file_name().to_str()?.parse().ok()
 }
 
 /// This process's CPU seconds so far (user + system, every thread).
