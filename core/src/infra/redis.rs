@@ -3,6 +3,8 @@
 //! knows which: every script's keys share one hash tag and every pipeline stays in one
 //! slot (docs/scaling.md), so the cluster routes each call to one shard.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -18,14 +20,83 @@ use crate::config::{RedisMode, RedisSettings};
 /// the connections).
 #[derive(Clone)]
 pub enum Redis {
-    Single(ConnectionManager),
+    Single(Single),
     Cluster(ClusterConnection),
+}
+
+/// A single Redis's connection manager, and a new one in its place when the crate has
+/// given up on its reconnection.
+#[derive(Clone)]
+pub struct Single {
+    manager: Arc<RwLock<ConnectionManager>>,
+    anew: Arc<Anew>,
+}
+
+/// What a new manager is built from, and whether one is being built.
+struct Anew {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    building: AtomicBool,
+}
+
+/// How often a manager given up on is tried again.
+const REPLACE_EVERY: Duration = Duration::from_secs(1);
+
+impl Single {
+    fn current(&self) -> ConnectionManager {
+        self.manager
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// The crate retries a reconnection only after an I/O error (redis-rs #984): one
+    /// that Redis refused — AUTH (a password changed, or Redis at `maxclients` with a
+    /// password set) or SELECT — stays failed, and so would every call after it. Such
+    /// an error starts one background task that builds a new manager every
+    /// [`REPLACE_EVERY`] until one connects, then puts it in place.
+    fn replace_if_given_up(&self, e: &RedisError) {
+        let given_up = e.kind() == redis::ErrorKind::AuthenticationFailed
+            || (e.kind() == redis::ErrorKind::ResponseError
+                && e.to_string().contains("refused to switch database"));
+        if !given_up || self.anew.building.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!(error = %e, "Redis refused the reconnection; connecting anew every second");
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REPLACE_EVERY).await;
+                let anew = &this.anew;
+                match ConnectionManager::new_with_config(anew.client.clone(), anew.config.clone())
+                    .await
+                {
+                    Ok(manager) => {
+                        *this
+                            .manager
+                            .write()
+                            .unwrap_or_else(|poisoned| poisoned.into_inner()) = manager;
+                        tracing::info!("Redis connected anew");
+                        break;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "Redis still refuses"),
+                }
+            }
+            this.anew.building.store(false, Ordering::Release);
+        });
+    }
 }
 
 impl ConnectionLike for Redis {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Redis::Single(c) => c.req_packed_command(cmd),
+            Redis::Single(s) => Box::pin(async move {
+                let result = s.current().req_packed_command(cmd).await;
+                if let Err(e) = &result {
+                    s.replace_if_given_up(e);
+                }
+                result
+            }),
             Redis::Cluster(c) => {
                 Box::pin(async move { c.req_packed_command(cmd).await.map_err(after_retries) })
             }
@@ -39,7 +110,13 @@ impl ConnectionLike for Redis {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Redis::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Redis::Single(s) => Box::pin(async move {
+                let result = s.current().req_packed_commands(cmd, offset, count).await;
+                if let Err(e) = &result {
+                    s.replace_if_given_up(e);
+                }
+                result
+            }),
             Redis::Cluster(c) => Box::pin(async move {
                 c.req_packed_commands(cmd, offset, count)
                     .await
@@ -50,7 +127,7 @@ impl ConnectionLike for Redis {
 
     fn get_db(&self) -> i64 {
         match self {
-            Redis::Single(c) => c.get_db(),
+            Redis::Single(s) => s.anew.client.get_connection_info().redis.db,
             Redis::Cluster(c) => c.get_db(),
         }
     }
@@ -95,10 +172,8 @@ async fn connect_single(url: &str, timeout: Duration) -> anyhow::Result<Redis> {
     // the retries are raised); when both fail, the next call starts another, so the
     // core is back within ~2 s of Redis answering, and a call waits on a reconnection
     // at most ~6 s (two 2 s connection timeouts and the pause, for a hung Redis).
-    // A reconnection that fails with a non-I/O error (a refused AUTH or SELECT: a
-    // password changed while the core runs, or Redis at maxclients with a password
-    // set) is not retried by the crate (redis-rs #984): such a core answers 503 (a
-    // refused AUTH) or fails its Redis calls until it is restarted.
+    // A reconnection that fails with a non-I/O error (a refused AUTH or SELECT) is not
+    // retried by the crate: [`Single`] replaces the manager then.
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(CONNECT_TIMEOUT)
         .set_response_timeout(RESPONSE_TIMEOUT)
@@ -108,7 +183,14 @@ async fn connect_single(url: &str, timeout: Duration) -> anyhow::Result<Redis> {
     retry_until("Redis", &target, timeout, || async {
         let mut con = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
         redis::cmd("PING").query_async::<String>(&mut con).await?;
-        Ok(Redis::Single(con))
+        Ok(Redis::Single(Single {
+            manager: Arc::new(RwLock::new(con)),
+            anew: Arc::new(Anew {
+                client: client.clone(),
+                config: config.clone(),
+                building: AtomicBool::new(false),
+            }),
+        }))
     })
     .await
 }

@@ -226,6 +226,90 @@ async fn a_redis_back_after_seconds_down_is_used_again_within_seconds() {
     app.stop().await;
 }
 
+/// Redis refusing the core's reconnection (its password changed under the core, then
+/// changed back): the redis crate gives up for good on a reconnection that AUTH
+/// refused; the core connects anew once Redis takes its password again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_refused_the_reconnection_is_used_again_once_it_accepts() {
+    let redis_server = OwnRedis::start();
+    let mut own = redis::Client::open(redis_server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let password = |secret: &str| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg("requirepass").arg(secret);
+        cmd
+    };
+    // This connection stays authenticated whatever the password becomes.
+    password("first-secret").exec_async(&mut own).await.unwrap();
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        redis_server.use_in(s);
+        s.redis.url = format!("redis://:first-secret@127.0.0.1:{}/", redis_server.port);
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 2, 2)).await;
+    app.publish(event).await;
+    let body = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.buyers(2).await;
+    assert_eq!(app.buy(event, &buyers[0], "k", body.clone()).await.0, 202);
+    let readyz = || async {
+        let resp = app
+            .http
+            .get(format!("{}/readyz", app.admin_url))
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap()
+    };
+
+    password("second-secret")
+        .exec_async(&mut own)
+        .await
+        .unwrap();
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .exec_async(&mut own)
+        .await
+        .unwrap();
+    let refused = eventually(Duration::from_secs(10), || async {
+        readyz().await.contains(r#""redis":"down"#)
+    })
+    .await;
+    // Long enough for the crate's reconnection (two tries, 1–2 s apart) to give up.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    password("first-secret").exec_async(&mut own).await.unwrap();
+    let back = eventually(Duration::from_secs(10), || async {
+        readyz().await.contains(r#""redis":"up""#)
+    })
+    .await;
+
+    assert!(
+        refused,
+        "the reconnection was not refused: {}",
+        readyz().await
+    );
+    assert!(
+        back,
+        "still down with the password back: {}",
+        readyz().await
+    );
+    let bought = eventually(Duration::from_secs(10), || async {
+        app.buy(event, &buyers[1], "k", body.clone()).await.0 == 202
+    })
+    .await;
+    assert!(
+        bought,
+        "{:?}",
+        app.buy(event, &buyers[1], "k", body.clone()).await
+    );
+    app.stop().await;
+}
+
 /// Redis hung (SIGSTOP) while a buyer presses buy: the answer is true — not a 500 — and
 /// once Redis wakes the buyer learns what became of the purchase.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
