@@ -192,6 +192,30 @@ async fn redis_readiness(app: &TestApp) -> String {
         .to_owned()
 }
 
+/// After the fault: the second buyer's purchase is admitted (retried while the core
+/// still recovers), and both purchases become orders.
+async fn the_second_buyer_is_admitted_and_both_ordered(
+    app: &TestApp,
+    event: u64,
+    body: &serde_json::Value,
+    buyers: &[Buyer],
+) {
+    let bought = eventually(Duration::from_secs(10), || async {
+        app.buy(event, &buyers[1], "k", body.clone()).await.0 == 202
+    })
+    .await;
+    assert!(
+        bought,
+        "{:?}",
+        app.buy(event, &buyers[1], "k", body.clone()).await
+    );
+    let both = eventually(Duration::from_secs(20), || async {
+        ordered_units(&app.mysql, event).await == (2, 2)
+    })
+    .await;
+    assert!(both, "{:?}", ordered_units(&app.mysql, event).await);
+}
+
 /// Redis killed and down for a few seconds, then back: the core uses it again within
 /// seconds. The reconnection used to pause 60–120 s after its first two tries failed
 /// (the redis crate's backoff), so a Redis down longer than those tries was left unused
@@ -222,20 +246,7 @@ async fn a_redis_back_after_seconds_down_is_used_again_within_seconds() {
         restarted.elapsed(),
         redis_readiness(&app).await
     );
-    let bought = eventually(Duration::from_secs(10), || async {
-        app.buy(event, &buyers[1], "k", body.clone()).await.0 == 202
-    })
-    .await;
-    assert!(
-        bought,
-        "{:?}",
-        app.buy(event, &buyers[1], "k", body.clone()).await
-    );
-    let both = eventually(Duration::from_secs(20), || async {
-        ordered_units(&app.mysql, event).await == (2, 2)
-    })
-    .await;
-    assert!(both, "{:?}", ordered_units(&app.mysql, event).await);
+    the_second_buyer_is_admitted_and_both_ordered(&app, event, &body, &buyers).await;
     app.stop().await;
 }
 
@@ -288,15 +299,7 @@ async fn a_redis_that_refused_the_reconnection_is_used_again_once_it_accepts() {
     let now = redis_readiness(&app).await;
     assert!(refused, "the reconnection was not refused: {now}");
     assert!(back, "still down with the password back: {now}");
-    let bought = eventually(Duration::from_secs(10), || async {
-        app.buy(event, &buyers[1], "k", body.clone()).await.0 == 202
-    })
-    .await;
-    assert!(
-        bought,
-        "{:?}",
-        app.buy(event, &buyers[1], "k", body.clone()).await
-    );
+    the_second_buyer_is_admitted_and_both_ordered(&app, event, &body, &buyers).await;
     app.stop().await;
 }
 
