@@ -1,5 +1,6 @@
-//! Redis: one multiplexed connection (reconnects by itself) to a single Redis or to a
-//! Redis Cluster, start-up retries. Everything above speaks to [`Redis`] and never
+//! Redis: one multiplexed connection (reconnects by itself; a single Redis's is built
+//! anew when the crate gives up on it) to a single Redis or to a Redis Cluster,
+//! start-up retries. Everything above speaks to [`Redis`] and never
 //! knows which: every script's keys share one hash tag and every pipeline stays in one
 //! slot (docs/scaling.md), so the cluster routes each call to one shard.
 
