@@ -71,8 +71,9 @@ impl Down {
         e.chain().find_map(|cause| {
             if let Some(r) = cause.downcast_ref::<::redis::RedisError>() {
                 use ::redis::ErrorKind::*;
-                // Redis refused a reconnection's AUTH: unavailable, and nothing was sent.
-                if r.kind() == AuthenticationFailed {
+                // Redis refused a reconnection's AUTH or SELECT: unavailable, and nothing
+                // was sent (infra/redis.rs builds the connection anew).
+                if crate::infra::redis::refused_reconnection(r) {
                     return Some(Down::Redis { maybe_sent: false });
                 }
                 // A cluster failing a shard over, or a node still loading its data:
@@ -150,6 +151,15 @@ mod tests {
             Down::of(&anyhow::Error::new(auth).context("Redis call failed")),
             Some(Down::Redis { maybe_sent: false }),
             "a reconnection refused: down, nothing sent"
+        );
+        let select = ::redis::RedisError::from((
+            ::redis::ErrorKind::ResponseError,
+            "Redis server refused to switch database",
+            "ERR DB index is out of range".to_owned(),
+        ));
+        assert_eq!(
+            Down::of(&anyhow::Error::new(select)),
+            Some(Down::Redis { maybe_sent: false })
         );
         for (kind, code) in [
             (::redis::ErrorKind::ClusterDown, "CLUSTERDOWN"),

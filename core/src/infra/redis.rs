@@ -57,10 +57,7 @@ impl Single {
     /// an error starts one background task that builds a new manager every
     /// [`REPLACE_EVERY`] until one connects, then puts it in place.
     fn replace_if_given_up(&self, e: &RedisError) {
-        let given_up = e.kind() == redis::ErrorKind::AuthenticationFailed
-            || (e.kind() == redis::ErrorKind::ResponseError
-                && e.to_string().contains("refused to switch database"));
-        if !given_up || self.anew.building.swap(true, Ordering::AcqRel) {
+        if !refused_reconnection(e) || self.anew.building.swap(true, Ordering::AcqRel) {
             return;
         }
         tracing::warn!(error = %e, "Redis refused the reconnection; connecting anew every second");
@@ -86,6 +83,13 @@ impl Single {
             this.anew.building.store(false, Ordering::Release);
         });
     }
+}
+
+/// An error only a connection's set-up gives: Redis refused its AUTH or its SELECT.
+pub fn refused_reconnection(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || (e.kind() == redis::ErrorKind::ResponseError
+            && e.to_string().contains("refused to switch database"))
 }
 
 impl ConnectionLike for Redis {
