@@ -1,8 +1,7 @@
 //! Where the time goes: CPU seconds (user + system) per part of the stack over a
 //! measurement, read from /proc, so a ratio comes with its per-stage breakdown; and how
 //! often each part's threads were put on a CPU and how long they waited for one (the
-//! scheduler's own counts, `/proc/<pid>/task/<tid>/schedstat`): on cores every part
-//! shares, a request that wakes more processes costs each of them more.
+//! scheduler's own counts, `/proc/<pid>/task/<tid>/schedstat`).
 
 use std::collections::BTreeMap;
 

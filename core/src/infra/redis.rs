@@ -1,8 +1,8 @@
 //! Redis: one multiplexed connection (reconnects by itself; a single Redis's is built
 //! anew when the crate gives up on it) to a single Redis or to a Redis Cluster,
-//! start-up retries. Everything above speaks to [`Redis`] and never
-//! knows which: every script's keys share one hash tag and every pipeline stays in one
-//! slot (docs/scaling.md), so the cluster routes each call to one shard.
+//! start-up retries. Everything above speaks to [`Redis`] and never knows which: every
+//! script's keys share one hash tag and every pipeline stays in one slot
+//! (docs/scaling.md), so the cluster routes each call to one shard.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -51,6 +51,14 @@ impl Single {
             .clone()
     }
 
+    /// A call's result, after starting a new manager if its error says the crate gave up.
+    fn seen<T>(&self, result: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        if let Err(e) = &result {
+            self.replace_if_given_up(e);
+        }
+        result
+    }
+
     /// The crate retries a reconnection only after an I/O error (redis-rs #984): one
     /// that Redis refused — AUTH (a password changed, or Redis at `maxclients` with a
     /// password set) or SELECT — stays failed, and so would every call after it. Such
@@ -97,10 +105,7 @@ impl ConnectionLike for Redis {
         match self {
             Redis::Single(s) => Box::pin(async move {
                 let result = s.current().req_packed_command(cmd).await;
-                if let Err(e) = &result {
-                    s.replace_if_given_up(e);
-                }
-                result
+                s.seen(result)
             }),
             Redis::Cluster(c) => {
                 Box::pin(async move { c.req_packed_command(cmd).await.map_err(after_retries) })
@@ -117,10 +122,7 @@ impl ConnectionLike for Redis {
         match self {
             Redis::Single(s) => Box::pin(async move {
                 let result = s.current().req_packed_commands(cmd, offset, count).await;
-                if let Err(e) = &result {
-                    s.replace_if_given_up(e);
-                }
-                result
+                s.seen(result)
             }),
             Redis::Cluster(c) => Box::pin(async move {
                 c.req_packed_commands(cmd, offset, count)
@@ -214,10 +216,9 @@ async fn connect_cluster(nodes: &[String], timeout: Duration) -> anyhow::Result<
         // from 1.3 s apart, would hold a buyer for minutes). The crate waits a random
         // time from `min_retry_wait` up to 10 · 2^n ms, at most `max_retry_wait`: about
         // 0.1 s before each of the first four, ~0.5 s in all (a retry that reconnects
-        // does not wait). Every
-        // script is safe to run twice (an Idempotency-Key, a stream entry, an order
-        // number or the stock it was measured against makes the second run a no-op),
-        // so a retried call never counts twice.
+        // does not wait). Every script is safe to run twice (an Idempotency-Key, a
+        // stream entry, an order number or the stock it was measured against makes the
+        // second run a no-op), so a retried call never counts twice.
         .retries(4)
         .min_retry_wait(100)
         .max_retry_wait(1000)
