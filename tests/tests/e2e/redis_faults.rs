@@ -50,21 +50,32 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
     redis_server.restart();
 
     // MySQL: 25 of the 30 GA units and 5 of the 10 seats in orders. Redis, from the
-    // older AOF, believes 20 GA units and every seat are free.
+    // older AOF, believes 20 GA units and every seat are free. Where in this loop the
+    // fence and the rebuild land depends on timing: purchases before them are admitted
+    // from the old state (and must all fail), those during them are answered 503, and
+    // those after are admitted from MySQL's books (the 5 units truly left).
     let newcomers = app.buyers(25).await;
     let answers = buy_one_each(&app, event, ga, &newcomers).await;
     for (i, b) in newcomers.iter().take(5).enumerate() {
         let body = json!({"category_id": seated, "seat_ids": [format!("1:{}", i + 1)]});
         app.buy(event, b, "seat", body).await;
     }
-    let settled = eventually(Duration::from_secs(60), || async {
-        // The test's own connection died with the old Redis: a new one.
+    // Settled: rebuilt (epoch 2 or more), nothing queued, and Redis's GA stock is what
+    // MySQL's live orders leave of the 30.
+    let books = || async {
+        let ga_units = live_units(&app, ga).await;
+        let epoch = scalar(
+            &app.mysql,
+            &format!("SELECT redis_epoch FROM event WHERE id = {event}"),
+        )
+        .await;
+        // The test's own connection died with the old Redis: a new one each time.
         let Ok(mut redis) = redis::Client::open(redis_server.url())
             .unwrap()
             .get_multiplexed_async_connection()
             .await
         else {
-            return false;
+            return (ga_units, epoch, None, None);
         };
         let queued: Option<u64> = redis
             .xlen(app.keys().order_stream(Bucket::only(event)))
@@ -74,40 +85,36 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
             .hget(app.keys().stock(Bucket::only(event)), ga)
             .await
             .ok();
-        queued == Some(0) && stock == Some(5)
+        (ga_units, epoch, queued, stock)
+    };
+    let settled = eventually(Duration::from_secs(60), || async {
+        let (ga_units, epoch, queued, stock) = books().await;
+        epoch >= 2 && queued == Some(0) && stock == Some(30 - ga_units)
     })
     .await;
-    let mut fresh = redis::Client::open(redis_server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let queued: u64 = fresh
-        .xlen(app.keys().order_stream(Bucket::only(event)))
-        .await
-        .unwrap();
-    let stock: Option<i64> = fresh
-        .hget(app.keys().stock(Bucket::only(event)), ga)
-        .await
-        .unwrap();
+    let (ga_units, epoch, queued, stock) = books().await;
     assert!(
         settled,
-        "not settled: {queued} queued, stock {stock:?}; answers {answers:?}"
+        "not settled: epoch {epoch}, {queued:?} queued, stock {stock:?} against {ga_units} GA \
+         units in live orders; answers {answers:?}"
     );
-    let ga_units = scalar(
-        &app.mysql,
-        &format!(
-            "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({}) o",
-            stampede_e2e::over_shards(&format!(
-                "SELECT quantity FROM {{orders}} WHERE category_id = {ga} AND status IN {}",
-                OrderStatus::LIVE_SQL
-            ))
-        ),
-    )
-    .await;
-    assert_eq!(
-        ga_units, 25,
-        "nothing the rewound Redis admitted became an order"
+    // The 25 units MySQL had, plus at most the 5 left: nothing the rewound Redis admitted
+    // from the units it wrongly believed free became an order.
+    let after_rebuild = (ga_units - 25) as usize;
+    assert!(
+        (0..=5).contains(&after_rebuild),
+        "{ga_units} GA units in live orders"
+    );
+    // No answer but admitted, sold out (the rewound or the rebuilt stock ran out) or
+    // unavailable while fenced.
+    assert!(
+        answers.iter().all(|a| [202, 409, 503].contains(a)),
+        "{answers:?}"
+    );
+    let admitted = answers.iter().filter(|a| **a == 202).count();
+    assert!(
+        admitted >= after_rebuild,
+        "{after_rebuild} new GA orders from {admitted} admissions; answers {answers:?}"
     );
     let seats_twice = scalar(
         &app.mysql,
@@ -135,22 +142,43 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
         let word = status["status"].as_str().unwrap_or_default();
         assert!(["CREATED", "FAILED"].contains(&word), "{status}");
     }
-    let rewinds = scalar(
-        &app.mysql,
-        &format!("SELECT redis_epoch FROM event WHERE id = {event}"),
-    )
-    .await;
-    assert!(rewinds >= 2, "rebuilt after the restart (epoch {rewinds})");
-    // The sale goes on from MySQL's books: the 5 units left, then sold out.
-    let last = app.buyers(6).await;
+    // The sale goes on from MySQL's books: the units left, then sold out.
+    let left = 30 - ga_units as usize;
+    let last = app.buyers(left as u64 + 1).await;
     let answers = buy_one_each(&app, event, ga, &last).await;
-    assert_eq!(answers, vec![202, 202, 202, 202, 202, 409], "{answers:?}");
+    let mut expected = vec![202; left];
+    expected.push(409);
+    assert_eq!(answers, expected);
     let done = eventually(Duration::from_secs(30), || async {
-        ordered_units(&app.mysql, event).await == (35, 35)
+        live_units(&app, ga).await == 30
     })
     .await;
-    assert!(done, "{:?}", ordered_units(&app.mysql, event).await);
+    assert!(
+        done,
+        "{} GA units in live orders",
+        live_units(&app, ga).await
+    );
+    assert_eq!(
+        ordered_units(&app.mysql, event).await,
+        (35, 35),
+        "30 GA units and the 5 seats sold before the restart, in one order each"
+    );
     app.stop().await;
+}
+
+/// GA (or any category's) units in live orders, over every shard.
+async fn live_units(app: &TestApp, category: u64) -> i64 {
+    scalar(
+        &app.mysql,
+        &format!(
+            "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({}) o",
+            stampede_e2e::over_shards(&format!(
+                "SELECT quantity FROM {{orders}} WHERE category_id = {category} AND status IN {}",
+                OrderStatus::LIVE_SQL
+            ))
+        ),
+    )
+    .await
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
@@ -246,6 +274,46 @@ async fn a_redis_back_after_seconds_down_is_used_again_within_seconds() {
         restarted.elapsed(),
         redis_readiness(&app).await
     );
+    the_second_buyer_is_admitted_and_both_ordered(&app, event, &body, &buyers).await;
+    app.stop().await;
+}
+
+/// Redis restarted and still loading its data: a purchase meanwhile is refused by Redis
+/// without running (a LOADING answer), so the buyer hears 503 UNAVAILABLE — nothing
+/// happened, retry — not OUTCOME_UNKNOWN; once loaded, the same purchase is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_while_redis_loads_its_data_is_unavailable_not_unknown() {
+    let redis_server = OwnRedis::start();
+    let (app, event, _, body, buyers) = a_sale_bought_once(&redis_server, |_| {}).await;
+    // Data that takes seconds to load at 200 µs a key, apart from the sale's keys.
+    let mut own = redis::Client::open(redis_server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let filler = "for i = 1, 20000 do redis.call('SET', 'filler:' .. i, i) end";
+    let () = redis::cmd("EVAL")
+        .arg(filler)
+        .arg(0)
+        .query_async(&mut own)
+        .await
+        .unwrap();
+    // The AOF holds it all (everysec: wait for the fsync).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    redis_server.kill9();
+    redis_server.restart_loading_slowly(200);
+    // The core's connection died with the old Redis: readiness reconnects, and reads
+    // Redis's LOADING answer.
+    let reconnected = eventually(Duration::from_secs(8), || async {
+        redis_readiness(&app).await.contains("BusyLoadingError")
+    })
+    .await;
+    assert!(reconnected, "{}", redis_readiness(&app).await);
+
+    let (status, answer) = app.buy(event, &buyers[1], "k", body.clone()).await;
+    assert!(redis_server.loading(), "the load ended before the answer");
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "UNAVAILABLE", "{answer}");
     the_second_buyer_is_admitted_and_both_ordered(&app, event, &body, &buyers).await;
     app.stop().await;
 }
