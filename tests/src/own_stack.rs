@@ -154,6 +154,50 @@ impl OwnRedis {
         assert!(sent.success());
     }
 
+    /// Starts it again on its port and folder as `scripts/stack.sh` does, loading what
+    /// its AOF holds `key_load_delay_us` µs a key slower (Redis's `key-load-delay`), and
+    /// returns once it answers (LOADING, as it will until the load ends).
+    pub fn restart_loading_slowly(&self, key_load_delay_us: u32) {
+        let dir = self.dir.display();
+        let started = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args([
+                "--dir",
+                &format!("{dir}/redis"),
+                "--appendonly",
+                "yes",
+                "--save",
+                "",
+            ])
+            .args(["--key-load-delay", &key_load_delay_us.to_string()])
+            .args([
+                "--daemonize",
+                "yes",
+                "--pidfile",
+                &format!("{dir}/pids/redis.pid"),
+            ])
+            .args(["--logfile", &format!("{dir}/logs/redis.log")])
+            .status()
+            .expect("redis-server runs");
+        assert!(started.success());
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("Redis did not come back on {}", self.port);
+    }
+
+    /// Whether it is still loading its data (INFO persistence's `loading:1`).
+    pub fn loading(&self) -> bool {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "INFO", "persistence"])
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).contains("loading:1")
+    }
+
     /// Starts it again on its port and folder, from what its AOF holds.
     pub fn restart(&self) {
         let up = own_stack(&self.dir, &[("REDIS_PORT", self.port)], &["up", "redis"]);

@@ -76,10 +76,15 @@ impl Down {
                 if crate::infra::redis::refused_reconnection(r) {
                     return Some(Down::Redis { maybe_sent: false });
                 }
-                // A cluster failing a shard over, or a node still loading its data:
-                // down for now. The cluster client retries a call that met an I/O
-                // error, so its last error says nothing of whether an earlier attempt
-                // ran: such a call may have been sent.
+                // Redis still loading its data refused the command: nothing ran
+                // (infra/redis.rs turns the answers where that is not known — a
+                // pipeline partly run, a cluster call retried — into a lost connection).
+                if r.kind() == BusyLoadingError {
+                    return Some(Down::Redis { maybe_sent: false });
+                }
+                // A cluster failing a shard over: down for now. The cluster client
+                // retries a call that met an I/O error, so its last error says nothing
+                // of whether an earlier attempt ran: such a call may have been sent.
                 let failing_over = matches!(
                     r.kind(),
                     ClusterDown
@@ -88,7 +93,6 @@ impl Down {
                         | Moved
                         | Ask
                         | ReadOnly
-                        | BusyLoadingError
                         | ClusterConnectionNotFound
                 );
                 let down = failing_over

@@ -103,13 +103,17 @@ pub fn refused_reconnection(e: &RedisError) -> bool {
 impl ConnectionLike for Redis {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
+            // A single command answered LOADING was not run: the answer says so as it is.
             Redis::Single(s) => Box::pin(async move {
                 let result = s.current().req_packed_command(cmd).await;
                 s.seen(result)
             }),
-            Redis::Cluster(c) => {
-                Box::pin(async move { c.req_packed_command(cmd).await.map_err(after_retries) })
-            }
+            Redis::Cluster(c) => Box::pin(async move {
+                match c.req_packed_command(cmd).await {
+                    Ok(v) if loading(&v) => Err(may_have_run(&v)),
+                    other => other.map_err(after_retries),
+                }
+            }),
         }
     }
 
@@ -122,12 +126,22 @@ impl ConnectionLike for Redis {
         match self {
             Redis::Single(s) => Box::pin(async move {
                 let result = s.current().req_packed_commands(cmd, offset, count).await;
-                s.seen(result)
+                match s.seen(result) {
+                    // Some commands refused while loading, and later ones run once the
+                    // load ended: partly run. A transaction's refusal comes as an error
+                    // (MULTI itself may have been refused, its commands then run alone).
+                    Ok(values) if partly_loading(&values) => Err(may_have_run(&values)),
+                    Err(e) if e.kind() == redis::ErrorKind::BusyLoadingError => {
+                        Err(may_have_run(&e))
+                    }
+                    other => other,
+                }
             }),
             Redis::Cluster(c) => Box::pin(async move {
-                c.req_packed_commands(cmd, offset, count)
-                    .await
-                    .map_err(after_retries)
+                match c.req_packed_commands(cmd, offset, count).await {
+                    Ok(values) if values.iter().any(loading) => Err(may_have_run(&values)),
+                    other => other.map_err(after_retries),
+                }
             }),
         }
     }
@@ -140,12 +154,35 @@ impl ConnectionLike for Redis {
     }
 }
 
+/// A LOADING answer: Redis, restarted, is still loading its data and refused the command
+/// without running it. `infra::Down::of` takes an error of that kind as "unavailable,
+/// nothing sent" — true of a single command sent to a single Redis. Where the answer
+/// cannot say it — a pipeline with commands refused and commands run (the load ended
+/// in its middle), or a cluster call the client retried after an earlier attempt may
+/// have run — the answer becomes [`may_have_run`]'s error.
+fn loading(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.code() == "LOADING")
+}
+
+/// Some of a pipeline's commands refused while loading and some not.
+fn partly_loading(values: &[Value]) -> bool {
+    values.iter().any(loading) && !values.iter().all(loading)
+}
+
+/// A LOADING answer as a connection lost after sending: what ran is unknown.
+fn may_have_run(answer: &impl std::fmt::Debug) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        format!("Redis is loading its data; what ran is unknown: {answer:?}"),
+    ))
+}
+
 /// The cluster client retries a call that met an I/O error, so a refused connection at
 /// the end says nothing of an earlier attempt that may have run: it is reported as a
 /// connection lost after sending (the caller then answers "outcome unknown", not "not
 /// done").
 fn after_retries(e: RedisError) -> RedisError {
-    if e.is_connection_refusal() {
+    if e.is_connection_refusal() || e.kind() == redis::ErrorKind::BusyLoadingError {
         RedisError::from(std::io::Error::new(
             std::io::ErrorKind::ConnectionAborted,
             format!("{e} (after retries: an earlier attempt may have run)"),
@@ -238,4 +275,45 @@ async fn connect_cluster(nodes: &[String], timeout: Duration) -> anyhow::Result<
         Ok(Redis::Cluster(con))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::infra::Down;
+
+    fn loading_answer() -> Value {
+        redis::parse_redis_value(b"-LOADING Redis is loading the dataset in memory\r\n").unwrap()
+    }
+
+    /// A pipeline refused whole ran nothing; one refused in part ran what came after.
+    #[test]
+    fn a_pipeline_is_partly_run_only_when_some_answers_are_not_loading() {
+        let ok = Value::Okay;
+        assert!(!partly_loading(&[loading_answer(), loading_answer()]));
+        assert!(partly_loading(&[loading_answer(), ok.clone()]));
+        assert!(!partly_loading(&[ok.clone(), ok]));
+        assert!(!partly_loading(&[]));
+    }
+
+    /// What the caller answers: a LOADING refusal sent nothing; what ran unknown (a
+    /// pipeline partly run, a cluster call retried) may have been sent.
+    #[test]
+    fn a_loading_refusal_sent_nothing_and_an_unknown_run_may_have() {
+        let refused = || loading_answer().extract_error().unwrap_err();
+        assert_eq!(refused().kind(), redis::ErrorKind::BusyLoadingError);
+        assert_eq!(
+            Down::of(&anyhow::Error::new(refused())),
+            Some(Down::Redis { maybe_sent: false })
+        );
+        for unknown in [
+            may_have_run(&vec![loading_answer(), Value::Okay]),
+            after_retries(refused()),
+        ] {
+            assert_eq!(
+                Down::of(&anyhow::Error::new(unknown)),
+                Some(Down::Redis { maybe_sent: true })
+            );
+        }
+    }
 }
