@@ -154,11 +154,14 @@ impl OwnRedis {
         assert!(sent.success());
     }
 
-    /// Starts it again on its port and folder as `scripts/stack.sh` does, loading what
-    /// its AOF holds `key_load_delay_us` µs a key slower (Redis's `key-load-delay`), and
-    /// returns once it answers (LOADING, as it will until the load ends).
+    /// Starts it again on its port and folder with the stack's settings (as
+    /// `scripts/stack/redis.sh` starts it; appendfsync as `REDIS_APPENDFSYNC` says, by
+    /// default always), loading what its AOF holds `key_load_delay_us` µs a key slower
+    /// (Redis's `key-load-delay`, serving clients every KB loaded), and returns once it
+    /// answers (LOADING, until the load ends).
     pub fn restart_loading_slowly(&self, key_load_delay_us: u32) {
         let dir = self.dir.display();
+        let fsync = std::env::var("REDIS_APPENDFSYNC").unwrap_or_else(|_| "always".into());
         let started = std::process::Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args([
@@ -169,7 +172,9 @@ impl OwnRedis {
                 "--save",
                 "",
             ])
+            .args(["--appendfsync", &fsync, "--stream-node-max-entries", "16"])
             .args(["--key-load-delay", &key_load_delay_us.to_string()])
+            .args(["--loading-process-events-interval-bytes", "1024"])
             .args([
                 "--daemonize",
                 "yes",
