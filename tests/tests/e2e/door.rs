@@ -279,8 +279,9 @@ impl Drop for Thaw {
 }
 
 /// A purchase the edge let through to a core that had it and did not answer in time
-/// (frozen: nginx waits proxy_read_timeout, 10 s, then answers 503 UNAVAILABLE) may have
-/// been taken there: the edge keeps its Idempotency-Key, so the buyer's retry after the
+/// (frozen: nginx waits proxy_read_timeout, 10 s) may have been taken there: the edge
+/// says so (503 OUTCOME_UNKNOWN with the status URL, as the core says it when Redis does
+/// not answer) and keeps its Idempotency-Key, so the buyer's retry after the
 /// sell-out, past the 15 s a key waits for an answer, is answered by the core — 202 with
 /// the first request id when the thawed core took it — not SOLD_OUT from the edge's
 /// memory.
@@ -303,6 +304,22 @@ async fn a_purchase_the_core_did_not_answer_in_time_is_retried_at_the_core_after
     assert!(frozen.success());
     let (status, answer) = app.buy(event, frozen_out, "frozen", body.clone()).await;
     assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "OUTCOME_UNKNOWN", "{answer}");
+    assert_eq!(
+        answer["error"]["status_url"],
+        format!("/api/events/{event}/orders/status"),
+        "{answer}"
+    );
+    // Any other call to the frozen core: unavailable, nothing is unknown about it.
+    let page = app
+        .http
+        .get(format!("{}/api/events/{event}", app.edge_url))
+        .bearer_auth(&frozen_out.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 503);
+    let answer: serde_json::Value = page.json().await.unwrap();
     assert_eq!(answer["error"]["code"], "UNAVAILABLE", "{answer}");
     drop(thaw);
 
