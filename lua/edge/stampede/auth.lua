@@ -96,6 +96,13 @@ function _M.init(opts)
     local probe = "stampede." .. #secret
     assert(hmac(secret, probe) == hmac_sha1(secret, probe), "HMAC-SHA1 differs from OpenSSL's")
   end
+  -- RFC 2202's test case 6: a key longer than a block is hashed first.
+  local long_key = string.rep("\170", 80)
+  pads[long_key] = padded(long_key)
+  local mac6 = hmac(long_key, "Test Using Larger Than Block-Size Key - Hash Key First")
+  pads[long_key] = nil
+  assert(format(string.rep("%02x", 20), byte(mac6, 1, 20)) == "aa4ae5e15272d00e95705637ce8a3b55ed402112",
+    "HMAC-SHA1 fails RFC 2202's test case 6")
 end
 
 -- Equal strings, in time that depends on their length only.
