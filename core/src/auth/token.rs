@@ -1,8 +1,9 @@
 //! User tokens: `<kid>.<user_id>.<expires_unix_s>.<signature>`, the signature being
 //! HMAC-SHA1 over `<kid>.<user_id>.<expires_unix_s>` in standard base64 without
 //! padding, with the secret whose key id is `<kid>`. HMAC-SHA1 because nginx's Lua
-//! module has it built in (`ngx.hmac_sha1`), so the edge verifies a token with no
-//! library; as a MAC it remains sound.
+//! module has SHA-1 built in (the edge computes the MAC from `ngx.sha1_bin`, checked
+//! against `ngx.hmac_sha1` at start), so the edge verifies a token with no library; as
+//! a MAC it remains sound.
 //!
 //! Secrets rotate without a restart and without logging anyone out: the keyring holds
 //! the current secret (it signs) and the previous ones (they still verify, until they
