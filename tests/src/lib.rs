@@ -26,8 +26,8 @@ pub use http::{RawAnswer, raw_request};
 pub use own_stack::{OwnBroker, OwnRedis, free_port};
 pub use process::{CoreProcess, core_binary, core_env, paysim_binary};
 pub use sql::{
-    create_database, drop_database, order_numbers, ordered_units, over_shards, scalar, test_shards,
-    unsynced_orders,
+    create_database, drop_database, live_units, order_numbers, ordered_units, over_shards, scalar,
+    test_shards, unsynced_orders,
 };
 pub use stack::{Stack, connect_redis, root};
 pub use stack_app::{StackApp, stack_app};

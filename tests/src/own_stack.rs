@@ -114,6 +114,14 @@ impl OwnRedis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// A connection of the test's own (a new one: one made before a restart died with
+    /// the old process).
+    pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
     /// Points a core's settings at this Redis alone (single mode, whatever the stack is).
     pub fn use_in(&self, s: &mut stampede_core::Settings) {
         s.redis.mode = stampede_core::config::RedisMode::Single;

@@ -13,6 +13,20 @@ pub fn over_shards(select: &str) -> String {
     stampede_core::order_tables::over_shards(test_shards(), select)
 }
 
+/// Units in live orders (UNPAID or PAID) over every order shard, of the orders `filter`
+/// picks (an SQL condition on the orders table: `event_id = 3`, `category_id = 7`).
+pub async fn live_units(mysql: &mysql_async::Pool, filter: &str) -> i64 {
+    let union = over_shards(&format!(
+        "SELECT quantity FROM {{orders}} WHERE {filter} AND status IN {}",
+        stampede_core::order_tables::OrderStatus::LIVE_SQL
+    ));
+    scalar(
+        mysql,
+        &format!("SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({union}) o"),
+    )
+    .await
+}
+
 /// Units in orders of `event_id` over every order shard, and in how many orders.
 pub async fn ordered_units(mysql: &mysql_async::Pool, event_id: u64) -> (u64, u64) {
     let union = over_shards(&format!(

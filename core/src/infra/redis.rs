@@ -171,9 +171,17 @@ fn partly_loading(values: &[Value]) -> bool {
 
 /// A LOADING answer as a connection lost after sending: what ran is unknown.
 fn may_have_run(answer: &impl std::fmt::Debug) -> RedisError {
+    lost_after_sending(format!(
+        "Redis is loading its data; what ran is unknown: {answer:?}"
+    ))
+}
+
+/// An error `infra::Down::of` reads as "Redis down, the call may have run" (the caller
+/// answers "outcome unknown", not "not done").
+fn lost_after_sending(why: String) -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::ConnectionAborted,
-        format!("Redis is loading its data; what ran is unknown: {answer:?}"),
+        why,
     ))
 }
 
@@ -183,9 +191,8 @@ fn may_have_run(answer: &impl std::fmt::Debug) -> RedisError {
 /// done").
 fn after_retries(e: RedisError) -> RedisError {
     if e.is_connection_refusal() || e.kind() == redis::ErrorKind::BusyLoadingError {
-        RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::ConnectionAborted,
-            format!("{e} (after retries: an earlier attempt may have run)"),
+        lost_after_sending(format!(
+            "{e} (after retries: an earlier attempt may have run)"
         ))
     } else {
         e

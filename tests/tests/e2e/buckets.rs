@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use stampede_core::buckets::Mover;
 use stampede_core::domain::{CategoryId, EventId, UserId};
 use stampede_core::keys::{Bucket, slot};
-use stampede_e2e::{Buyer, TestApp, eventually, over_shards, purchase, scalar, spawn_app_with};
+use stampede_e2e::{Buyer, TestApp, eventually, over_shards, purchase, spawn_app_with};
 
 use crate::lifecycle::{call, created};
 
@@ -57,15 +57,7 @@ async fn flagged(app: &TestApp, event: u64, category: u64) -> bool {
 }
 
 async fn live_units(app: &TestApp, event: u64) -> i64 {
-    let union = over_shards(&format!(
-        "SELECT quantity FROM {{orders}} WHERE event_id = {event} AND status IN {}",
-        stampede_core::order_tables::OrderStatus::LIVE_SQL
-    ));
-    scalar(
-        &app.mysql,
-        &format!("SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({union}) o"),
-    )
-    .await
+    stampede_e2e::live_units(&app.mysql, &format!("event_id = {event}")).await
 }
 
 /// Every buyer tries once for one unit (retried while 503), all at once; (202s,

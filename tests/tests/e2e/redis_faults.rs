@@ -70,11 +70,7 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
         )
         .await;
         // The test's own connection died with the old Redis: a new one each time.
-        let Ok(mut redis) = redis::Client::open(redis_server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-        else {
+        let Ok(mut redis) = redis_server.connection().await else {
             return (ga_units, epoch, None, None);
         };
         let queued: Option<u64> = redis
@@ -183,19 +179,9 @@ async fn redis_restarted_from_an_older_aof_oversells_nothing() {
     app.stop().await;
 }
 
-/// GA (or any category's) units in live orders, over every shard.
+/// Units of `category` in live orders, over every shard.
 async fn live_units(app: &TestApp, category: u64) -> i64 {
-    scalar(
-        &app.mysql,
-        &format!(
-            "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({}) o",
-            stampede_e2e::over_shards(&format!(
-                "SELECT quantity FROM {{orders}} WHERE category_id = {category} AND status IN {}",
-                OrderStatus::LIVE_SQL
-            ))
-        ),
-    )
-    .await
+    stampede_e2e::live_units(&app.mysql, &format!("category_id = {category}")).await
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
@@ -303,11 +289,7 @@ async fn a_purchase_while_redis_loads_its_data_is_unavailable_not_unknown() {
     let redis_server = OwnRedis::start();
     let (app, event, _, body, buyers) = a_sale_bought_once(&redis_server, |_| {}).await;
     // Data that takes seconds to load at 200 µs a key, apart from the sale's keys.
-    let mut own = redis::Client::open(redis_server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut own = redis_server.connection().await.unwrap();
     let filler = "for i = 1, 20000 do redis.call('SET', 'filler:' .. i, i) end";
     let () = redis::cmd("EVAL")
         .arg(filler)
@@ -359,11 +341,7 @@ async fn a_purchase_while_redis_loads_its_data_is_unavailable_not_unknown() {
     assert!(loaded, "still loading");
     // Nothing of the refused purchase is in Redis: no record of its key, one reservation
     // (the first buyer's) ever queued.
-    let mut own = redis::Client::open(redis_server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut own = redis_server.connection().await.unwrap();
     let recorded: bool = own
         .hexists(
             app.keys().idempotency(Bucket::only(event)),
@@ -382,11 +360,7 @@ async fn a_purchase_while_redis_loads_its_data_is_unavailable_not_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_refused_the_reconnection_is_used_again_once_it_accepts() {
     let redis_server = OwnRedis::start();
-    let mut own = redis::Client::open(redis_server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut own = redis_server.connection().await.unwrap();
     let password = |secret: &str| {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("SET").arg("requirepass").arg(secret);

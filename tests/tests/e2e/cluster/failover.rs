@@ -8,10 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use serde_json::json;
-use stampede_core::order_tables::OrderStatus;
-use stampede_e2e::{
-    Buyer, Stack, TestApp, eventually, heavy, over_shards, scalar, small_sale, spawn_app_with,
-};
+use stampede_e2e::{Buyer, Stack, TestApp, eventually, heavy, small_sale, spawn_app_with};
 
 use crate::buckets::bucketed_sale;
 
@@ -201,17 +198,7 @@ async fn master_killed_mid_sale(buckets: u16) {
         &left[..left.len().min(10)]
     );
     // No oversell: live units within the stock, and Redis agreeing with MySQL.
-    let live = scalar(
-        &app.mysql,
-        &format!(
-            "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM ({}) o",
-            over_shards(&format!(
-                "SELECT quantity FROM {{orders}} WHERE category_id = {ga} AND status IN {}",
-                OrderStatus::LIVE_SQL
-            ))
-        ),
-    )
-    .await;
+    let live = stampede_e2e::live_units(&app.mysql, &format!("category_id = {ga}")).await;
     assert!(live <= UNITS, "{live} units sold of {UNITS}");
     let conserved = eventually(Duration::from_secs(60), || async {
         let (_, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
