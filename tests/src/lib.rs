@@ -30,7 +30,7 @@ pub use sql::{
     test_shards, unsynced_orders,
 };
 pub use stack::{Stack, connect_redis, root};
-pub use stack_app::{StackApp, stack_app};
+pub use stack_app::{StackApp, StoppedCore, stack_app};
 pub use stampede_core::TestFaults;
 pub use wait::{edge_workers_catch_up, eventually, heavy};
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde_json::json;
-use stampede_e2e::{RawAnswer, Stack, raw_request, small_sale, stack_app};
+use stampede_e2e::{
+    RawAnswer, Stack, StoppedCore, eventually, live_units, raw_request, small_sale, stack_app,
+};
 
 use crate::edge::{core_answers, open_sale, raw_purchase, the_edge_says_sold_out};
 
@@ -356,4 +358,87 @@ async fn a_purchase_the_core_did_not_answer_in_time_is_retried_at_the_core_after
         before + 1,
         "the edge answered from memory a key it had let through to a core that had it"
     );
+}
+
+/// A purchase the edge could not hand to any core (the stack's only core stopped: the
+/// connection refused, not a byte sent) was taken nowhere, and the edge says so: 503
+/// UNAVAILABLE with `Retry-After: 1` and no status URL, nothing in Redis. It forgets the
+/// Idempotency-Key it let through: the same key retried once the core is back is the
+/// core's to decide (202, one order), and a key retried after the sell-out is refused
+/// from the flags, not let through again as if a core might have admitted it.
+#[tokio::test]
+async fn a_purchase_to_a_stopped_core_is_unavailable_and_its_key_forgotten() {
+    let (app, _edge) = stack_app().await;
+    let stack = Stack::from_env();
+    let (event, categories) = open_sale(&app, small_sale(2, 1, 1, 1)).await;
+    let body = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.admin.buyers(4).await;
+    let (back, sold_out, other, late) = (&buyers[0], &buyers[1], &buyers[2], &buyers[3]);
+    let path = format!("/api/events/{event}/orders");
+
+    let core = StoppedCore::stop(Stack::from_env()).await;
+    for (buyer, key) in [(back, "back"), (sold_out, "sold-out")] {
+        let auth = format!("Bearer {}", buyer.token);
+        let a = raw_purchase(
+            stack.edge_port,
+            &path,
+            &[("Authorization", &auth), ("Idempotency-Key", key)],
+            &body.to_string(),
+        )
+        .await;
+        assert_eq!(a.status, 503, "{a:?}");
+        assert_eq!(a.json()["error"]["code"], "UNAVAILABLE", "{a:?}");
+        assert_eq!(a.json()["error"].get("status_url"), None, "{a:?}");
+        assert_eq!(a.header("retry-after"), Some("1"), "{a:?}");
+    }
+    assert_eq!(app.stock(event, categories[0]).await, 2);
+    let recorded: bool = app
+        .redis
+        .clone()
+        .hexists(
+            app.keys().idempotency(Bucket::only(event)),
+            format!("{}:back", back.user_id),
+        )
+        .await
+        .unwrap();
+    assert!(!recorded, "a purchase no core saw left its key in Redis");
+    core.start().await;
+
+    // The same key with the core back: admitted now (a moment of 503 is possible while
+    // the core takes its leases).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let (status, answer) = loop {
+        let (status, answer) = app.buy(event, back, "back", body.clone()).await;
+        if status != 503 || tokio::time::Instant::now() > deadline {
+            break (status, answer);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(status, 202, "{answer}");
+    let (status, answer) = app.buy(event, other, "other", body.clone()).await;
+    assert_eq!(status, 202, "{answer}");
+    assert!(
+        the_edge_says_sold_out(&app, event, late, &body, Duration::from_secs(10)).await,
+        "the edge never answered SOLD_OUT itself"
+    );
+    let before = core_answers(&app, 409).await;
+    let (status, answer) = app.buy(event, sold_out, "sold-out", body.clone()).await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["error"]["code"], "SOLD_OUT", "{answer}");
+    assert_eq!(
+        core_answers(&app, 409).await,
+        before,
+        "the edge let a key through again that no core ever saw"
+    );
+
+    // Two orders: the buyer who came back, and the other.
+    let filter = |user: u64| format!("event_id = {event} AND user_id = {user}");
+    let ordered = eventually(Duration::from_secs(20), || async {
+        live_units(&app.mysql, &format!("event_id = {event}")).await == 2
+    })
+    .await;
+    assert!(ordered, "the event's two units never became orders");
+    assert_eq!(live_units(&app.mysql, &filter(back.user_id)).await, 1);
+    assert_eq!(live_units(&app.mysql, &filter(other.user_id)).await, 1);
+    assert_eq!(live_units(&app.mysql, &filter(sold_out.user_id)).await, 0);
 }
