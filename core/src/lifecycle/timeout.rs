@@ -9,6 +9,7 @@ use mysql_async::prelude::*;
 
 use super::{Cancelled, Canceller, Lifecycle};
 use crate::domain::OrderNo;
+use crate::messaging::listener::Later;
 use crate::messaging::{BatchMessage, Names, Subscription};
 use crate::order_tables::{self, OrderStatus};
 use crate::shutdown::Shutdown;
@@ -40,7 +41,9 @@ pub fn consumer(lifecycle: Lifecycle, names: &Names) -> Subscription {
             let (lifecycle, expiring) = (lifecycle.clone(), expiring.clone());
             Box::pin(async move {
                 let permit = expiring.try_acquire_owned().map_err(|_| {
-                    anyhow::anyhow!("{EXPIRING_AT_ONCE} batches are expiring already")
+                    anyhow::Error::new(Later(format!(
+                        "{EXPIRING_AT_ONCE} batches are expiring already"
+                    )))
                 })?;
                 tokio::spawn(async move {
                     let _permit = permit;

@@ -34,6 +34,12 @@ where
         .expect("the core's runtime answers every task it is given")
 }
 
+/// What an [`ApplyFn`] answers when it is too busy to take a message now (not a
+/// failure): the message goes back to the broker for later, logged at debug level only.
+#[derive(Debug, thiserror::Error)]
+#[error("busy: {0}")]
+pub struct Later(pub String);
+
 /// The batch a message carries, if it carries one.
 pub fn batch_of(msg: &MessageExt) -> Option<BatchMessage> {
     msg.get_body()
@@ -72,12 +78,21 @@ impl MessageListenerConcurrently for BatchListener {
                 continue;
             };
             if let Err(e) = wait_on(&self.core, (self.apply)(batch.clone())) {
-                tracing::warn!(
-                    what = self.what,
-                    batch = batch.batch_id,
-                    error = format!("{e:#}"),
-                    "failed; redelivery later"
-                );
+                if e.downcast_ref::<Later>().is_some() {
+                    tracing::debug!(
+                        what = self.what,
+                        batch = batch.batch_id,
+                        error = format!("{e:#}"),
+                        "handed back; redelivery later"
+                    );
+                } else {
+                    tracing::warn!(
+                        what = self.what,
+                        batch = batch.batch_id,
+                        error = format!("{e:#}"),
+                        "failed; redelivery later"
+                    );
+                }
                 return Ok(ConsumeConcurrentlyStatus::ReconsumeLater);
             }
         }
