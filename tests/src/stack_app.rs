@@ -76,11 +76,13 @@ impl StackApp {
     }
 }
 
-/// The stack's own core, stopped (SIGTERM, waited for until its public port refuses
-/// connections) until [`StoppedCore::start`] or drop, which start it again as it ran:
-/// the same binary, arguments, environment and directory, read from `/proc` before it
-/// stopped; its output appended to the stack's core log, its pid in the stack's pid file
-/// (so `make test-stack-down` stops it).
+/// The stack's own core, stopped (SIGTERM, waited for until the process is gone; SIGKILL
+/// after 30 s) until [`StoppedCore::start`] or drop, which start it again as it ran: the
+/// binary at the same path, the same arguments, environment and directory, read from
+/// `/proc` before it stopped; in a session of its own (as `scripts/stack.sh` starts it,
+/// it outlives the test run), its output appended to the stack's core log, its pid in
+/// the stack's pid file (so `make test-stack-down` stops it). The single stack only: with
+/// a second core the edge would send the purchase there.
 pub struct StoppedCore {
     stack: crate::stack::Stack,
     cmdline: Vec<std::ffi::OsString>,
@@ -89,22 +91,40 @@ pub struct StoppedCore {
     running: bool,
 }
 
+/// The NUL-separated strings of a `/proc/<pid>/cmdline` or `environ` (the last one
+/// ends with a NUL too).
+fn nul_separated(bytes: &[u8]) -> Vec<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = bytes.strip_suffix(&[0]).unwrap_or(bytes);
+    if bytes.is_empty() {
+        return Vec::new();
+    }
+    bytes
+        .split(|b| *b == 0)
+        .map(|part| std::ffi::OsStr::from_bytes(part).to_owned())
+        .collect()
+}
+
 impl StoppedCore {
     pub async fn stop(stack: crate::stack::Stack) -> StoppedCore {
         use std::os::unix::ffi::OsStrExt;
+        assert!(
+            !stack.dir.join("pids/core2.pid").exists(),
+            "a stack of two cores: stopping one stops no purchase"
+        );
         let pid_file = stack.dir.join("pids/core.pid");
-        let pid = std::fs::read_to_string(&pid_file).expect("the stack's core pid file");
-        let pid = pid.trim().to_owned();
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .expect("the stack's core pid file")
+            .trim()
+            .parse()
+            .expect("a pid in the stack's core pid file");
         let proc = std::path::PathBuf::from(format!("/proc/{pid}"));
-        let split = |bytes: Vec<u8>| -> Vec<std::ffi::OsString> {
-            bytes
-                .split(|b| *b == 0)
-                .filter(|part| !part.is_empty())
-                .map(|part| std::ffi::OsStr::from_bytes(part).to_owned())
-                .collect()
-        };
-        let cmdline = split(std::fs::read(proc.join("cmdline")).expect("the core's command line"));
-        let environ = split(std::fs::read(proc.join("environ")).expect("the core's environment"))
+        let cmdline = nul_separated(&std::fs::read(proc.join("cmdline")).expect("the core runs"));
+        let is_core = cmdline.len() == 2
+            && cmdline[0].as_bytes().ends_with(b"/stampede")
+            && cmdline[1] == "serve";
+        assert!(is_core, "pid {pid} is not the stack's core: {cmdline:?}");
+        let environ = nul_separated(&std::fs::read(proc.join("environ")).expect("its environment"))
             .into_iter()
             .filter_map(|pair| {
                 let bytes = pair.as_bytes();
@@ -115,25 +135,25 @@ impl StoppedCore {
                 ))
             })
             .collect();
-        let cwd = std::fs::read_link(proc.join("cwd")).expect("the core's directory");
+        let cwd = std::fs::read_link(proc.join("cwd")).expect("its directory");
+        let signal = |name: &str| {
+            std::process::Command::new("kill")
+                .args([name, &pid.to_string()])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
         assert!(
-            !cmdline.is_empty(),
-            "no command line for the core (pid {pid})"
-        );
-        let stopped = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap();
-        assert!(
-            stopped.success(),
+            signal("-TERM"),
             "could not stop the stack's core (pid {pid})"
         );
-        let public = format!("127.0.0.1:{}", stack.core_port);
-        let gone = crate::wait::eventually(Duration::from_secs(30), || async {
-            tokio::net::TcpStream::connect(&public).await.is_err()
-        })
-        .await;
-        assert!(gone, "the stack's core still takes connections");
+        // Gone, not only deaf: a core stopping still answers on the connections it has.
+        let gone = async || {
+            crate::wait::eventually(Duration::from_secs(30), || async { !proc.exists() }).await
+        };
+        if !gone().await {
+            signal("-KILL");
+            assert!(gone().await, "the stack's core (pid {pid}) did not end");
+        }
         StoppedCore {
             stack,
             cmdline,
@@ -143,12 +163,12 @@ impl StoppedCore {
         }
     }
 
-    fn spawn(&mut self) {
-        // Through a shell that leaves it running in the background, as scripts/stack.sh
-        // starts it: the core is nobody's child here, and outlives the test.
+    fn spawn(&mut self) -> Result<(), String> {
+        // In a session of its own, as scripts/stack.sh leaves it: no signal meant for the
+        // test run reaches it, and it outlives the test.
         let started = std::process::Command::new("sh")
             .arg("-c")
-            .arg(r#"log=$1; shift; "$@" >>"$log" 2>&1 </dev/null & echo $!"#)
+            .arg(r#"log=$1; shift; setsid "$@" >>"$log" 2>&1 </dev/null & echo $!"#)
             .arg("sh")
             .arg(self.stack.dir.join("logs/core.log"))
             .args(&self.cmdline)
@@ -156,22 +176,25 @@ impl StoppedCore {
             .envs(self.environ.iter().cloned())
             .current_dir(&self.cwd)
             .output()
-            .expect("the core starts again");
+            .map_err(|e| format!("the core did not start again: {e}"))?;
         let pid = String::from_utf8_lossy(&started.stdout).trim().to_owned();
-        assert!(
-            started.status.success() && pid.parse::<u32>().is_ok(),
-            "the core did not start again: {started:?}"
-        );
+        if !started.status.success() || pid.parse::<u32>().is_err() {
+            return Err(format!("the core did not start again: {started:?}"));
+        }
         std::fs::write(self.stack.dir.join("pids/core.pid"), format!("{pid}\n"))
-            .expect("the stack's core pid file");
+            .map_err(|e| format!("the stack's core pid file: {e}"))?;
         self.running = true;
+        Ok(())
+    }
+
+    fn health_url(&self) -> String {
+        format!("http://127.0.0.1:{}/healthz", self.stack.admin_port)
     }
 
     /// Starts it again and waits until it answers on its admin port.
     pub async fn start(mut self) {
-        self.spawn();
-        let http = reqwest::Client::new();
-        let url = format!("http://127.0.0.1:{}/healthz", self.stack.admin_port);
+        self.spawn().unwrap();
+        let (http, url) = (reqwest::Client::new(), self.health_url());
         let up = crate::wait::eventually(Duration::from_secs(60), || async {
             http.get(&url)
                 .send()
@@ -184,9 +207,24 @@ impl StoppedCore {
 }
 
 impl Drop for StoppedCore {
+    /// A test that failed with the core stopped: start it again and wait for it (up to
+    /// 60 s), so the next test meets a core; never panic here (a panic while unwinding
+    /// aborts the test run).
     fn drop(&mut self) {
-        if !self.running {
-            self.spawn();
+        if self.running {
+            return;
         }
+        if let Err(e) = self.spawn() {
+            eprintln!("{e}");
+            return;
+        }
+        let admin = format!("127.0.0.1:{}", self.stack.admin_port);
+        for _ in 0..600 {
+            if std::net::TcpStream::connect(&admin).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("the stack's core did not come back within 60 s");
     }
 }

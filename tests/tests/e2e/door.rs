@@ -362,10 +362,12 @@ async fn a_purchase_the_core_did_not_answer_in_time_is_retried_at_the_core_after
 
 /// A purchase the edge could not hand to any core (the stack's only core stopped: the
 /// connection refused, not a byte sent) was taken nowhere, and the edge says so: 503
-/// UNAVAILABLE with `Retry-After: 1` and no status URL, nothing in Redis. It forgets the
-/// Idempotency-Key it let through: the same key retried once the core is back is the
-/// core's to decide (202, one order), and a key retried after the sell-out is refused
-/// from the flags, not let through again as if a core might have admitted it.
+/// UNAVAILABLE with `Retry-After: 1` and no status URL; the same key retried once the
+/// core is back is admitted as a first request (one order). And the edge forgets the
+/// Idempotency-Key it let through: a key retried after the sell-out is refused from the
+/// flags, not let through again as if a core might have admitted it — checked within
+/// the 15 s a key let through is remembered without an answer (access.lua's
+/// PENDING_TTL_S), past which a key never forgotten would have lapsed anyway.
 #[tokio::test]
 async fn a_purchase_to_a_stopped_core_is_unavailable_and_its_key_forgotten() {
     let (app, _edge) = stack_app().await;
@@ -377,6 +379,7 @@ async fn a_purchase_to_a_stopped_core_is_unavailable_and_its_key_forgotten() {
     let path = format!("/api/events/{event}/orders");
 
     let core = StoppedCore::stop(Stack::from_env()).await;
+    let refused_at = tokio::time::Instant::now();
     for (buyer, key) in [(back, "back"), (sold_out, "sold-out")] {
         let auth = format!("Bearer {}", buyer.token);
         let a = raw_purchase(
@@ -423,6 +426,11 @@ async fn a_purchase_to_a_stopped_core_is_unavailable_and_its_key_forgotten() {
     );
     let before = core_answers(&app, 409).await;
     let (status, answer) = app.buy(event, sold_out, "sold-out", body.clone()).await;
+    assert!(
+        refused_at.elapsed() < Duration::from_secs(14),
+        "too slow to tell a forgotten key from a lapsed one ({:?})",
+        refused_at.elapsed()
+    );
     assert_eq!(status, 409, "{answer}");
     assert_eq!(answer["error"]["code"], "SOLD_OUT", "{answer}");
     assert_eq!(
