@@ -25,9 +25,9 @@
 -- hash (lib/segments.lua) and KEYS[9] its version hash (category id → changes), and
 -- KEYS[3] takes "<category>:<from>:<to>" → 1 once no seat at all is free on that
 -- journey (the edge reads them as journey flags, apart from the category flags).
--- For an unseated category, or seats locked elsewhere, KEYS[8] and KEYS[9] are never
--- touched (the core passes the bucket's stock key for both). Every key carries the
--- bucket's hash tag.
+-- For an unseated category the core passes no KEYS[8] and KEYS[9]; for seats locked
+-- elsewhere it passes the bucket's stock key for both. Neither is touched then. Every
+-- key carries the bucket's hash tag.
 --
 -- ARGV[1] category id      ARGV[2] user id       ARGV[3] quantity
 -- ARGV[4] request id (the order number)          ARGV[5] Idempotency-Key
