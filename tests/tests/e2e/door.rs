@@ -267,6 +267,25 @@ async fn a_retried_purchase_gets_its_first_answer_after_the_sell_out() {
 
 /// Sends SIGCONT to the stack's core when dropped, so a test that froze it leaves it
 /// running, failed or not.
+/// A purchase retried every 200 ms while it is answered 503 (a core coming back takes
+/// its leases), for up to 20 s; the last answer.
+async fn buy_past_503s(
+    app: &stampede_e2e::StackApp,
+    event: u64,
+    buyer: &stampede_e2e::Buyer,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, answer) = app.buy(event, buyer, key, body.clone()).await;
+        if status != 503 || tokio::time::Instant::now() > deadline {
+            return (status, answer);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 struct Thaw(String);
 
 impl Drop for Thaw {
@@ -327,14 +346,7 @@ async fn a_purchase_the_core_did_not_answer_in_time_is_retried_at_the_core_after
 
     // The thawed core may still take the frozen request; one of the two buys the unit.
     // (A moment of 503 SALE_BUSY is possible while it renews its leases.)
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let (others_status, others_answer) = loop {
-        let (status, answer) = app.buy(event, other, "other", body.clone()).await;
-        if status == 202 || status == 409 || tokio::time::Instant::now() > deadline {
-            break (status, answer);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let (others_status, others_answer) = buy_past_503s(&app, event, other, "other", &body).await;
     assert!(
         others_status == 202 || others_status == 409,
         "{others_status} {others_answer}"
@@ -409,14 +421,7 @@ async fn a_purchase_to_a_stopped_core_is_unavailable_and_its_key_forgotten() {
 
     // The same key with the core back: admitted now (a moment of 503 is possible while
     // the core takes its leases).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let (status, answer) = loop {
-        let (status, answer) = app.buy(event, back, "back", body.clone()).await;
-        if status != 503 || tokio::time::Instant::now() > deadline {
-            break (status, answer);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let (status, answer) = buy_past_503s(&app, event, back, "back", &body).await;
     assert_eq!(status, 202, "{answer}");
     let (status, answer) = app.buy(event, other, "other", body.clone()).await;
     assert_eq!(status, 202, "{answer}");
