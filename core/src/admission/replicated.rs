@@ -47,10 +47,17 @@ pub struct ReplicaBarrier {
     warned_ms: AtomicU64,
 }
 
+/// A bucket without an admission for this long loses its rounds and connection when
+/// another bucket's admissions start: a core that sold many sales keeps connections for
+/// the ones selling, not for every one since it started.
+const IDLE_DROP_MS: u64 = 5 * 60 * 1000;
+
 #[derive(Default)]
 struct EventRounds {
     /// The event's own connection (WAIT holds it), made at its first admission.
     redis: OnceCell<Redis>,
+    /// When an admission last came (ms since the epoch).
+    used_ms: AtomicU64,
     /// Admissions waiting for a round. A ticket is taken and its entry pushed under this
     /// lock, so a round that takes the list takes exactly the tickets up to the last
     /// one issued.
@@ -103,8 +110,16 @@ impl ReplicaBarrier {
         rid: OrderNo,
     ) -> anyhow::Result<Replicated> {
         let event = {
+            let now = chrono::Utc::now().timestamp_millis() as u64;
             let mut events = self.events.lock().expect("barrier map");
-            events.entry(bucket).or_default().clone()
+            if !events.contains_key(&bucket) {
+                events.retain(|_, e| {
+                    now.saturating_sub(e.used_ms.load(Ordering::Relaxed)) < IDLE_DROP_MS
+                });
+            }
+            let event = events.entry(bucket).or_default().clone();
+            event.used_ms.store(now, Ordering::Relaxed);
+            event
         };
         let ticket = {
             let mut waiting = event.waiting.lock().expect("barrier queue");

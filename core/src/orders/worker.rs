@@ -87,7 +87,15 @@ impl Pipeline {
             let check_own = !events.is_empty() && std::mem::take(&mut own_pending);
             if events_read.elapsed() > Duration::from_secs(1) {
                 match self.events_with_sales().await {
-                    Ok(ids) => events = ids,
+                    Ok(ids) => {
+                        // A retired sale's streams are read no more: forget them.
+                        grouped.retain(|b| ids.contains(b));
+                        self.idle
+                            .lock()
+                            .expect("not poisoned")
+                            .retain(|b, _| ids.contains(b));
+                        events = ids;
+                    }
                     Err(e) => tracing::warn!(
                         error = format!("{e:#}"),
                         "order worker cannot list the sales"

@@ -637,7 +637,7 @@ fn sale_status(status: EventStatus) -> &'static str {
 }
 
 /// The edge's view of one event: `status:sale_start_ms:sale_end_ms`.
-fn sales_entry(event: &EventRecord) -> String {
+pub(crate) fn sales_entry(event: &EventRecord) -> String {
     format!(
         "{}:{}:{}",
         sale_status(event.status),

@@ -93,6 +93,10 @@ pub struct Balance {
     /// books are then MySQL's alone (Redis's figures and the gaps are null).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_unavailable: Option<String>,
+    /// Units moving between the event's buckets or in pending seat locks (counted in
+    /// Redis's figures); not shown.
+    #[serde(skip)]
+    pub in_flight: bool,
 }
 
 impl Balance {

@@ -12,6 +12,7 @@
 mod books;
 mod heal;
 pub mod report;
+mod retire;
 
 pub use books::{Balance, CategoryBalance, SegmentBalance, units_by_status};
 
@@ -60,6 +61,8 @@ struct RedisBooks {
     queued: HashMap<u64, i64>,
     /// A train's classes: seats taken and seats queued per segment.
     segments: HashMap<u64, (Vec<i64>, Vec<i64>)>,
+    /// Units moving between an event's buckets, or in seat locks pending.
+    in_flight: bool,
 }
 
 #[derive(Clone)]
@@ -70,6 +73,8 @@ pub struct Reconciler {
     pub shards: u32,
     pub preloader: Preloader,
     pub confirm: Duration,
+    /// `reconcile.retire_after_s` (retire.rs).
+    pub retire_after: Duration,
     /// `stampede_conservation_gap{event,category}` and `stampede_remain_gap{…}`.
     pub gap_gauge: prometheus::IntGaugeVec,
     pub remain_gauge: prometheus::IntGaugeVec,
@@ -103,6 +108,7 @@ impl Reconciler {
             keys: preloader.keys.clone(),
             shards: settings.mysql.order_shards,
             confirm: Duration::from_millis(settings.reconcile.confirm_ms),
+            retire_after: Duration::from_secs(settings.reconcile.retire_after_s),
             gap_gauge: metrics.conservation_gap.clone(),
             remain_gauge: metrics.remain_gap.clone(),
             rewinds: metrics.redis_rewinds.clone(),
@@ -143,6 +149,7 @@ impl Reconciler {
             backlog,
             queued,
             segments,
+            in_flight,
         } = read;
         let counted = redis_unavailable.is_none() && backlog <= MAX_COUNTED_BACKLOG as u64;
         let held = units_by_status(&self.mysql, self.shards, e, event.is_train()).await?;
@@ -201,6 +208,7 @@ impl Reconciler {
             queued_reservations: backlog,
             categories,
             redis_unavailable,
+            in_flight,
         };
         self.export(&balance);
         Ok(balance)
@@ -255,22 +263,32 @@ impl Reconciler {
                 .await
                 .context("Failed to read the event's pool")?;
             books.loaded &= present == 2;
-            let mover = Mover {
-                redis: redis.clone(),
-                keys: self.keys.clone(),
-            };
-            let moving = mover.moving(EventId(event.id), event.buckets).await?;
-            let pending = crate::admission::seat_lock::pending_units(
-                &mut redis,
-                &self.keys,
-                EventId(event.id),
-            )
-            .await?;
-            for (c, units) in pool.into_iter().chain(moving).chain(pending) {
+            let under_way = self.under_way(event).await?;
+            books.in_flight = !under_way.is_empty();
+            for (c, units) in pool.into_iter().chain(under_way) {
                 *books.stock.entry(c).or_default() += units;
             }
         }
         Ok(books)
+    }
+
+    /// An event of several buckets: (category, units) moving between its places, then
+    /// in its seat locks pending.
+    async fn under_way(&self, event: &EventRecord) -> anyhow::Result<Vec<(u64, i64)>> {
+        let mover = Mover {
+            redis: self.redis.clone(),
+            keys: self.keys.clone(),
+        };
+        let mut units = mover.moving(EventId(event.id), event.buckets).await?;
+        units.extend(
+            crate::admission::seat_lock::pending_units(
+                &mut self.redis.clone(),
+                &self.keys,
+                EventId(event.id),
+            )
+            .await?,
+        );
+        Ok(units)
     }
 
     /// A train's classes: seats taken per segment in Redis, and seats per segment in the
@@ -369,8 +387,14 @@ impl Reconciler {
         let Some(event) = catalog::load(&self.mysql, event_id).await? else {
             return Ok(None);
         };
+        self.pass(&event, heal).await.map(Some)
+    }
+
+    /// [`Reconciler::reconcile`] of an event already loaded.
+    async fn pass(&self, event: &EventRecord, heal: bool) -> anyhow::Result<Report> {
+        let event_id = event.id;
         let mut actions = Vec::new();
-        let mut loaded = self.preloader.is_loaded(&event).await?;
+        let mut loaded = self.preloader.is_loaded(event).await?;
         if heal
             && loaded
             && let Some(why) = self
@@ -391,7 +415,7 @@ impl Reconciler {
             loaded = false;
         }
         if heal && !loaded && event.status != EventStatus::Draft {
-            match self.preloader.preload(&event).await {
+            match self.preloader.preload(event).await {
                 Ok(r) => {
                     loaded = true;
                     if r.epoch > 0 {
@@ -416,7 +440,7 @@ impl Reconciler {
             .await
             .context("Failed to take the preload lock")?;
             if let Some(lock) = lock {
-                let healed = self.heal_locked(&event, &mut actions).await;
+                let healed = self.heal_locked(event, &mut actions).await;
                 lock.release(&mut redis).await?;
                 measured = healed?;
             }
@@ -425,7 +449,7 @@ impl Reconciler {
         // measurement a pass, not two, for every listed sale whose books balance.
         let balance = match measured {
             Some(balance) => balance,
-            None => self.measure(&event).await?,
+            None => self.measure(event).await?,
         };
         for action in &actions {
             tracing::warn!(event_id, action, "reconciler healed a drift");
@@ -434,11 +458,11 @@ impl Reconciler {
         if !balance.settled() && balance.queued_reservations == 0 {
             tracing::info!(event_id, books = ?balance.categories, "books not balanced");
         }
-        Ok(Some(Report {
+        Ok(Report {
             event_id,
             actions,
             balance,
-        }))
+        })
     }
 
     /// The events a periodic pass looks at: those with a sale in Redis, and the
@@ -452,6 +476,17 @@ impl Reconciler {
         ids.sort_unstable();
         ids.dedup();
         Ok(ids)
+    }
+
+    /// A periodic pass over one event: heal, then retire the event if its sale is over
+    /// and nothing is left to do (retire.rs).
+    async fn pass_and_retire(&self, id: u64) -> anyhow::Result<()> {
+        let Some(event) = catalog::load(&self.mysql, id).await? else {
+            return Ok(());
+        };
+        let report = self.pass(&event, true).await?;
+        self.retire_if_over(&event, &report).await?;
+        Ok(())
     }
 
     /// Every `interval`, a healing pass over [`Reconciler::events`], until `stop`.
@@ -471,7 +506,7 @@ impl Reconciler {
                 }
             };
             for id in ids {
-                if let Err(e) = self.reconcile(id, true).await {
+                if let Err(e) = self.pass_and_retire(id).await {
                     tracing::warn!(
                         event_id = id,
                         error = format!("{e:#}"),

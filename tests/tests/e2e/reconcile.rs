@@ -10,8 +10,8 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 use stampede_core::order_tables::OrderStatus;
 use stampede_e2e::{
-    Buyer, OwnRedis, TestApp, core_binary, core_env, heavy, over_shards, scalar, small_sale,
-    spawn_app_with,
+    Buyer, OwnRedis, TestApp, core_binary, core_env, eventually, heavy, over_shards, scalar,
+    small_sale, spawn_app_with,
 };
 
 /// The statuses whose orders hold their units, for SQL.
@@ -322,4 +322,131 @@ async fn drift_is_healed_downward_during_a_sale_and_upward_only_after_it() {
         (Some(0), Some(17)),
         "{report:#}"
     );
+}
+
+/// Whether the event is in the sales index the workers, sweepers, edges and passes read.
+async fn listed(app: &TestApp, event: u64) -> bool {
+    app.redis
+        .clone()
+        .hexists(app.keys().sales_index(), event)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
+    // A core without order workers admits; its passes (every second, retiring 1 s after
+    // a sale's end) must keep the sales listed while their reservations are queued.
+    let stack = stampede_e2e::Stack::from_env();
+    let (mut settings, database, prefix) = stampede_e2e::test_settings(&stack).await;
+    settings.reconcile.interval_s = 1;
+    settings.reconcile.confirm_ms = 100;
+    settings.reconcile.retire_after_s = 1;
+    let admitting =
+        stampede_e2e::spawn_app_on(settings.clone(), database.clone(), prefix.clone()).await;
+    let end = chrono::Utc::now() + chrono::Duration::seconds(4);
+    let ending = |mut sale: Value| {
+        sale["sale_end"] = json!(end.to_rfc3339());
+        sale
+    };
+    let (one, one_categories) = admitting
+        .create_event(ending(small_sale(10, 2, 2, 4)))
+        .await;
+    let (three, three_categories) = admitting
+        .create_event(ending(crate::buckets::bucketed_sale(30, 4, 3)))
+        .await;
+    let (open, _) = admitting.create_event(small_sale(5, 1, 1, 2)).await;
+    for e in [one, three, open] {
+        admitting.publish(e).await;
+    }
+    let (ga, seated) = (one_categories[0], one_categories[1]);
+    let buyers = admitting.buyers(3).await;
+    for (event, buyer, body) in [
+        (one, &buyers[0], json!({"category_id": ga, "quantity": 3})),
+        (
+            one,
+            &buyers[1],
+            json!({"category_id": seated, "quantity": 2}),
+        ),
+        (
+            three,
+            &buyers[2],
+            json!({"category_id": three_categories[0], "quantity": 2}),
+        ),
+    ] {
+        let (status, answer) = admitting.buy(event, buyer, "k", body).await;
+        assert_eq!(status, 202, "{answer}");
+    }
+    // Over, and past the grace by three passes: still listed, the reservations queued.
+    let wait = (end - chrono::Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_secs(4)).await;
+    assert_eq!(admitting.stream_len(one).await, 2);
+    assert!(listed(&admitting, one).await && listed(&admitting, three).await);
+    let (status, answer) = admitting
+        .buy(
+            one,
+            &buyers[2],
+            "late",
+            json!({"category_id": ga, "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (403, Some("NOT_OPEN"))
+    );
+
+    // A core with workers creates the orders; then both sales leave the index.
+    let mut working = settings;
+    working.orders.enabled = true;
+    let app = stampede_e2e::spawn_app_on(working, database, prefix).await;
+    let gone = eventually(Duration::from_secs(30), || async {
+        !listed(&app, one).await && !listed(&app, three).await
+    })
+    .await;
+    assert!(
+        gone,
+        "still listed: {}",
+        app.get(&format!("/admin/events/{one}/stats")).await.1
+    );
+    assert!(listed(&app, open).await, "a sale still open stays listed");
+    assert_eq!(
+        app.count(&format!(
+            "SELECT COUNT(*) FROM ({}) o",
+            over_shards(&format!(
+                "SELECT order_no FROM {{orders}} WHERE event_id IN ({one}, {three}) AND status = 'UNPAID'"
+            ))
+        ))
+        .await,
+        3
+    );
+    // Closed in Redis too, whatever a late core's clock says: every bucket, and the
+    // seats' slot of the event of three.
+    let keys = app.keys();
+    let mut metas: Vec<String> = Bucket::all(three, 3).map(|b| keys.meta(b)).collect();
+    metas.push(keys.event_meta(three));
+    metas.push(keys.meta(Bucket::only(one)));
+    for meta in metas {
+        let status: Option<String> = app.redis.clone().hget(&meta, "status").await.unwrap();
+        assert_eq!(status.as_deref(), Some("closed"), "{meta}");
+    }
+    // The keys stay: the books still balance, a cancellation still gives back.
+    let stats = settled_stats(&app, one, Duration::from_secs(10)).await;
+    assert_eq!(stats["loaded"], true, "{stats:#}");
+    let order_no = app.purchase_status(one, &buyers[1]).await["order_no"]
+        .as_str()
+        .map(str::to_owned)
+        .expect("the seated order was created");
+    let (status, cancelled) = crate::lifecycle::call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{order_no}/cancel"),
+        &buyers[1],
+    )
+    .await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(app.stock(one, seated).await, 4);
+    settled_stats(&app, one, Duration::from_secs(10)).await;
+    assert!(!listed(&app, one).await);
+    admitting.halt().await;
+    app.stop().await;
 }

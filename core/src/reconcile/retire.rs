@@ -1,0 +1,177 @@
+//! A finished sale is retired: once its sale has been over for `reconcile.retire_after_s`
+//! and a pass found its books balanced with nothing queued, moving or locked, its Redis
+//! keys are closed to admissions and the event leaves the sales index. Everything that
+//! walks the index every second or so (each core's order workers and sweeper, each
+//! edge's refresh, each core's reconciler with its MySQL counts) then stops reading it,
+//! so what an idle stack spends no longer grows with every sale it ever ran. The keys
+//! stay: buyers' statuses, cancellations and expiries, the stats and a manual
+//! reconcile keep working; an admin's close or reopen lists the event again (the next
+//! pass retires it again, its window being over).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+
+use super::{Reconciler, Report};
+use crate::catalog::EventRecord;
+use crate::keys::Bucket;
+use crate::script_codes::ScriptCode;
+
+static RETIRE_BUCKET: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/retire_bucket.lua")));
+static UNLIST_SALE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/unlist_sale.lua")));
+
+/// `retire_bucket.lua`'s answers, one to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retired {
+    Closed = 1,
+    Busy = 0,
+}
+
+impl ScriptCode for Retired {
+    const SCRIPT: &'static str = "retire_bucket.lua";
+    const ALL: &'static [Retired] = &[Retired::Closed, Retired::Busy];
+
+    fn code(self) -> i64 {
+        self as i64
+    }
+}
+
+/// `unlist_sale.lua`'s answers, one to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unlisted {
+    Gone = 1,
+    Changed = 0,
+}
+
+impl ScriptCode for Unlisted {
+    const SCRIPT: &'static str = "unlist_sale.lua";
+    const ALL: &'static [Unlisted] = &[Unlisted::Gone, Unlisted::Changed];
+
+    fn code(self) -> i64 {
+        self as i64
+    }
+}
+
+/// Why a pass does not retire an event (yet), or None when it may.
+pub fn not_yet(
+    event: &EventRecord,
+    report: &Report,
+    now_ms: i64,
+    after: Duration,
+) -> Option<&'static str> {
+    let b = &report.balance;
+    let over_ms = event.sale_end.timestamp_millis() + after.as_millis() as i64;
+    if now_ms < over_ms {
+        Some("the sale is not over for long enough")
+    } else if !report.actions.is_empty() {
+        Some("this pass healed something")
+    } else if !b.loaded || b.redis_unavailable.is_some() {
+        Some("its keys are not all in Redis")
+    } else if b.queued_reservations > 0 {
+        Some("reservations are queued")
+    } else if b.in_flight {
+        Some("units are moving between buckets or locked for seats")
+    } else if !b.settled() {
+        Some("its books do not balance")
+    } else {
+        None
+    }
+}
+
+impl Reconciler {
+    /// Retires `event` if [`not_yet`] finds nothing against it: closes every bucket's
+    /// keys (only while its stream is empty), then takes the event out of the sales
+    /// index (only if its entry is the one this pass saw). True when it left the index.
+    pub async fn retire_if_over(
+        &self,
+        event: &EventRecord,
+        report: &Report,
+    ) -> anyhow::Result<bool> {
+        if let Some(why) = not_yet(
+            event,
+            report,
+            Utc::now().timestamp_millis(),
+            self.retire_after,
+        ) {
+            tracing::trace!(event_id = event.id, why, "not retired");
+            return Ok(false);
+        }
+        // The seats' slot first: no seat lock is taken from here on; then none may be
+        // pending nor any unit moving, looked at again now that none can start.
+        if event.buckets > 1
+            && (!self.close(self.keys.event_meta(event.id), None).await?
+                || !self.under_way(event).await?.is_empty())
+        {
+            return Ok(false);
+        }
+        for b in Bucket::all(event.id, event.buckets) {
+            if !self
+                .close(self.keys.meta(b), Some(self.keys.order_stream(b)))
+                .await?
+            {
+                // A reservation came in after the measurement: the next pass sees it.
+                return Ok(false);
+            }
+        }
+        let code: i64 = UNLIST_SALE
+            .key(self.keys.sales_index())
+            .arg(event.id)
+            .arg(crate::preload::sales_entry(event))
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .context("unlist_sale.lua failed")?;
+        if Unlisted::from_code(code)? == Unlisted::Changed {
+            return Ok(false);
+        }
+        self.forget_gauges(event);
+        tracing::info!(
+            event_id = event.id,
+            sale_end = %event.sale_end,
+            "sale retired: over, its books balance and nothing is queued; it left the sales index (its keys stay)"
+        );
+        Ok(true)
+    }
+
+    /// `retire_bucket.lua` on one meta key (and its stream). True when closed.
+    async fn close(&self, meta: String, stream: Option<String>) -> anyhow::Result<bool> {
+        let stream = stream.unwrap_or_else(|| meta.clone());
+        let code: i64 = RETIRE_BUCKET
+            .key(meta)
+            .key(stream)
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .context("retire_bucket.lua failed")?;
+        Ok(Retired::from_code(code)? == Retired::Closed)
+    }
+
+    /// A retired event's gauges are no longer kept up to date: they go, rather than
+    /// show its last pass's figures for ever.
+    fn forget_gauges(&self, event: &EventRecord) {
+        let id = event.id.to_string();
+        for c in &event.categories {
+            let labels = [id.as_str(), &c.id.to_string()];
+            for gauge in [&self.gap_gauge, &self.remain_gauge, &self.oversold_gauge] {
+                let _ = gauge.remove_label_values(&labels);
+            }
+        }
+        let mut alarmed = self.alarmed.lock().expect("not poisoned");
+        alarmed.retain(|(e, _)| *e != event.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_code_of_the_scripts_maps_to_one_variant() {
+        crate::script_codes::assert_mirrored::<super::Retired>(include_str!(
+            "../../../lua/redis/retire_bucket.lua"
+        ));
+        crate::script_codes::assert_mirrored::<super::Unlisted>(include_str!(
+            "../../../lua/redis/unlist_sale.lua"
+        ));
+    }
+}
