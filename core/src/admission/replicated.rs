@@ -56,7 +56,7 @@ const IDLE_DROP_MS: u64 = 5 * 60 * 1000;
 struct EventRounds {
     /// The event's own connection (WAIT holds it), made at its first admission.
     redis: OnceCell<Redis>,
-    /// When an admission last came (ms since the epoch).
+    /// When an admission last came (ms on the monotonic clock of `confirm`).
     used_ms: AtomicU64,
     /// Admissions waiting for a round. A ticket is taken and its entry pushed under this
     /// lock, so a round that takes the list takes exactly the tickets up to the last
@@ -110,7 +110,10 @@ impl ReplicaBarrier {
         rid: OrderNo,
     ) -> anyhow::Result<Replicated> {
         let event = {
-            let now = chrono::Utc::now().timestamp_millis() as u64;
+            // Milliseconds of a monotonic clock: a jump of the wall clock prunes nothing.
+            static START: std::sync::LazyLock<std::time::Instant> =
+                std::sync::LazyLock::new(std::time::Instant::now);
+            let now = START.elapsed().as_millis() as u64;
             let mut events = self.events.lock().expect("barrier map");
             if !events.contains_key(&bucket) {
                 events.retain(|_, e| {

@@ -199,7 +199,7 @@ pub struct ReconcileSettings {
     /// A drift is healed only if a second measurement this much later agrees.
     pub confirm_ms: u64,
     /// Seconds after its sale's end that a pass retires an event whose books balance
-    /// with nothing queued or under way: it leaves the sales index, so no worker, edge,
+    /// with nothing queued, unpaid or under way: it leaves the sales index, so no worker, edge,
     /// sweeper or pass reads it any more (README "Reconciliation").
     #[serde(default = "default_retire_after_s")]
     pub retire_after_s: u64,

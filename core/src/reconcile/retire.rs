@@ -1,12 +1,17 @@
 //! A finished sale is retired: once its sale has been over for `reconcile.retire_after_s`
-//! and a pass found its books balanced with nothing queued, moving or locked, its Redis
-//! keys are closed to admissions and the event leaves the sales index. Everything that
-//! walks the index every second or so (each core's order workers and sweeper, each
-//! edge's refresh, each core's reconciler with its MySQL counts) then stops reading it,
-//! so what an idle stack spends no longer grows with every sale it ever ran. The keys
-//! stay: buyers' statuses, cancellations and expiries, the stats and a manual
-//! reconcile keep working; an admin's close or reopen lists the event again (the next
-//! pass retires it again, its window being over).
+//! and a pass found its books balanced with nothing queued, unpaid, moving or locked,
+//! its Redis keys are closed to admissions and the event leaves the sales index.
+//! Everything that walks the index every second or so (each core's order workers and
+//! sweeper, each edge's refresh, each core's reconciler with its MySQL counts) then stops
+//! reading it, so what an idle stack spends no longer grows with every sale it ever ran.
+//! The keys stay: buyers' statuses, the stats and a manual reconcile keep working; an
+//! admin's close or reopen lists the event again (the next pass retires it again, its
+//! window being over).
+//!
+//! Left as is: an admin's reopen racing a retirement (its metadata written between this
+//! pass's close and unlist, its index entry the same text as before) leaves the event
+//! unlisted with its keys open; only a core whose clock is behind by more than
+//! `retire_after_s` could then still admit into a stream no worker reads.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -17,6 +22,7 @@ use chrono::Utc;
 use super::{Reconciler, Report};
 use crate::catalog::EventRecord;
 use crate::keys::Bucket;
+use crate::lock::Lock;
 use crate::script_codes::ScriptCode;
 
 static RETIRE_BUCKET: LazyLock<redis::Script> =
@@ -29,11 +35,12 @@ static UNLIST_SALE: LazyLock<redis::Script> =
 pub enum Retired {
     Closed = 1,
     Busy = 0,
+    NotOver = -1,
 }
 
 impl ScriptCode for Retired {
     const SCRIPT: &'static str = "retire_bucket.lua";
-    const ALL: &'static [Retired] = &[Retired::Closed, Retired::Busy];
+    const ALL: &'static [Retired] = &[Retired::Closed, Retired::Busy, Retired::NotOver];
 
     fn code(self) -> i64 {
         self as i64
@@ -45,11 +52,12 @@ impl ScriptCode for Retired {
 pub enum Unlisted {
     Gone = 1,
     Changed = 0,
+    NotOver = -1,
 }
 
 impl ScriptCode for Unlisted {
     const SCRIPT: &'static str = "unlist_sale.lua";
-    const ALL: &'static [Unlisted] = &[Unlisted::Gone, Unlisted::Changed];
+    const ALL: &'static [Unlisted] = &[Unlisted::Gone, Unlisted::Changed, Unlisted::NotOver];
 
     fn code(self) -> i64 {
         self as i64
@@ -73,6 +81,10 @@ pub fn not_yet(
         Some("its keys are not all in Redis")
     } else if b.queued_reservations > 0 {
         Some("reservations are queued")
+    } else if b.categories.iter().any(|c| c.unpaid > 0) {
+        // A cancellation or expiry gives units back into Redis, and a restock that failed
+        // is healed by a pass: the event stays listed while any order can still do so.
+        Some("orders are still unpaid")
     } else if b.in_flight {
         Some("units are moving between buckets or locked for seats")
     } else if !b.settled() {
@@ -83,9 +95,11 @@ pub fn not_yet(
 }
 
 impl Reconciler {
-    /// Retires `event` if [`not_yet`] finds nothing against it: closes every bucket's
+    /// Retires `event` if [`not_yet`] finds nothing against it, under the event's
+    /// preload lock (no heal, move of a heal, or rebuild meanwhile): closes every bucket's
     /// keys (only while its stream is empty), then takes the event out of the sales
-    /// index (only if its entry is the one this pass saw). True when it left the index.
+    /// index (only if its entry is the one this pass saw); each step only once the sale
+    /// is over by that Redis node's clock. True when it left the index.
     pub async fn retire_if_over(
         &self,
         event: &EventRecord,
@@ -100,6 +114,24 @@ impl Reconciler {
             tracing::trace!(event_id = event.id, why, "not retired");
             return Ok(false);
         }
+        let mut redis = self.redis.clone();
+        let Some(lock) = Lock::acquire(
+            &mut redis,
+            self.keys.preload_lock(event.id),
+            self.preloader.lock_ttl,
+            super::LOCK_WAIT,
+        )
+        .await
+        .context("Failed to take the preload lock")?
+        else {
+            return Ok(false);
+        };
+        let retired = self.retire_locked(event).await;
+        lock.release(&mut redis).await?;
+        retired
+    }
+
+    async fn retire_locked(&self, event: &EventRecord) -> anyhow::Result<bool> {
         // The seats' slot first: no seat lock is taken from here on; then none may be
         // pending nor any unit moving, looked at again now that none can start.
         if event.buckets > 1
@@ -121,10 +153,11 @@ impl Reconciler {
             .key(self.keys.sales_index())
             .arg(event.id)
             .arg(crate::preload::sales_entry(event))
+            .arg(self.retire_after.as_millis() as u64)
             .invoke_async(&mut self.redis.clone())
             .await
             .context("unlist_sale.lua failed")?;
-        if Unlisted::from_code(code)? == Unlisted::Changed {
+        if Unlisted::from_code(code)? != Unlisted::Gone {
             return Ok(false);
         }
         self.forget_gauges(event);
@@ -142,6 +175,7 @@ impl Reconciler {
         let code: i64 = RETIRE_BUCKET
             .key(meta)
             .key(stream)
+            .arg(self.retire_after.as_millis() as u64)
             .invoke_async(&mut self.redis.clone())
             .await
             .context("retire_bucket.lua failed")?;

@@ -395,10 +395,43 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
         (403, Some("NOT_OPEN"))
     );
 
-    // A core with workers creates the orders; then both sales leave the index.
+    // A core with workers creates the orders. While any is unpaid (a cancellation or
+    // expiry still gives units back) both stay listed; once none is, both leave.
     let mut working = settings;
     working.orders.enabled = true;
     let app = stampede_e2e::spawn_app_on(working, database, prefix).await;
+    let unpaid = || async {
+        app.count(&format!(
+            "SELECT COUNT(*) FROM ({}) o",
+            over_shards(&format!(
+                "SELECT order_no FROM {{orders}} WHERE event_id IN ({one}, {three}) AND status = 'UNPAID'"
+            ))
+        ))
+        .await
+    };
+    assert!(eventually(Duration::from_secs(30), || async { unpaid().await == 3 }).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(listed(&app, one).await && listed(&app, three).await);
+    let mut order_nos = Vec::new();
+    for (event, buyer) in [(one, &buyers[0]), (one, &buyers[1]), (three, &buyers[2])] {
+        let order_no = app.purchase_status(event, buyer).await["order_no"]
+            .as_str()
+            .map(str::to_owned)
+            .expect("the order was created");
+        let (status, cancelled) = crate::lifecycle::call(
+            &app,
+            reqwest::Method::POST,
+            &format!("/api/orders/{order_no}/cancel"),
+            buyer,
+        )
+        .await;
+        assert_eq!(status, 200, "{cancelled}");
+        order_nos.push(order_no);
+    }
+    assert_eq!(
+        (app.stock(one, ga).await, app.stock(one, seated).await),
+        (10, 4)
+    );
     let gone = eventually(Duration::from_secs(30), || async {
         !listed(&app, one).await && !listed(&app, three).await
     })
@@ -409,18 +442,7 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
         app.get(&format!("/admin/events/{one}/stats")).await.1
     );
     assert!(listed(&app, open).await, "a sale still open stays listed");
-    assert_eq!(
-        app.count(&format!(
-            "SELECT COUNT(*) FROM ({}) o",
-            over_shards(&format!(
-                "SELECT order_no FROM {{orders}} WHERE event_id IN ({one}, {three}) AND status = 'UNPAID'"
-            ))
-        ))
-        .await,
-        3
-    );
-    // Closed in Redis too, whatever a late core's clock says: every bucket, and the
-    // seats' slot of the event of three.
+    // Closed in Redis too: every bucket, and the seats' slot of the event of three…
     let keys = app.keys();
     let mut metas: Vec<String> = Bucket::all(three, 3).map(|b| keys.meta(b)).collect();
     metas.push(keys.event_meta(three));
@@ -429,24 +451,148 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
         let status: Option<String> = app.redis.clone().hget(&meta, "status").await.unwrap();
         assert_eq!(status.as_deref(), Some("closed"), "{meta}");
     }
-    // The keys stay: the books still balance, a cancellation still gives back.
+    // …so a purchase stamped inside the window by a late core's clock is refused.
+    let late = redis::Script::new(stampede_core::with_lua_lib!("reserve.lua"));
+    let b = Bucket::only(one);
+    let answer: (i64, String, String) = late
+        .key(keys.meta(b))
+        .key(keys.stock(b))
+        .key(keys.dry(b))
+        .key(keys.held(b))
+        .key(keys.idempotency(b))
+        .key(keys.purchase_status(b))
+        .key(keys.order_stream(b))
+        .arg(ga)
+        .arg(buyers[2].user_id)
+        .arg(1)
+        .arg(1)
+        .arg("late-clock")
+        .arg((end - chrono::Duration::seconds(1)).timestamp_millis())
+        .arg("none")
+        .arg(0)
+        .arg(1000)
+        .invoke_async(&mut app.redis.clone())
+        .await
+        .unwrap();
+    assert_eq!(answer.0, -2, "NOT_OPEN: {answer:?}");
+    // The keys stay: the books balance, the buyers' statuses still answer.
     let stats = settled_stats(&app, one, Duration::from_secs(10)).await;
     assert_eq!(stats["loaded"], true, "{stats:#}");
-    let order_no = app.purchase_status(one, &buyers[1]).await["order_no"]
-        .as_str()
-        .map(str::to_owned)
-        .expect("the seated order was created");
-    let (status, cancelled) = crate::lifecycle::call(
-        &app,
-        reqwest::Method::POST,
-        &format!("/api/orders/{order_no}/cancel"),
-        &buyers[1],
-    )
-    .await;
-    assert_eq!(status, 200, "{cancelled}");
-    assert_eq!(app.stock(one, seated).await, 4);
-    settled_stats(&app, one, Duration::from_secs(10)).await;
-    assert!(!listed(&app, one).await);
+    assert_eq!(
+        app.purchase_status(one, &buyers[1]).await["order_no"].as_str(),
+        Some(order_nos[1].as_str())
+    );
     admitting.halt().await;
     app.stop().await;
+}
+
+#[tokio::test]
+async fn the_retiring_scripts_hold_back_on_a_busy_stream_a_changed_entry_and_a_sale_not_over() {
+    let mut redis = stampede_e2e::Stack::from_env().redis().await;
+    let retire = redis::Script::new(include_str!("../../../lua/redis/retire_bucket.lua"));
+    let unlist = redis::Script::new(include_str!("../../../lua/redis/unlist_sale.lua"));
+    let tag = format!("{{retire-test-{}}}", rand::random::<u64>());
+    let (meta, stream, index) = (
+        format!("{tag}:meta"),
+        format!("{tag}:orders"),
+        format!("retire-test-index-{}", rand::random::<u64>()),
+    );
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    // No metadata: nothing to close.
+    assert_eq!(
+        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
+        0
+    );
+    // Over by 10 s, a reservation in the stream: left open.
+    let _: () = redis
+        .hset_multiple(
+            &meta,
+            &[
+                ("status", "open".to_owned()),
+                ("sale_end_ms", (now_ms - 10_000).to_string()),
+            ],
+        )
+        .await
+        .unwrap();
+    let id: String = redis.xadd(&stream, "*", &[("v1", "x")]).await.unwrap();
+    assert_eq!(
+        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
+        0
+    );
+    let status: String = redis.hget(&meta, "status").await.unwrap();
+    assert_eq!(status, "open");
+    // The stream empty: closed.
+    let _: i64 = redis.xdel(&stream, &[&id]).await.unwrap();
+    assert_eq!(
+        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
+        1
+    );
+    let status: String = redis.hget(&meta, "status").await.unwrap();
+    assert_eq!(status, "closed");
+    // Not over for long enough by Redis's clock: left open.
+    let _: () = redis
+        .hset_multiple(
+            &meta,
+            &[
+                ("status", "open".to_owned()),
+                ("sale_end_ms", (now_ms + 60_000).to_string()),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
+        -1
+    );
+    let status: String = redis.hget(&meta, "status").await.unwrap();
+    assert_eq!(status, "open");
+
+    // The index entry: removed only if it is the one seen and the sale is over.
+    let over = format!("open:0:{}", now_ms - 10_000);
+    let running = format!("open:0:{}", now_ms + 60_000);
+    let _: () = redis.hset(&index, 7, &running).await.unwrap();
+    assert_eq!(
+        run(
+            &redis,
+            unlist.key(&index).arg(7).arg(over.clone()).arg(1_000)
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        run(
+            &redis,
+            unlist.key(&index).arg(7).arg(running.clone()).arg(1_000)
+        )
+        .await,
+        -1
+    );
+    let _: () = redis.hset(&index, 7, &over).await.unwrap();
+    assert_eq!(
+        run(
+            &redis,
+            unlist
+                .key(&index)
+                .arg(7)
+                .arg(format!("closed:0:{}", now_ms - 10_000))
+                .arg(1_000)
+        )
+        .await,
+        0
+    );
+    assert!(redis.hexists::<_, _, bool>(&index, 7).await.unwrap());
+    assert_eq!(
+        run(&redis, unlist.key(&index).arg(7).arg(over).arg(1_000)).await,
+        1
+    );
+    assert!(!redis.hexists::<_, _, bool>(&index, 7).await.unwrap());
+    let _: () = redis.del(&[&meta, &stream, &index]).await.unwrap();
+}
+
+/// One script run's integer answer.
+async fn run(
+    redis: &stampede_core::infra::redis::Redis,
+    call: &redis::ScriptInvocation<'_>,
+) -> i64 {
+    call.invoke_async(&mut redis.clone()).await.unwrap()
 }
