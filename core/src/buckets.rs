@@ -212,15 +212,27 @@ pub type Gate = Arc<tokio::sync::Mutex<()>>;
 /// How long a flag this process saw stands for it (about the edge's refresh).
 pub const FLAGGED_MEMO: Duration = Duration::from_millis(250);
 
+/// Past this many entries, a map of [`RefillGates`] drops what no one holds (gates) or
+/// what has lapsed (flags) before it grows: a core that ran many sales keeps those of
+/// the sales running, not one entry for every bucket it ever refilled.
+const GATES_KEPT: usize = 1024;
+
 impl RefillGates {
     pub fn gate(&self, bucket: Bucket, category: CategoryId) -> Gate {
         let mut gates = self.gates.lock().expect("refill gates");
+        if gates.len() >= GATES_KEPT {
+            // Held or waited for: another clone exists. Any other is made again on demand.
+            gates.retain(|_, gate| Arc::strong_count(gate) > 1);
+        }
         gates.entry((bucket, category.0)).or_default().clone()
     }
 
     /// Remembers that the category was flagged sold out just now.
     pub fn saw_flag(&self, event: EventId, category: CategoryId) {
         let mut flagged = self.flagged.lock().expect("refill flags");
+        if flagged.len() >= GATES_KEPT {
+            flagged.retain(|_, at| at.elapsed() < FLAGGED_MEMO);
+        }
         flagged.insert((event, category.0), tokio::time::Instant::now());
     }
 
@@ -656,6 +668,26 @@ mod tests {
         crate::script_codes::assert_mirrored::<Flagged>(include_str!(
             "../../lua/redis/set_sold_out.lua"
         ));
+    }
+
+    #[test]
+    fn refill_gates_keep_the_ones_held_and_drop_the_rest_past_their_bound() {
+        let gates = RefillGates::default();
+        let bucket = |i: u16| Bucket {
+            event: EventId(u64::from(i)),
+            index: 0,
+            count: 2,
+        };
+        let held = gates.gate(bucket(0), CategoryId(1));
+        for i in 1..GATES_KEPT as u16 {
+            gates.gate(bucket(i), CategoryId(1));
+        }
+        assert_eq!(gates.gates.lock().unwrap().len(), GATES_KEPT);
+        let again = gates.gate(bucket(GATES_KEPT as u16), CategoryId(1));
+        // Only the held gate survived the prune, beside the new one.
+        assert_eq!(gates.gates.lock().unwrap().len(), 2);
+        assert!(Arc::ptr_eq(&held, &gates.gate(bucket(0), CategoryId(1))));
+        drop(again);
     }
 
     #[test]
