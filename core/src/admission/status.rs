@@ -45,16 +45,16 @@ impl PurchaseStatus {
 }
 
 impl Admission {
-    /// The user's latest purchase in the event, if any.
+    /// The user's latest purchase in the event, if any: as Redis recorded it, or, for a
+    /// sale that is over and whose Redis has no word of the buyer (its keys lost after
+    /// the sale, when no pass rebuilds them any more), as the buyer's latest order says.
     pub async fn status_of(
         &self,
         event_id: EventId,
         user_id: UserId,
     ) -> anyhow::Result<Option<PurchaseStatus>> {
-        let buckets = match self.events.get(event_id.0).await? {
-            Some(event) => event.buckets,
-            None => 1,
-        };
+        let event = self.events.get(event_id.0).await?;
+        let buckets = event.as_ref().map_or(1, |e| e.buckets);
         let bucket = crate::keys::Bucket::of_buyer(event_id, buckets, user_id);
         let mut redis = self.redis.clone();
         let value: Option<String> = redis::cmd("HGET")
@@ -62,7 +62,45 @@ impl Admission {
             .arg(user_id)
             .query_async(&mut redis)
             .await?;
-        value.as_deref().map(PurchaseStatus::parse).transpose()
+        match value {
+            Some(value) => PurchaseStatus::parse(&value).map(Some),
+            None if event.is_some_and(|e| chrono::Utc::now() >= e.sale_end) => {
+                self.latest_order(event_id, user_id).await
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The buyer's latest order in the event, as a purchase status (a refund pending was
+    /// paid), from their shard (`idx_order_user_event`).
+    async fn latest_order(
+        &self,
+        event_id: EventId,
+        user_id: UserId,
+    ) -> anyhow::Result<Option<PurchaseStatus>> {
+        use crate::order_tables::{self, OrderStatus};
+        use mysql_async::prelude::Queryable;
+        let shard = order_tables::shard_of(user_id.0, self.preloader.shards);
+        let mut conn = self.preloader.mysql.get_conn().await?;
+        let row: Option<(u64, String)> = conn
+            .exec_first(
+                format!(
+                    "SELECT order_no, status FROM {} WHERE user_id = ? AND event_id = ? \
+                     ORDER BY order_no DESC LIMIT 1",
+                    order_tables::orders(shard)
+                ),
+                (user_id.0, event_id.0),
+            )
+            .await?;
+        let Some((order_no, status)) = row else {
+            return Ok(None);
+        };
+        let order_no = order_no.to_string();
+        Ok(Some(match OrderStatus::parse(&status)? {
+            OrderStatus::Unpaid => PurchaseStatus::Created { order_no },
+            OrderStatus::Paid | OrderStatus::RefundPending => PurchaseStatus::Paid { order_no },
+            OrderStatus::Cancelled => PurchaseStatus::Cancelled { order_no },
+        }))
     }
 }
 

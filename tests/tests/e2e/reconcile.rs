@@ -475,13 +475,33 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
         .await
         .unwrap();
     assert_eq!(answer.0, -2, "NOT_OPEN: {answer:?}");
-    // The keys stay: the books balance, the buyers' statuses still answer.
+    // The keys stay: the books balance, the buyers' statuses still answer…
     let stats = settled_stats(&app, one, Duration::from_secs(10)).await;
     assert_eq!(stats["loaded"], true, "{stats:#}");
     assert_eq!(
-        app.purchase_status(one, &buyers[1]).await["order_no"].as_str(),
-        Some(order_nos[1].as_str())
+        app.purchase_status(one, &buyers[1]).await,
+        json!({"status": "CANCELLED", "order_no": order_nos[1]})
     );
+    // …and were they lost (no pass rebuilds a retired sale's keys), the orders answer.
+    let _: () = app
+        .redis
+        .clone()
+        .del(keys.purchase_status(Bucket::only(one)))
+        .await
+        .unwrap();
+    assert_eq!(
+        app.purchase_status(one, &buyers[1]).await,
+        json!({"status": "CANCELLED", "order_no": order_nos[1]})
+    );
+    let nobody = &admitting.buyers(1).await[0];
+    let resp = app
+        .http
+        .get(format!("{}/api/events/{one}/orders/status", app.public_url))
+        .bearer_auth(&nobody.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
     admitting.halt().await;
     app.stop().await;
 }
