@@ -284,6 +284,46 @@ impl Keys {
     pub fn sales_index(&self) -> String {
         format!("{}sales", self.prefix)
     }
+
+    /// Hash: event id → ms (by the retiring core's clock) when its sale was retired,
+    /// until its buyers' records are purged (`reconcile.purge_after_s`). No hash tag.
+    pub fn retired_sales(&self) -> String {
+        format!("{}retired", self.prefix)
+    }
+
+    /// What a purge of a retired sale deletes: per bucket its buyers' records (the
+    /// Idempotency-Key records, units held, purchase statuses, the given-back set), its
+    /// stream, the moves' records, the replica barrier and its metadata, so the event
+    /// reads as not loaded (a reopen or a reconcile rebuilds it all from MySQL); for an
+    /// event of several buckets also the event's metadata and the pool's moves and seat
+    /// locks. The stock, the seat maps and the sold-out flags stay (small, and the seat
+    /// maps still show what was sold); the waiting room's keys too.
+    pub fn purged_when_retired(&self, event: EventId, buckets: u16) -> Vec<String> {
+        let mut keys = Vec::new();
+        for b in Bucket::all(event, buckets) {
+            keys.extend([
+                self.idempotency(b),
+                self.held(b),
+                self.purchase_status(b),
+                self.restocked(b),
+                self.order_stream(b),
+                self.moves(b),
+                self.credited(b),
+                self.replication_barrier(b),
+                self.meta(b),
+            ]);
+        }
+        if buckets > 1 {
+            keys.extend([
+                self.event_meta(event),
+                self.pool_moves(event),
+                self.pool_credited(event),
+                self.seat_locks(event),
+                self.seat_lock_records(event),
+            ]);
+        }
+        keys
+    }
 }
 
 /// One of an event's Redis buckets: the hash tag its buyers' keys live under

@@ -203,6 +203,14 @@ pub struct ReconcileSettings {
     /// sweeper or pass reads it any more (README "Reconciliation").
     #[serde(default = "default_retire_after_s")]
     pub retire_after_s: u64,
+    /// Seconds after its retirement that a sale's buyers' records are deleted from Redis
+    /// (retire.rs); 0 keeps them.
+    #[serde(default = "default_purge_after_s")]
+    pub purge_after_s: u64,
+}
+
+fn default_purge_after_s() -> u64 {
+    86_400
 }
 
 fn default_retire_after_s() -> u64 {

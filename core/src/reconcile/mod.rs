@@ -75,6 +75,8 @@ pub struct Reconciler {
     pub confirm: Duration,
     /// `reconcile.retire_after_s` (retire.rs).
     pub retire_after: Duration,
+    /// `reconcile.purge_after_s` (retire.rs); zero: never.
+    pub purge_after: Duration,
     /// `stampede_conservation_gap{event,category}` and `stampede_remain_gap{…}`.
     pub gap_gauge: prometheus::IntGaugeVec,
     pub remain_gauge: prometheus::IntGaugeVec,
@@ -109,6 +111,7 @@ impl Reconciler {
             shards: settings.mysql.order_shards,
             confirm: Duration::from_millis(settings.reconcile.confirm_ms),
             retire_after: Duration::from_secs(settings.reconcile.retire_after_s),
+            purge_after: Duration::from_secs(settings.reconcile.purge_after_s),
             gap_gauge: metrics.conservation_gap.clone(),
             remain_gauge: metrics.remain_gap.clone(),
             rewinds: metrics.redis_rewinds.clone(),
@@ -513,6 +516,9 @@ impl Reconciler {
                         "reconcile pass failed"
                     );
                 }
+            }
+            if let Err(e) = self.purge_due().await {
+                tracing::warn!(error = format!("{e:#}"), "purging retired sales failed");
             }
         }
     }

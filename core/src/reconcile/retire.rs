@@ -21,6 +21,7 @@ use chrono::Utc;
 
 use super::{Reconciler, Report};
 use crate::catalog::EventRecord;
+use crate::domain::EventId;
 use crate::keys::Bucket;
 use crate::lock::Lock;
 use crate::script_codes::ScriptCode;
@@ -160,6 +161,15 @@ impl Reconciler {
         if Unlisted::from_code(code)? != Unlisted::Gone {
             return Ok(false);
         }
+        if !self.purge_after.is_zero() {
+            redis::cmd("HSET")
+                .arg(self.keys.retired_sales())
+                .arg(event.id)
+                .arg(Utc::now().timestamp_millis())
+                .query_async::<()>(&mut self.redis.clone())
+                .await
+                .context("Failed to note the retirement for the purge")?;
+        }
         self.forget_gauges(event);
         tracing::info!(
             event_id = event.id,
@@ -180,6 +190,87 @@ impl Reconciler {
             .await
             .context("retire_bucket.lua failed")?;
         Ok(Retired::from_code(code)? == Retired::Closed)
+    }
+
+    /// Deletes the buyers' records of every sale retired `reconcile.purge_after_s` ago
+    /// or more ([`Keys::purged_when_retired`]), under each event's preload lock; a sale
+    /// listed again since (reopened, or rebuilt by a reconcile) is only taken off the
+    /// list of retired sales: it is retired again, and purged later, in its turn.
+    pub async fn purge_due(&self) -> anyhow::Result<()> {
+        if self.purge_after.is_zero() {
+            return Ok(());
+        }
+        let mut redis = self.redis.clone();
+        let retired: Vec<(u64, i64)> = redis::cmd("HGETALL")
+            .arg(self.keys.retired_sales())
+            .query_async(&mut redis)
+            .await
+            .context("Failed to read the retired sales")?;
+        let due_ms = Utc::now().timestamp_millis() - self.purge_after.as_millis() as i64;
+        for (id, at) in retired.into_iter().filter(|&(_, at)| at <= due_ms) {
+            if let Err(e) = self.purge(id, at).await {
+                tracing::warn!(
+                    event_id = id,
+                    error = format!("{e:#}"),
+                    "purge of a retired sale failed; will retry"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn purge(&self, id: u64, retired_ms: i64) -> anyhow::Result<()> {
+        let mut redis = self.redis.clone();
+        let Some(event) = crate::catalog::load(&self.mysql, id).await? else {
+            return self.unnote_retired(id).await;
+        };
+        let Some(lock) = Lock::acquire(
+            &mut redis,
+            self.keys.preload_lock(id),
+            self.preloader.lock_ttl,
+            super::LOCK_WAIT,
+        )
+        .await
+        .context("Failed to take the preload lock")?
+        else {
+            return Ok(());
+        };
+        let purged = async {
+            let listed: bool = redis::cmd("HEXISTS")
+                .arg(self.keys.sales_index())
+                .arg(id)
+                .query_async(&mut redis.clone())
+                .await?;
+            if !listed {
+                // One key per call: on a cluster the keys of several buckets are in
+                // several slots.
+                for key in self.keys.purged_when_retired(EventId(id), event.buckets) {
+                    redis::cmd("UNLINK")
+                        .arg(key)
+                        .query_async::<()>(&mut redis.clone())
+                        .await?;
+                }
+                tracing::info!(
+                    event_id = id,
+                    retired_ms,
+                    "retired sale purged: its buyers' records, stream and metadata deleted from Redis (statuses are read from the orders now)"
+                );
+            }
+            self.unnote_retired(id).await
+        }
+        .await;
+        lock.release(&mut redis).await?;
+        purged
+    }
+
+    /// Takes the event off the list of retired sales waiting for their purge.
+    async fn unnote_retired(&self, id: u64) -> anyhow::Result<()> {
+        redis::cmd("HDEL")
+            .arg(self.keys.retired_sales())
+            .arg(id)
+            .query_async::<()>(&mut self.redis.clone())
+            .await
+            .context("Failed to update the retired sales")
     }
 
     /// A retired event's gauges are no longer kept up to date: they go, rather than

@@ -2,6 +2,7 @@
 //! the safe direction only.
 
 use stampede_core::keys::Bucket;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -324,6 +325,12 @@ async fn drift_is_healed_downward_during_a_sale_and_upward_only_after_it() {
     );
 }
 
+/// Whether the key is in Redis.
+async fn exists(redis: &stampede_core::infra::redis::Redis, key: String) -> bool {
+    let n: u32 = redis.clone().exists(&key).await.unwrap();
+    n == 1
+}
+
 /// Whether the event is in the sales index the workers, sweepers, edges and passes read.
 async fn listed(app: &TestApp, event: u64) -> bool {
     app.redis
@@ -342,6 +349,8 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
     settings.reconcile.interval_s = 1;
     settings.reconcile.confirm_ms = 100;
     settings.reconcile.retire_after_s = 1;
+    // Noted for a purge, but not one within this test's first two cores.
+    settings.reconcile.purge_after_s = 3_600;
     let admitting =
         stampede_e2e::spawn_app_on(settings.clone(), database.clone(), prefix.clone()).await;
     let end = chrono::Utc::now() + chrono::Duration::seconds(4);
@@ -397,7 +406,7 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
 
     // A core with workers creates the orders. While any is unpaid (a cancellation or
     // expiry still gives units back) both stay listed; once none is, both leave.
-    let mut working = settings;
+    let mut working = settings.clone();
     working.orders.enabled = true;
     let app = stampede_e2e::spawn_app_on(working, database, prefix).await;
     let unpaid = || async {
@@ -482,13 +491,39 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
         app.purchase_status(one, &buyers[1]).await,
         json!({"status": "CANCELLED", "order_no": order_nos[1]})
     );
-    // …and were they lost (no pass rebuilds a retired sale's keys), the orders answer.
-    let _: () = app
+    // A core purging a second after retirement deletes the buyers' records and the
+    // metadata; the stock and the seat maps stay.
+    let mut purging = settings.clone();
+    purging.reconcile.purge_after_s = 1;
+    let purger =
+        stampede_e2e::spawn_app_on(purging, app.database.clone(), app.prefix.clone()).await;
+    let purged = eventually(Duration::from_secs(20), || async {
+        !exists(&app.redis, keys.meta(Bucket::only(one))).await
+            && !exists(&app.redis, keys.meta(Bucket::all(three, 3).last().unwrap())).await
+    })
+    .await;
+    assert!(purged, "not purged");
+    let b = Bucket::only(one);
+    for key in keys.purged_when_retired(one.into(), 1) {
+        assert!(!exists(&app.redis, key.clone()).await, "{key} is left");
+    }
+    for key in keys.purged_when_retired(three.into(), 3) {
+        assert!(!exists(&app.redis, key.clone()).await, "{key} is left");
+    }
+    assert!(
+        exists(&app.redis, keys.stock(b)).await && exists(&app.redis, keys.seats(b, seated)).await
+    );
+    let retired: HashMap<u64, i64> = app
         .redis
         .clone()
-        .del(keys.purchase_status(Bucket::only(one)))
+        .hgetall(keys.retired_sales())
         .await
         .unwrap();
+    assert!(
+        !retired.contains_key(&one) && !retired.contains_key(&three),
+        "{retired:?}"
+    );
+    // The statuses are read from the orders; a buyer without one is told so.
     assert_eq!(
         app.purchase_status(one, &buyers[1]).await,
         json!({"status": "CANCELLED", "order_no": order_nos[1]})
@@ -502,6 +537,23 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 404);
+    let (_, stats) = app.get(&format!("/admin/events/{one}/stats")).await;
+    assert_eq!(stats["loaded"], false, "{stats:#}");
+    // A reopen rebuilds it all from MySQL and lists it again.
+    let (status, reopened) = app
+        .post(&format!("/admin/events/{one}/reopen"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{reopened}");
+    assert!(exists(&app.redis, keys.meta(b)).await);
+    let rebuilt: Option<String> = app
+        .redis
+        .clone()
+        .hget(keys.purchase_status(b), buyers[1].user_id)
+        .await
+        .unwrap();
+    assert_eq!(rebuilt, Some(format!("CANCELLED:{}", order_nos[1])));
+    assert_eq!(app.stock(one, seated).await, 4);
+    purger.halt().await;
     admitting.halt().await;
     app.stop().await;
 }
