@@ -296,10 +296,17 @@ impl Keys {
     /// stream, the moves' records, the replica barrier and its metadata, so the event
     /// reads as not loaded (a reopen or a reconcile rebuilds it all from MySQL); for an
     /// event of several buckets also the event's metadata and the pool's moves and seat
-    /// locks. The stock, the seat maps and the sold-out flags stay (small, and the seat
-    /// maps still show what was sold); the waiting room's keys too.
+    /// locks; and the waiting room's positions, steps and used passes. The stock, the
+    /// seat maps and the sold-out flags stay (small, and the seat maps still show what was
+    /// sold); the room's settings, seed and early joiners too (its fairness stays
+    /// verifiable).
     pub fn purged_when_retired(&self, event: EventId, buckets: u16) -> Vec<String> {
-        let mut keys = Vec::new();
+        let mut keys = vec![
+            self.room_positions(event),
+            self.room_steps(event),
+            self.room_used(event),
+            self.room_used_positions(event),
+        ];
         for b in Bucket::all(event, buckets) {
             keys.extend([
                 self.idempotency(b),

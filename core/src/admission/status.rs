@@ -57,28 +57,31 @@ impl Admission {
         let buckets = event.as_ref().map_or(1, |e| e.buckets);
         let bucket = crate::keys::Bucket::of_buyer(event_id, buckets, user_id);
         let mut redis = self.redis.clone();
-        let value: Option<String> = redis::cmd("HGET")
-            .arg(self.keys.purchase_status(bucket))
-            .arg(user_id)
+        // One round trip, one slot: the status, and whether the bucket is loaded (while
+        // it is, a buyer without a status has no purchase: a rebuild writes every one).
+        let (value, loaded): (Option<String>, bool) = redis::pipe()
+            .hget(self.keys.purchase_status(bucket), user_id)
+            .exists(self.keys.meta(bucket))
             .query_async(&mut redis)
             .await?;
         match value {
             Some(value) => PurchaseStatus::parse(&value).map(Some),
-            None if event.is_some_and(|e| chrono::Utc::now() >= e.sale_end) => {
+            None if !loaded && event.is_some_and(|e| chrono::Utc::now() >= e.sale_end) => {
                 self.latest_order(event_id, user_id).await
             }
             None => Ok(None),
         }
     }
 
-    /// The buyer's latest order in the event, as a purchase status (a refund pending was
-    /// paid), from their shard (`idx_order_user_event`).
+    /// The buyer's latest order in the event, as the purchase status a rebuild writes for
+    /// it (a refund pending reads CANCELLED), from their shard (`idx_order_user_event`).
     async fn latest_order(
         &self,
         event_id: EventId,
         user_id: UserId,
     ) -> anyhow::Result<Option<PurchaseStatus>> {
         use crate::order_tables::{self, OrderStatus};
+
         use mysql_async::prelude::Queryable;
         let shard = order_tables::shard_of(user_id.0, self.preloader.shards);
         let mut conn = self.preloader.mysql.get_conn().await?;
@@ -95,12 +98,8 @@ impl Admission {
         let Some((order_no, status)) = row else {
             return Ok(None);
         };
-        let order_no = order_no.to_string();
-        Ok(Some(match OrderStatus::parse(&status)? {
-            OrderStatus::Unpaid => PurchaseStatus::Created { order_no },
-            OrderStatus::Paid | OrderStatus::RefundPending => PurchaseStatus::Paid { order_no },
-            OrderStatus::Cancelled => PurchaseStatus::Cancelled { order_no },
-        }))
+        let word = crate::preload::snapshot::status_word(OrderStatus::parse(&status)?);
+        PurchaseStatus::parse(&format!("{word}:{order_no}")).map(Some)
     }
 }
 

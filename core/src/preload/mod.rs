@@ -6,8 +6,9 @@
 //! the live orders, the buyers' holdings and statuses, the seat maps. Guarded by a
 //! per-event lock, so two core instances never load one event at once.
 
-mod snapshot;
+pub(crate) mod snapshot;
 
+use crate::script_codes::ScriptCode;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +48,26 @@ pub struct PreloadReport {
     pub seat_maps_written: u32,
     /// The generation of the keys written (0: none written, they were there).
     pub epoch: u64,
+}
+
+static SALE_STATUS: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(include_str!("../../../lua/redis/sale_status.lua"))
+});
+
+/// `sale_status.lua`'s answers, one to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusWritten {
+    Written = 1,
+    NotLoaded = 0,
+}
+
+impl ScriptCode for StatusWritten {
+    const SCRIPT: &'static str = "sale_status.lua";
+    const ALL: &'static [StatusWritten] = &[StatusWritten::Written, StatusWritten::NotLoaded];
+
+    fn code(self) -> i64 {
+        self as i64
+    }
 }
 
 #[derive(Clone)]
@@ -489,13 +510,14 @@ impl Preloader {
         }
         metas.push(self.keys.event_meta(event.id));
         for meta in metas {
-            redis::cmd("HSET")
-                .arg(meta)
-                .arg("status")
+            let code: i64 = SALE_STATUS
+                .key(meta)
                 .arg(sale_status(event.status))
-                .query_async::<()>(&mut redis)
+                .invoke_async(&mut redis)
                 .await
                 .context("Failed to write the sale status")?;
+            // A bucket not loaded is rebuilt whole by the next preload or pass.
+            StatusWritten::from_code(code)?;
         }
         self.write_sales_index(&mut redis, event).await
     }
@@ -649,6 +671,13 @@ pub(crate) fn sales_entry(event: &EventRecord) -> String {
 #[cfg(test)]
 mod tests {
     use super::deal;
+
+    #[test]
+    fn every_code_of_the_status_script_maps_to_one_variant() {
+        crate::script_codes::assert_mirrored::<super::StatusWritten>(include_str!(
+            "../../../lua/redis/sale_status.lua"
+        ));
+    }
 
     #[test]
     fn one_bucket_gets_everything_and_more_share_a_quarter() {

@@ -42,7 +42,7 @@ pub struct Snapshot {
 }
 
 /// The purchase-status word an order of this status shows its buyer.
-fn status_word(status: OrderStatus) -> &'static str {
+pub(crate) fn status_word(status: OrderStatus) -> &'static str {
     match status {
         OrderStatus::Unpaid => "CREATED",
         OrderStatus::Paid => "PAID",

@@ -443,7 +443,14 @@ impl Reconciler {
             .await
             .context("Failed to take the preload lock")?;
             if let Some(lock) = lock {
-                let healed = self.heal_locked(event, &mut actions).await;
+                // Looked at again under the lock: a purge (retire.rs) may have removed
+                // the keys meanwhile, and a heal on them would give back every
+                // cancelled order again (the given-back sets are gone).
+                let healed = match self.preloader.is_loaded(event).await {
+                    Ok(true) => self.heal_locked(event, &mut actions).await,
+                    Ok(false) => Ok(None),
+                    Err(e) => Err(e),
+                };
                 lock.release(&mut redis).await?;
                 measured = healed?;
             }

@@ -236,6 +236,16 @@ impl Reconciler {
             return Ok(());
         };
         let purged = async {
+            // Under the lock, as a retirement notes it: the note read may be a retirement
+            // before a reopen; the one now is the one to act on, later.
+            let noted: Option<i64> = redis::cmd("HGET")
+                .arg(self.keys.retired_sales())
+                .arg(id)
+                .query_async(&mut redis.clone())
+                .await?;
+            if noted != Some(retired_ms) {
+                return Ok(());
+            }
             let listed: bool = redis::cmd("HEXISTS")
                 .arg(self.keys.sales_index())
                 .arg(id)
