@@ -57,20 +57,27 @@ impl Admission {
         let buckets = event.as_ref().map_or(1, |e| e.buckets);
         let bucket = crate::keys::Bucket::of_buyer(event_id, buckets, user_id);
         let mut redis = self.redis.clone();
-        // One round trip, one slot: the status, and whether the bucket is loaded (while
-        // it is, a buyer without a status has no purchase: a rebuild writes every one).
-        let (value, loaded): (Option<String>, bool) = redis::pipe()
-            .hget(self.keys.purchase_status(bucket), user_id)
-            .exists(self.keys.meta(bucket))
+        let value: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.purchase_status(bucket))
+            .arg(user_id)
             .query_async(&mut redis)
             .await?;
-        match value {
-            Some(value) => PurchaseStatus::parse(&value).map(Some),
-            None if !loaded && event.is_some_and(|e| chrono::Utc::now() >= e.sale_end) => {
-                self.latest_order(event_id, user_id).await
-            }
-            None => Ok(None),
+        if let Some(value) = value {
+            return PurchaseStatus::parse(&value).map(Some);
         }
+        if event.is_none_or(|e| chrono::Utc::now() < e.sale_end) {
+            return Ok(None);
+        }
+        // Over: while the bucket is loaded a buyer without a status has no purchase (a
+        // rebuild writes every one); once its keys are gone, the orders say.
+        let loaded: bool = redis::cmd("EXISTS")
+            .arg(self.keys.meta(bucket))
+            .query_async(&mut redis)
+            .await?;
+        if loaded {
+            return Ok(None);
+        }
+        self.latest_order(event_id, user_id).await
     }
 
     /// The buyer's latest order in the event, as the purchase status a rebuild writes for
@@ -81,7 +88,6 @@ impl Admission {
         user_id: UserId,
     ) -> anyhow::Result<Option<PurchaseStatus>> {
         use crate::order_tables::{self, OrderStatus};
-
         use mysql_async::prelude::Queryable;
         let shard = order_tables::shard_of(user_id.0, self.preloader.shards);
         let mut conn = self.preloader.mysql.get_conn().await?;

@@ -8,10 +8,9 @@
 //! admin's close or reopen lists the event again (the next pass retires it again, its
 //! window being over).
 //!
-//! Left as is: an admin's reopen racing a retirement (its metadata written between this
-//! pass's close and unlist, its index entry the same text as before) leaves the event
-//! unlisted with its keys open; only a core whose clock is behind by more than
-//! `retire_after_s` could then still admit into a stream no worker reads.
+//! An admin's reopen racing a retirement (its metadata written between this pass's
+//! close and unlist, its index entry the same text as before) is caught after the
+//! unlist: metadata found open lists the event again.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -160,6 +159,31 @@ impl Reconciler {
             .context("unlist_sale.lua failed")?;
         if Unlisted::from_code(code)? != Unlisted::Gone {
             return Ok(false);
+        }
+        // An admin's reopen (it takes no lock) may have written "open" into the metadata
+        // after this pass closed it, its index entry reading as before: listed again,
+        // the next pass decides afresh, rather than a sale left open and unlisted.
+        let mut metas: Vec<String> = Bucket::all(event.id, event.buckets)
+            .map(|b| self.keys.meta(b))
+            .collect();
+        if event.buckets > 1 {
+            metas.push(self.keys.event_meta(event.id));
+        }
+        for meta in metas {
+            let status: Option<String> = redis::cmd("HGET")
+                .arg(meta)
+                .arg("status")
+                .query_async(&mut self.redis.clone())
+                .await?;
+            if status.as_deref() == Some("open") {
+                redis::cmd("HSETNX")
+                    .arg(self.keys.sales_index())
+                    .arg(event.id)
+                    .arg(crate::preload::sales_entry(event))
+                    .query_async::<()>(&mut self.redis.clone())
+                    .await?;
+                return Ok(false);
+            }
         }
         if !self.purge_after.is_zero() {
             redis::cmd("HSET")
