@@ -46,8 +46,9 @@ impl PurchaseStatus {
 
 impl Admission {
     /// The user's latest purchase in the event, if any: as Redis recorded it, or, for a
-    /// sale that is over and whose Redis has no word of the buyer (its keys lost after
-    /// the sale, when no pass rebuilds them any more), as the buyer's latest order says.
+    /// sale that is over whose keys in the buyer's bucket are gone (purged after its
+    /// retirement, or lost when no pass rebuilds them any more), as the buyer's latest
+    /// order says.
     pub async fn status_of(
         &self,
         event_id: EventId,

@@ -249,11 +249,13 @@ fn parse_seat(id: &str) -> Option<(u32, u32)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::catalog::SeatGrid;
 
-    fn event() -> EventRecord {
+    /// An event of two categories (10 GA units, 2 × 3 seats), its sale on 2030-01-01
+    /// from 00:00 to 12:00 UTC: for the tests of other modules too.
+    pub(crate) fn event() -> EventRecord {
         let t = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
         EventRecord {
             id: 7,

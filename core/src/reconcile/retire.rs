@@ -324,6 +324,71 @@ impl Reconciler {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::reconcile::{Balance, CategoryBalance};
+
+    /// A pass's report on validate.rs's test event (its sale over at 12:00), every
+    /// category balanced, nothing queued, healed, unpaid or under way.
+    fn quiet() -> (EventRecord, Report) {
+        let event = crate::admission::validate::tests::event();
+        let categories = event
+            .categories
+            .iter()
+            .map(|c| CategoryBalance {
+                category_id: c.id,
+                name: c.name.clone(),
+                total: i64::from(c.total),
+                redis_available: Some(i64::from(c.total) - 2),
+                queued: Some(0),
+                unpaid: 0,
+                paid: 2,
+                gap: Some(0),
+                db_remain: i64::from(c.total) - 2,
+                unsynced: 0,
+                remain_gap: 0,
+                oversold: 0,
+                segments: None,
+            })
+            .collect();
+        let report = Report {
+            event_id: event.id,
+            actions: Vec::new(),
+            balance: Balance {
+                event_id: event.id,
+                loaded: true,
+                queued_reservations: 0,
+                categories,
+                redis_unavailable: None,
+                in_flight: false,
+            },
+        };
+        (event, report)
+    }
+
+    #[test]
+    fn a_sale_is_retired_only_when_over_for_long_enough_and_nothing_is_left_to_do() {
+        let after = Duration::from_secs(60);
+        let (event, report) = quiet();
+        let end = event.sale_end.timestamp_millis();
+        assert_eq!(not_yet(&event, &report, end + 60_000, after), None);
+        assert!(not_yet(&event, &report, end + 59_999, after).is_some());
+        let over = end + 3_600_000;
+        let refused = |change: &dyn Fn(&mut Report)| {
+            let (event, mut report) = quiet();
+            change(&mut report);
+            not_yet(&event, &report, over, after)
+        };
+        assert!(refused(&|r| r.actions.push("healed".into())).is_some());
+        assert!(refused(&|r| r.balance.loaded = false).is_some());
+        assert!(refused(&|r| r.balance.redis_unavailable = Some("down".into())).is_some());
+        assert!(refused(&|r| r.balance.queued_reservations = 1).is_some());
+        assert!(refused(&|r| r.balance.in_flight = true).is_some());
+        assert!(refused(&|r| r.balance.categories[1].unpaid = 1).is_some());
+        assert!(refused(&|r| r.balance.categories[0].gap = Some(1)).is_some());
+        assert!(refused(&|r| r.balance.categories[0].remain_gap = -1).is_some());
+        assert_eq!(refused(&|_| {}), None);
+    }
+
     #[test]
     fn every_code_of_the_scripts_maps_to_one_variant() {
         crate::script_codes::assert_mirrored::<super::Retired>(include_str!(
