@@ -198,7 +198,7 @@ pub struct ReconcileSettings {
     pub interval_s: u64,
     /// A drift is healed only if a second measurement this much later agrees.
     pub confirm_ms: u64,
-    /// Seconds after its sale's end that a pass retires an event whose books balance
+    /// Seconds after its sale's end (or its close) that a pass retires an event whose books balance
     /// with nothing queued, unpaid or under way: it leaves the sales index, so no worker, edge,
     /// sweeper or pass reads it any more (README "Reconciliation").
     #[serde(default = "default_retire_after_s")]

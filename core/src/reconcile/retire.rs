@@ -1,4 +1,5 @@
-//! A finished sale is retired: once its sale has been over for `reconcile.retire_after_s`
+//! A finished sale is retired: once its sale has been over (its window ended, or an
+//! admin closed it: `closed_ms` in its metadata) for `reconcile.retire_after_s`
 //! and a pass found its books balanced with nothing queued, unpaid, moving or locked,
 //! its Redis keys are closed to admissions and the event leaves the sales index.
 //! Everything that walks the index every second or so (each core's order workers and
@@ -73,7 +74,8 @@ pub fn not_yet(
 ) -> Option<&'static str> {
     let b = &report.balance;
     let over_ms = event.sale_end.timestamp_millis() + after.as_millis() as i64;
-    if now_ms < over_ms {
+    // A sale closed early: how long ago is in its metadata (retire_bucket.lua judges).
+    if now_ms < over_ms && event.status != crate::catalog::EventStatus::Closed {
         Some("the sale is not over for long enough")
     } else if !report.actions.is_empty() {
         Some("this pass healed something")
@@ -387,6 +389,10 @@ mod tests {
         assert!(refused(&|r| r.balance.categories[0].gap = Some(1)).is_some());
         assert!(refused(&|r| r.balance.categories[0].remain_gap = -1).is_some());
         assert_eq!(refused(&|_| {}), None);
+        // Closed early: the time is its metadata's to say (retire_bucket.lua).
+        let (mut closed, report) = quiet();
+        closed.status = crate::catalog::EventStatus::Closed;
+        assert_eq!(not_yet(&closed, &report, end - 3_600_000, after), None);
     }
 
     #[test]

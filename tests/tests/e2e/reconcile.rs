@@ -588,6 +588,76 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
     app.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_closed_early_is_retired_and_a_reopen_lists_it_again() {
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        s.reconcile.interval_s = 1;
+        s.reconcile.confirm_ms = 100;
+        s.reconcile.retire_after_s = 1;
+        s.reconcile.purge_after_s = 3_600;
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 1, 2)).await;
+    app.publish(event).await;
+    let ga = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.buyers(2).await;
+    let (status, answer) = app.buy(event, &buyers[0], "k", ga.clone()).await;
+    assert_eq!(status, 202, "{answer}");
+    let created = eventually(Duration::from_secs(20), || async {
+        app.purchase_status(event, &buyers[0]).await["status"] == "CREATED"
+    })
+    .await;
+    assert!(created);
+    let order_no = app.purchase_status(event, &buyers[0]).await["order_no"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let admin = |action: &'static str| {
+        let app = &app;
+        async move {
+            let (status, body) = app
+                .post(&format!("/admin/events/{event}/{action}"), json!({}))
+                .await;
+            assert_eq!(status, 200, "{action}: {body}");
+        }
+    };
+    admin("close").await;
+    // Closed with an order unpaid: listed (a cancellation still gives its unit back).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(listed(&app, event).await);
+    let (status, cancelled) = crate::lifecycle::call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{order_no}/cancel"),
+        &buyers[0],
+    )
+    .await;
+    assert_eq!(status, 200, "{cancelled}");
+    // Its window runs for years yet; closed a second and more ago, it leaves the index.
+    let gone = eventually(Duration::from_secs(20), || async {
+        !listed(&app, event).await
+    })
+    .await;
+    assert!(gone, "a sale closed early stays listed");
+    let closed_ms: Option<i64> = app
+        .redis
+        .clone()
+        .hget(app.keys().meta(Bucket::only(event)), "closed_ms")
+        .await
+        .unwrap();
+    assert!(closed_ms.is_some());
+    // A reopen lists it again and it sells; open, it stays listed.
+    admin("reopen").await;
+    assert!(listed(&app, event).await);
+    tokio::time::sleep(Duration::from_millis(1_100)).await; // the event cache's ttl
+    let (status, answer) = app.buy(event, &buyers[1], "k", ga).await;
+    assert_eq!(status, 202, "{answer}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(listed(&app, event).await);
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn the_retiring_scripts_hold_back_on_a_busy_stream_a_changed_entry_and_a_sale_not_over() {
     let mut redis = stampede_e2e::Stack::from_env().redis().await;
@@ -648,6 +718,27 @@ async fn the_retiring_scripts_hold_back_on_a_busy_stream_a_changed_entry_and_a_s
     );
     let status: String = redis.hget(&meta, "status").await.unwrap();
     assert_eq!(status, "open");
+    // Closed early 10 s ago (the window still running): over. Closed without the
+    // close's time (a rebuild of a closed sale): its window decides.
+    let _: () = redis
+        .hset_multiple(
+            &meta,
+            &[
+                ("status", "closed".to_owned()),
+                ("closed_ms", (now_ms - 10_000).to_string()),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
+        1
+    );
+    let _: () = redis.hdel(&meta, "closed_ms").await.unwrap();
+    assert_eq!(
+        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
+        -1
+    );
 
     // The index entry: removed only if it is the one seen and the sale is over.
     let over = format!("open:0:{}", now_ms - 10_000);
@@ -688,6 +779,13 @@ async fn the_retiring_scripts_hold_back_on_a_busy_stream_a_changed_entry_and_a_s
         1
     );
     assert!(!redis.hexists::<_, _, bool>(&index, 7).await.unwrap());
+    // A sale closed early (its buckets judged over by their close's time) goes.
+    let closed = format!("closed:0:{}", now_ms + 60_000);
+    let _: () = redis.hset(&index, 7, &closed).await.unwrap();
+    assert_eq!(
+        run(&redis, unlist.key(&index).arg(7).arg(closed).arg(1_000)).await,
+        1
+    );
     let _: () = redis.del(&[&meta, &stream, &index]).await.unwrap();
 }
 
