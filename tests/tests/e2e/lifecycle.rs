@@ -22,6 +22,21 @@ pub(crate) async fn created(app: &TestApp, event: u64, buyer: &Buyer) -> u64 {
     order_no.expect("the purchase became an order within 10 s")
 }
 
+/// `POST /api/orders/{order_no}/cancel` as `buyer`: the status and the answer.
+pub(crate) async fn cancel(
+    app: &TestApp,
+    order_no: impl std::fmt::Display,
+    buyer: &Buyer,
+) -> (u16, serde_json::Value) {
+    call(
+        app,
+        reqwest::Method::POST,
+        &format!("/api/orders/{order_no}/cancel"),
+        buyer,
+    )
+    .await
+}
+
 pub(crate) async fn call(
     app: &TestApp,
     method: reqwest::Method,

@@ -427,13 +427,7 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
             .as_str()
             .map(str::to_owned)
             .expect("the order was created");
-        let (status, cancelled) = crate::lifecycle::call(
-            &app,
-            reqwest::Method::POST,
-            &format!("/api/orders/{order_no}/cancel"),
-            buyer,
-        )
-        .await;
+        let (status, cancelled) = crate::lifecycle::cancel(&app, &order_no, buyer).await;
         assert_eq!(status, 200, "{cancelled}");
         order_nos.push(order_no);
     }
@@ -604,15 +598,7 @@ async fn a_sale_closed_early_is_retired_and_a_reopen_lists_it_again() {
     let buyers = app.buyers(2).await;
     let (status, answer) = app.buy(event, &buyers[0], "k", ga.clone()).await;
     assert_eq!(status, 202, "{answer}");
-    let created = eventually(Duration::from_secs(20), || async {
-        app.purchase_status(event, &buyers[0]).await["status"] == "CREATED"
-    })
-    .await;
-    assert!(created);
-    let order_no = app.purchase_status(event, &buyers[0]).await["order_no"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let order_no = crate::lifecycle::created(&app, event, &buyers[0]).await;
     let admin = |action: &'static str| {
         let app = &app;
         async move {
@@ -626,13 +612,7 @@ async fn a_sale_closed_early_is_retired_and_a_reopen_lists_it_again() {
     // Closed with an order unpaid: listed (a cancellation still gives its unit back).
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(listed(&app, event).await);
-    let (status, cancelled) = crate::lifecycle::call(
-        &app,
-        reqwest::Method::POST,
-        &format!("/api/orders/{order_no}/cancel"),
-        &buyers[0],
-    )
-    .await;
+    let (status, cancelled) = crate::lifecycle::cancel(&app, order_no, &buyers[0]).await;
     assert_eq!(status, 200, "{cancelled}");
     // Its window runs for years yet; closed a second and more ago, it leaves the index.
     let gone = eventually(Duration::from_secs(20), || async {
