@@ -431,6 +431,7 @@ impl Preloader {
             ],
         )
         .ignore();
+        closed_since(pipe, self.keys.meta(b), event);
     }
 
     /// The event's metadata; `epoch` only when the keys are new.
@@ -456,6 +457,7 @@ impl Preloader {
             ],
         )
         .ignore();
+        closed_since(pipe, self.keys.event_meta(event.id), event);
     }
 
     /// The event's entry in the sales index the edge reads: written after the event's
@@ -648,6 +650,18 @@ fn deal(available: &[(u64, i64)], buckets: u16) -> Vec<Vec<i64>> {
         }
     }
     dealt
+}
+
+/// With a status written by a publish or a rebuild, the close's time a retirement reads
+/// (sale_status.lua writes it on a close): kept if there, else now by this core's clock,
+/// for a closed sale; gone for an open one.
+fn closed_since(pipe: &mut redis::Pipeline, meta: String, event: &EventRecord) {
+    if event.status == EventStatus::Closed {
+        pipe.hset_nx(meta, "closed_ms", chrono::Utc::now().timestamp_millis())
+            .ignore();
+    } else {
+        pipe.hdel(meta, "closed_ms").ignore();
+    }
 }
 
 /// What the hot path reads: `open` only for a published event.

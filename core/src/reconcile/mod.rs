@@ -495,7 +495,36 @@ impl Reconciler {
             return Ok(());
         };
         let report = self.pass(&event, true).await?;
-        self.retire_if_over(&event, &report).await?;
+        if !self.retire_if_over(&event, &report).await? {
+            self.list_if_selling(&event, &report).await?;
+        }
+        Ok(())
+    }
+
+    /// A published sale within its window, its keys loaded, missing from the sales
+    /// index (a reopen that stopped between MySQL and Redis, or raced a retirement):
+    /// its status and entry are written again, so edges and workers see it.
+    async fn list_if_selling(&self, event: &EventRecord, report: &Report) -> anyhow::Result<()> {
+        let now = chrono::Utc::now();
+        if event.status != EventStatus::Published
+            || now < event.sale_start
+            || now >= event.sale_end
+            || !report.balance.loaded
+        {
+            return Ok(());
+        }
+        let listed: bool = redis::cmd("HEXISTS")
+            .arg(self.keys.sales_index())
+            .arg(event.id)
+            .query_async(&mut self.redis.clone())
+            .await?;
+        if !listed {
+            tracing::warn!(
+                event_id = event.id,
+                "a sale on now was missing from the sales index; listed again"
+            );
+            self.preloader.set_sale_status(event).await?;
+        }
         Ok(())
     }
 

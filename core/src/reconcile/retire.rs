@@ -6,12 +6,12 @@
 //! sweeper, each edge's refresh, each core's reconciler with its MySQL counts) then stops
 //! reading it, so what an idle stack spends no longer grows with every sale it ever ran.
 //! The keys stay: buyers' statuses, the stats and a manual reconcile keep working; an
-//! admin's close or reopen lists the event again (the next pass retires it again, its
-//! window being over).
+//! admin's close or reopen lists the event again (the next pass decides again).
 //!
 //! An admin's reopen racing a retirement (its metadata written between this pass's
 //! close and unlist, its index entry the same text as before) is caught after the
-//! unlist: metadata found open lists the event again.
+//! unlist: metadata found open, or closed at another time than before (reopened and
+//! closed again, buyers perhaps between), lists the event again.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -134,6 +134,14 @@ impl Reconciler {
     }
 
     async fn retire_locked(&self, event: &EventRecord) -> anyhow::Result<bool> {
+        // The pass read the event before the lock: an admin's close or reopen since
+        // (MySQL first, then Redis) is seen here, and the next pass decides.
+        match crate::catalog::load(&self.mysql, event.id).await? {
+            Some(now) if now.status == event.status => {}
+            _ => return Ok(false),
+        }
+        let metas = self.metas(event);
+        let before = self.closed_states(&metas).await?;
         // The seats' slot first: no seat lock is taken from here on; then none may be
         // pending nor any unit moving, looked at again now that none can start.
         if event.buckets > 1
@@ -163,29 +171,22 @@ impl Reconciler {
             return Ok(false);
         }
         // An admin's reopen (it takes no lock) may have written "open" into the metadata
-        // after this pass closed it, its index entry reading as before: listed again,
-        // the next pass decides afresh, rather than a sale left open and unlisted.
-        let mut metas: Vec<String> = Bucket::all(event.id, event.buckets)
-            .map(|b| self.keys.meta(b))
-            .collect();
-        if event.buckets > 1 {
-            metas.push(self.keys.event_meta(event.id));
-        }
-        for meta in metas {
-            let status: Option<String> = redis::cmd("HGET")
-                .arg(meta)
-                .arg("status")
-                .query_async(&mut self.redis.clone())
+        // after this pass closed it — or reopened and closed again, with buyers between —
+        // its index entry reading as before: listed again, the next pass decides afresh,
+        // rather than a sale left open, or with reservations, and unlisted.
+        let after = self.closed_states(&metas).await?;
+        let reopened = after
+            .iter()
+            .zip(&before)
+            .any(|((status, since), (_, was))| status.as_deref() != Some("closed") || since != was);
+        if reopened {
+            redis::cmd("HSETNX")
+                .arg(self.keys.sales_index())
+                .arg(event.id)
+                .arg(crate::preload::sales_entry(event))
+                .query_async::<()>(&mut self.redis.clone())
                 .await?;
-            if status.as_deref() == Some("open") {
-                redis::cmd("HSETNX")
-                    .arg(self.keys.sales_index())
-                    .arg(event.id)
-                    .arg(crate::preload::sales_entry(event))
-                    .query_async::<()>(&mut self.redis.clone())
-                    .await?;
-                return Ok(false);
-            }
+            return Ok(false);
         }
         if !self.purge_after.is_zero() {
             redis::cmd("HSET")
@@ -203,6 +204,36 @@ impl Reconciler {
             "sale retired: over, its books balance and nothing is queued; it left the sales index (its keys stay)"
         );
         Ok(true)
+    }
+
+    /// The event's metadata hashes: every bucket's, and the event's own (the seats'
+    /// slot) for several buckets.
+    fn metas(&self, event: &EventRecord) -> Vec<String> {
+        let mut metas: Vec<String> = Bucket::all(event.id, event.buckets)
+            .map(|b| self.keys.meta(b))
+            .collect();
+        if event.buckets > 1 {
+            metas.push(self.keys.event_meta(event.id));
+        }
+        metas
+    }
+
+    /// Each hash's status and close time (`closed_ms`), in order.
+    async fn closed_states(
+        &self,
+        metas: &[String],
+    ) -> anyhow::Result<Vec<(Option<String>, Option<String>)>> {
+        let mut states = Vec::with_capacity(metas.len());
+        for meta in metas {
+            let (status, since): (Option<String>, Option<String>) = redis::cmd("HMGET")
+                .arg(meta)
+                .arg("status")
+                .arg("closed_ms")
+                .query_async(&mut self.redis.clone())
+                .await?;
+            states.push((status, since));
+        }
+        Ok(states)
     }
 
     /// `retire_bucket.lua` on one meta key (and its stream). True when closed.
