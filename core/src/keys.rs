@@ -285,6 +285,16 @@ impl Keys {
         format!("{}sales", self.prefix)
     }
 
+    /// Every metadata hash of an event: each bucket's, then, for several buckets, the
+    /// event's own (the seats' slot; with one bucket it is that bucket's).
+    pub fn metas(&self, event: EventId, buckets: u16) -> Vec<String> {
+        let mut metas: Vec<String> = Bucket::all(event, buckets).map(|b| self.meta(b)).collect();
+        if buckets > 1 {
+            metas.push(self.event_meta(event));
+        }
+        metas
+    }
+
     /// Hash: event id → ms (by the retiring core's clock) when its sale was retired,
     /// until its buyers' records are purged (`reconcile.purge_after_s`). No hash tag.
     pub fn retired_sales(&self) -> String {
@@ -299,16 +309,27 @@ impl Keys {
     /// locks; and the waiting room's positions, steps and used passes. The stock, the
     /// seat maps and the sold-out flags stay (small, and the seat maps still show what was
     /// sold); the room's settings, seed and early joiners too (its fairness stays
-    /// verifiable).
-    pub fn purged_when_retired(&self, event: EventId, buckets: u16) -> Vec<String> {
-        let mut keys = vec![
+    /// verifiable). In groups of one hash tag each, so one UNLINK takes a group even on
+    /// a cluster: the event's own keys, then each bucket's.
+    pub fn purged_when_retired(&self, event: EventId, buckets: u16) -> Vec<Vec<String>> {
+        let mut own = vec![
             self.room_positions(event),
             self.room_steps(event),
             self.room_used(event),
             self.room_used_positions(event),
         ];
+        if buckets > 1 {
+            own.extend([
+                self.event_meta(event),
+                self.pool_moves(event),
+                self.pool_credited(event),
+                self.seat_locks(event),
+                self.seat_lock_records(event),
+            ]);
+        }
+        let mut groups = vec![own];
         for b in Bucket::all(event, buckets) {
-            keys.extend([
+            groups.push(vec![
                 self.idempotency(b),
                 self.held(b),
                 self.purchase_status(b),
@@ -320,16 +341,7 @@ impl Keys {
                 self.meta(b),
             ]);
         }
-        if buckets > 1 {
-            keys.extend([
-                self.event_meta(event),
-                self.pool_moves(event),
-                self.pool_credited(event),
-                self.seat_locks(event),
-                self.seat_lock_records(event),
-            ]);
-        }
-        keys
+        groups
     }
 }
 
@@ -541,6 +553,21 @@ mod tests {
             "t:login:fail:{616e6e}:3132372e302e302e31"
         );
         assert_eq!(k.login_failures_all("ann"), "t:login:fail:{616e6e}");
+    }
+
+    #[test]
+    fn each_group_a_purge_deletes_is_one_hash_tag() {
+        let k = Keys::new("t:");
+        let tag = |key: &str| key[key.find('{').unwrap()..=key.find('}').unwrap()].to_owned();
+        let groups = k.purged_when_retired(EventId(7), 3);
+        assert_eq!(groups.len(), 4);
+        for group in &groups {
+            assert!(
+                group.iter().all(|key| tag(key) == tag(&group[0])),
+                "{group:?}"
+            );
+        }
+        assert_eq!(tag(&groups[0][0]), "{ev:7}");
     }
 
     #[test]

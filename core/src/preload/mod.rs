@@ -506,12 +506,7 @@ impl Preloader {
     /// (the hot path's first: a close takes effect in the core before the edge hears).
     pub async fn set_sale_status(&self, event: &EventRecord) -> anyhow::Result<()> {
         let mut redis = self.redis.clone();
-        let mut metas: Vec<String> = Vec::new();
-        if event.buckets > 1 {
-            metas.extend(Bucket::all(event.id, event.buckets).map(|b| self.keys.meta(b)));
-        }
-        metas.push(self.keys.event_meta(event.id));
-        for meta in metas {
+        for meta in self.keys.metas(EventId(event.id), event.buckets) {
             let code: i64 = SALE_STATUS
                 .key(meta)
                 .arg(sale_status(event.status))

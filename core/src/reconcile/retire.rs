@@ -140,7 +140,7 @@ impl Reconciler {
             Some(now) if now.status == event.status => {}
             _ => return Ok(false),
         }
-        let metas = self.metas(event);
+        let metas = self.keys.metas(EventId(event.id), event.buckets);
         let before = self.closed_states(&metas).await?;
         // The seats' slot first: no seat lock is taken from here on; then none may be
         // pending nor any unit moving, looked at again now that none can start.
@@ -204,18 +204,6 @@ impl Reconciler {
             "sale retired: over, its books balance and nothing is queued; it left the sales index (its keys stay)"
         );
         Ok(true)
-    }
-
-    /// The event's metadata hashes: every bucket's, and the event's own (the seats'
-    /// slot) for several buckets.
-    fn metas(&self, event: &EventRecord) -> Vec<String> {
-        let mut metas: Vec<String> = Bucket::all(event.id, event.buckets)
-            .map(|b| self.keys.meta(b))
-            .collect();
-        if event.buckets > 1 {
-            metas.push(self.keys.event_meta(event.id));
-        }
-        metas
     }
 
     /// Each hash's status and close time (`closed_ms`), in order.
@@ -309,11 +297,10 @@ impl Reconciler {
                 .query_async(&mut redis.clone())
                 .await?;
             if !listed {
-                // One key per call: on a cluster the keys of several buckets are in
-                // several slots.
-                for key in self.keys.purged_when_retired(EventId(id), event.buckets) {
+                // One call per hash tag: on a cluster the buckets are in other slots.
+                for keys in self.keys.purged_when_retired(EventId(id), event.buckets) {
                     redis::cmd("UNLINK")
-                        .arg(key)
+                        .arg(keys)
                         .query_async::<()>(&mut redis.clone())
                         .await?;
                 }

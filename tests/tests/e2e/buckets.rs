@@ -433,38 +433,28 @@ async fn a_move_a_stopped_core_left_is_finished_by_the_sweeper_and_one_of_an_old
         .await,
         "the sweeper credited the move"
     );
-    // The record goes once the credit is in (a call of its own after it: on a cluster
-    // the pool's moves and the bucket's stock are in two slots).
-    assert!(
-        eventually(Duration::from_secs(5), || async {
+    // The records go, the finished move's once the credit is in (a call of its own
+    // after it: on a cluster the pool's moves and the bucket's stock are in two slots).
+    for (id, why) in [
+        ("dead-core-move", "the finished move's record is gone"),
+        ("older-generation-move", "the void move's record is gone"),
+    ] {
+        let gone = eventually(Duration::from_secs(5), || async {
             let record: Option<String> = app
                 .redis
                 .clone()
-                .hget(app.keys().pool_moves(event), "dead-core-move")
+                .hget(app.keys().pool_moves(event), id)
                 .await
                 .unwrap();
             record.is_none()
         })
-        .await,
-        "the finished move's record is gone"
-    );
+        .await;
+        assert!(gone, "{why}");
+    }
     assert!(
         r.sismember::<_, _, bool>(app.keys().credited(target), "dead-core-move")
             .await
             .unwrap()
-    );
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            let stale: Option<String> = app
-                .redis
-                .clone()
-                .hget(app.keys().pool_moves(event), "older-generation-move")
-                .await
-                .unwrap();
-            stale.is_none()
-        })
-        .await,
-        "the void move's record is gone"
     );
     let other = Bucket { index: 2, ..target };
     assert!(

@@ -455,29 +455,31 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
         assert_eq!(status.as_deref(), Some("closed"), "{meta}");
     }
     // …so a purchase stamped inside the window by a late core's clock is refused.
-    let late = redis::Script::new(stampede_core::with_lua_lib!("reserve.lua"));
-    let b = Bucket::only(one);
-    let answer: (i64, String, String) = late
-        .key(keys.meta(b))
-        .key(keys.stock(b))
-        .key(keys.dry(b))
-        .key(keys.held(b))
-        .key(keys.idempotency(b))
-        .key(keys.purchase_status(b))
-        .key(keys.order_stream(b))
-        .arg(ga)
-        .arg(buyers[2].user_id)
-        .arg(1)
-        .arg(1)
-        .arg("late-clock")
-        .arg((end - chrono::Duration::seconds(1)).timestamp_millis())
-        .arg("none")
-        .arg(0)
-        .arg(1000)
-        .invoke_async(&mut app.redis.clone())
-        .await
-        .unwrap();
-    assert_eq!(answer.0, -2, "NOT_OPEN: {answer:?}");
+    use stampede_core::admission::{Purchase, Refusal, Seats, reserve};
+    let late = Purchase {
+        event_id: one,
+        category_id: ga,
+        user_id: buyers[2].user_id,
+        quantity: 1,
+        seats: Seats::None,
+        bucket: Bucket::only(one),
+    };
+    let outcome = reserve::reserve(
+        &mut app.redis.clone(),
+        &keys,
+        &late,
+        stampede_core::domain::OrderNo(1),
+        "late-clock",
+        (end - chrono::Duration::seconds(1)).timestamp_millis(),
+        1000,
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(outcome, reserve::Outcome::Refused(Refusal::NotOpen)),
+        "NOT_OPEN: {outcome:?}"
+    );
     // The keys stay: the books balance, the buyers' statuses still answer…
     let stats = settled_stats(&app, one, Duration::from_secs(10)).await;
     assert_eq!(stats["loaded"], true, "{stats:#}");
@@ -514,10 +516,18 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
     .await;
     assert!(purged, "not purged");
     let b = Bucket::only(one);
-    for key in keys.purged_when_retired(one.into(), 1) {
+    for key in keys
+        .purged_when_retired(one.into(), 1)
+        .into_iter()
+        .flatten()
+    {
         assert!(!exists(&app.redis, key.clone()).await, "{key} is left");
     }
-    for key in keys.purged_when_retired(three.into(), 3) {
+    for key in keys
+        .purged_when_retired(three.into(), 3)
+        .into_iter()
+        .flatten()
+    {
         assert!(!exists(&app.redis, key.clone()).await, "{key} is left");
     }
     assert!(
@@ -656,154 +666,113 @@ async fn a_sale_closed_early_is_retired_and_a_reopen_lists_it_again() {
 
 #[tokio::test]
 async fn the_retiring_scripts_hold_back_on_a_busy_stream_a_changed_entry_and_a_sale_not_over() {
-    let mut redis = stampede_e2e::Stack::from_env().redis().await;
-    let retire = redis::Script::new(include_str!("../../../lua/redis/retire_bucket.lua"));
-    let unlist = redis::Script::new(include_str!("../../../lua/redis/unlist_sale.lua"));
-    let tag = format!("{{retire-test-{}}}", rand::random::<u64>());
-    let (meta, stream, index) = (
-        format!("{tag}:meta"),
-        format!("{tag}:orders"),
-        format!("retire-test-index-{}", rand::random::<u64>()),
-    );
+    let rig = Scripts::new().await;
+    let mut redis = rig.redis.clone();
     let now_ms = chrono::Utc::now().timestamp_millis();
+    let (past, future) = ((now_ms - 10_000).to_string(), (now_ms + 60_000).to_string());
     // No metadata: nothing to close.
-    assert_eq!(
-        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
-        0
-    );
+    assert_eq!(rig.retire().await, 0);
     // Over by 10 s, a reservation in the stream: left open.
-    let _: () = redis
-        .hset_multiple(
-            &meta,
-            &[
-                ("status", "open".to_owned()),
-                ("sale_end_ms", (now_ms - 10_000).to_string()),
-            ],
-        )
-        .await
-        .unwrap();
-    let id: String = redis.xadd(&stream, "*", &[("v1", "x")]).await.unwrap();
-    assert_eq!(
-        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
-        0
-    );
-    let status: String = redis.hget(&meta, "status").await.unwrap();
-    assert_eq!(status, "open");
+    rig.set(&[("status", "open"), ("sale_end_ms", &past)]).await;
+    let id: String = redis.xadd(&rig.stream, "*", &[("v1", "x")]).await.unwrap();
+    assert_eq!(rig.retire().await, 0);
+    assert_eq!(rig.status().await, "open");
     // The stream empty: closed.
-    let _: i64 = redis.xdel(&stream, &[&id]).await.unwrap();
-    assert_eq!(
-        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
-        1
-    );
-    let status: String = redis.hget(&meta, "status").await.unwrap();
-    assert_eq!(status, "closed");
+    let _: i64 = redis.xdel(&rig.stream, &[&id]).await.unwrap();
+    assert_eq!(rig.retire().await, 1);
+    assert_eq!(rig.status().await, "closed");
     // Not over for long enough by Redis's clock: left open.
-    let _: () = redis
-        .hset_multiple(
-            &meta,
-            &[
-                ("status", "open".to_owned()),
-                ("sale_end_ms", (now_ms + 60_000).to_string()),
-            ],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
-        -1
-    );
-    let status: String = redis.hget(&meta, "status").await.unwrap();
-    assert_eq!(status, "open");
+    rig.set(&[("status", "open"), ("sale_end_ms", &future)])
+        .await;
+    assert_eq!(rig.retire().await, -1);
+    assert_eq!(rig.status().await, "open");
     // Closed early 10 s ago (the window still running): over. Closed without the
     // close's time (a rebuild of a closed sale): its window decides.
-    let _: () = redis
-        .hset_multiple(
-            &meta,
-            &[
-                ("status", "closed".to_owned()),
-                ("closed_ms", (now_ms - 10_000).to_string()),
-            ],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
-        1
-    );
-    let _: () = redis.hdel(&meta, "closed_ms").await.unwrap();
-    assert_eq!(
-        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
-        -1
-    );
+    rig.set(&[("status", "closed"), ("closed_ms", &past)]).await;
+    assert_eq!(rig.retire().await, 1);
+    let _: () = redis.hdel(&rig.meta, "closed_ms").await.unwrap();
+    assert_eq!(rig.retire().await, -1);
     // A close's time under an open status (reopened) counts for nothing.
-    let _: () = redis
-        .hset_multiple(
-            &meta,
-            &[
-                ("status", "open".to_owned()),
-                ("closed_ms", (now_ms - 10_000).to_string()),
-            ],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        run(&redis, retire.key(&meta).key(&stream).arg(1_000)).await,
-        -1
-    );
+    rig.set(&[("status", "open"), ("closed_ms", &past)]).await;
+    assert_eq!(rig.retire().await, -1);
 
     // The index entry: removed only if it is the one seen and the sale is over.
-    let over = format!("open:0:{}", now_ms - 10_000);
-    let running = format!("open:0:{}", now_ms + 60_000);
-    let _: () = redis.hset(&index, 7, &running).await.unwrap();
-    assert_eq!(
-        run(
-            &redis,
-            unlist.key(&index).arg(7).arg(over.clone()).arg(1_000)
-        )
-        .await,
-        0
-    );
-    assert_eq!(
-        run(
-            &redis,
-            unlist.key(&index).arg(7).arg(running.clone()).arg(1_000)
-        )
-        .await,
-        -1
-    );
-    let _: () = redis.hset(&index, 7, &over).await.unwrap();
-    assert_eq!(
-        run(
-            &redis,
-            unlist
-                .key(&index)
-                .arg(7)
-                .arg(format!("closed:0:{}", now_ms - 10_000))
-                .arg(1_000)
-        )
-        .await,
-        0
-    );
-    assert!(redis.hexists::<_, _, bool>(&index, 7).await.unwrap());
-    assert_eq!(
-        run(&redis, unlist.key(&index).arg(7).arg(over).arg(1_000)).await,
-        1
-    );
-    assert!(!redis.hexists::<_, _, bool>(&index, 7).await.unwrap());
+    let over = format!("open:0:{past}");
+    let running = format!("open:0:{future}");
+    let _: () = redis.hset(&rig.index, 7, &running).await.unwrap();
+    assert_eq!(rig.unlist(&over).await, 0);
+    assert_eq!(rig.unlist(&running).await, -1);
+    let _: () = redis.hset(&rig.index, 7, &over).await.unwrap();
+    assert_eq!(rig.unlist(&format!("closed:0:{past}")).await, 0);
+    assert!(redis.hexists::<_, _, bool>(&rig.index, 7).await.unwrap());
+    assert_eq!(rig.unlist(&over).await, 1);
+    assert!(!redis.hexists::<_, _, bool>(&rig.index, 7).await.unwrap());
     // A sale closed early (its buckets judged over by their close's time) goes.
-    let closed = format!("closed:0:{}", now_ms + 60_000);
-    let _: () = redis.hset(&index, 7, &closed).await.unwrap();
-    assert_eq!(
-        run(&redis, unlist.key(&index).arg(7).arg(closed).arg(1_000)).await,
-        1
-    );
-    let _: () = redis.del(&[&meta, &stream, &index]).await.unwrap();
+    let closed = format!("closed:0:{future}");
+    let _: () = redis.hset(&rig.index, 7, &closed).await.unwrap();
+    assert_eq!(rig.unlist(&closed).await, 1);
+    let _: () = redis
+        .del(&[&rig.meta, &rig.stream, &rig.index])
+        .await
+        .unwrap();
 }
 
-/// One script run's integer answer.
-async fn run(
-    redis: &stampede_core::infra::redis::Redis,
-    call: &redis::ScriptInvocation<'_>,
-) -> i64 {
-    call.invoke_async(&mut redis.clone()).await.unwrap()
+/// `retire_bucket.lua` and `unlist_sale.lua` on keys of their own (a metadata hash and
+/// its stream in one slot, an index), 1 s after the sale's end counting as over.
+struct Scripts {
+    redis: stampede_core::infra::redis::Redis,
+    retire: redis::Script,
+    unlist: redis::Script,
+    meta: String,
+    stream: String,
+    index: String,
+}
+
+impl Scripts {
+    async fn new() -> Scripts {
+        let tag = format!("{{retire-test-{}}}", rand::random::<u64>());
+        Scripts {
+            redis: stampede_e2e::Stack::from_env().redis().await,
+            retire: redis::Script::new(include_str!("../../../lua/redis/retire_bucket.lua")),
+            unlist: redis::Script::new(include_str!("../../../lua/redis/unlist_sale.lua")),
+            meta: format!("{tag}:meta"),
+            stream: format!("{tag}:orders"),
+            index: format!("retire-test-index-{}", rand::random::<u64>()),
+        }
+    }
+
+    async fn set(&self, fields: &[(&str, &str)]) {
+        let _: () = self
+            .redis
+            .clone()
+            .hset_multiple(&self.meta, fields)
+            .await
+            .unwrap();
+    }
+
+    async fn status(&self) -> String {
+        self.redis.clone().hget(&self.meta, "status").await.unwrap()
+    }
+
+    async fn retire(&self) -> i64 {
+        self.retire
+            .key(&self.meta)
+            .key(&self.stream)
+            .arg(1_000)
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .unwrap()
+    }
+
+    /// The index entry of event 7, as the pass saw it: `seen`.
+    async fn unlist(&self, seen: &str) -> i64 {
+        self.unlist
+            .key(&self.index)
+            .arg(7)
+            .arg(seen)
+            .arg(1_000)
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .unwrap()
+    }
 }
