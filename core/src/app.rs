@@ -162,6 +162,7 @@ impl App {
                 refused: metrics.reservations_refused.clone(),
                 rewinds: metrics.redis_rewinds.clone(),
                 idle: Default::default(),
+                reading: Default::default(),
             })
         });
         let admission = Admission {

@@ -59,6 +59,8 @@ pub struct Pipeline {
     /// second per core whatever the workers, events and buckets; a busy one is read at
     /// once.
     pub idle: Mutex<HashMap<Bucket, (std::time::Instant, std::time::Duration)>>,
+    /// One batch of new reservations per bucket at a time in this core.
+    pub reading: Turns,
 }
 
 impl Pipeline {
@@ -68,5 +70,66 @@ impl Pipeline {
 
     fn set_blocked(&self, reason: Option<String>) {
         *self.blocked.lock().expect("not poisoned") = reason;
+    }
+}
+
+/// Buckets whose new reservations one of this core's workers is reading and creating
+/// now. The others leave such a bucket alone until that batch is done, so what comes in
+/// meanwhile waits for the next read and goes into one larger batch (one MySQL
+/// transaction, one transactional message, one settle and one order-timeout message per
+/// batch), while other buckets and events are served in parallel.
+#[derive(Default)]
+pub struct Turns(Mutex<std::collections::HashSet<Bucket>>);
+
+impl Turns {
+    /// The turn at `bucket`, if no one holds it; given back when the turn is dropped.
+    pub fn take(&self, bucket: Bucket) -> Option<Turn<'_>> {
+        // Made only when taken: a turn dropped here would give back another's.
+        let taken = self.0.lock().expect("not poisoned").insert(bucket);
+        taken.then(|| Turn {
+            turns: self,
+            bucket,
+        })
+    }
+}
+
+/// A worker's turn at one bucket's new reservations.
+pub struct Turn<'a> {
+    turns: &'a Turns,
+    bucket: Bucket,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.turns
+            .0
+            .lock()
+            .expect("not poisoned")
+            .remove(&self.bucket);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::EventId;
+
+    #[test]
+    fn one_turn_per_bucket_until_it_is_given_back() {
+        let turns = Turns::default();
+        let (a, b) = (Bucket::only(EventId(1)), Bucket::only(EventId(2)));
+        let first = turns.take(a).expect("a free bucket");
+        assert!(
+            turns.take(a).is_none(),
+            "a second worker at the same bucket"
+        );
+        assert!(
+            turns.take(a).is_none(),
+            "a refused turn gives back nobody's"
+        );
+        let other = turns.take(b).expect("another bucket is served meanwhile");
+        drop(first);
+        assert!(turns.take(a).is_some(), "given back when dropped");
+        drop(other);
     }
 }

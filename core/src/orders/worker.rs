@@ -180,7 +180,11 @@ impl Pipeline {
                         }
                     }
                 }
-                if entries.is_empty() && self.due(bucket) {
+                // One batch of new reservations per bucket at a time in this core.
+                let turn = (entries.is_empty() && self.due(bucket))
+                    .then(|| self.reading.take(bucket))
+                    .flatten();
+                if turn.is_some() {
                     match redis::read(
                         &mut redis,
                         &self.keys,
