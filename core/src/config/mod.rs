@@ -169,6 +169,13 @@ pub struct OrderSettings {
     /// A reservation older than this is released rather than created late.
     pub deadline_s: u64,
     pub checkback_grace_s: u64,
+    /// Batches of one stream's new reservations a core creates at once (1 … workers).
+    #[serde(default = "default_batches_per_stream")]
+    pub batches_per_stream: usize,
+}
+
+fn default_batches_per_stream() -> usize {
+    1
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -83,10 +83,14 @@ impl Settings {
             ));
         }
         let o = &self.orders;
-        if o.workers == 0 || o.batch_size == 0 || o.max_stream_depth == 0 || o.claim_idle_ms < 1000
+        if o.workers == 0
+            || o.batch_size == 0
+            || o.batches_per_stream == 0
+            || o.max_stream_depth == 0
+            || o.claim_idle_ms < 1000
         {
             return Err(ConfigError(
-                "orders.workers, batch_size and max_stream_depth must be positive, claim_idle_ms ≥ 1000"
+                "orders.workers, batch_size, batches_per_stream and max_stream_depth must be positive, claim_idle_ms ≥ 1000"
                     .into(),
             ));
         }
@@ -318,6 +322,9 @@ mod tests {
                 Err(e) => assert!(!ok && e.0.contains("batch_size"), "{size}: {e}"),
             }
         }
+        let mut s = with_secrets();
+        s.orders.batches_per_stream = 0;
+        assert!(s.resolve().unwrap_err().0.contains("batches_per_stream"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use mysql_async::prelude::*;
 
 use super::{Cancelled, Canceller, Lifecycle};
@@ -17,6 +18,9 @@ use crate::shutdown::Shutdown;
 /// How long past its deadline an UNPAID order waits for its message before the sweep
 /// cancels it.
 const OVERDUE_S: u64 = 30;
+
+/// Orders of one order-timeout message cancelled at once.
+const CANCELLING_AT_ONCE: usize = 8;
 
 /// Batches whose orders are being expired at once, past which a delivered message is
 /// handed back to the broker for later.
@@ -75,25 +79,36 @@ impl Lifecycle {
                  the overdue sweep cancels them"
             );
         }
+        // A batch names up to `orders.batch_size` orders: a few at once, each to its end
+        // (none dropped halfway when another fails).
+        let expiries: Vec<_> = message.orders.iter().map(|&no| self.expire(no)).collect();
+        let outcomes: Vec<anyhow::Result<bool>> = futures_util::stream::iter(expiries)
+            .buffer_unordered(CANCELLING_AT_ONCE)
+            .collect()
+            .await;
         let mut cancelled = 0;
-        for &order_no in &message.orders {
-            for _ in 0..10 {
-                match self.cancel(OrderNo(order_no), Canceller::Deadline).await? {
-                    Cancelled::NotDue(o) => {
-                        let wait = (o.pay_deadline - chrono::Utc::now())
-                            .to_std()
-                            .unwrap_or_default();
-                        tokio::time::sleep(wait.min(Duration::from_secs(2))).await;
-                    }
-                    Cancelled::Now { .. } => {
-                        cancelled += 1;
-                        break;
-                    }
-                    Cancelled::NotUnpaid(_) | Cancelled::NotFound => break,
-                }
-            }
+        for outcome in outcomes {
+            cancelled += usize::from(outcome?);
         }
         Ok(cancelled)
+    }
+
+    /// Cancels one order of an order-timeout message if it is still unpaid at its
+    /// deadline, waiting for the deadline when the message came early; whether it did.
+    async fn expire(&self, order_no: u64) -> anyhow::Result<bool> {
+        for _ in 0..10 {
+            match self.cancel(OrderNo(order_no), Canceller::Deadline).await? {
+                Cancelled::NotDue(o) => {
+                    let wait = (o.pay_deadline - chrono::Utc::now())
+                        .to_std()
+                        .unwrap_or_default();
+                    tokio::time::sleep(wait.min(Duration::from_secs(2))).await;
+                }
+                Cancelled::Now { .. } => return Ok(true),
+                Cancelled::NotUnpaid(_) | Cancelled::NotFound => return Ok(false),
+            }
+        }
+        Ok(false)
     }
 
     /// UNPAID orders past their deadline by `overdue_s`, over every shard.

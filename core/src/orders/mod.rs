@@ -21,7 +21,9 @@ pub mod tx;
 mod worker;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::infra::redis::Redis;
 use mysql_async::Pool;
@@ -59,7 +61,7 @@ pub struct Pipeline {
     /// second per core whatever the workers, events and buckets; a busy one is read at
     /// once.
     pub idle: Mutex<HashMap<Bucket, (std::time::Instant, std::time::Duration)>>,
-    /// One batch of new reservations per bucket at a time in this core.
+    /// Batches of new reservations per bucket at a time in this core.
     pub reading: Turns,
 }
 
@@ -73,22 +75,39 @@ impl Pipeline {
     }
 }
 
-/// Buckets whose new reservations one of this core's workers is reading and creating
-/// now. The others leave such a bucket alone until that batch is done, so what comes in
+/// How long a turn holds the other workers back: a batch that takes longer (a slow or
+/// hung MySQL, retries, a batch created order by order, reservations past their deadline
+/// given back one by one) lets another worker read the stream's new reservations.
+pub const TURN_LAPSE: Duration = Duration::from_secs(2);
+
+/// Batches of new reservations this core's workers are reading and creating now, per
+/// bucket: at most `orders.batches_per_stream` (1 by default), so what comes in
 /// meanwhile waits for the next read and goes into one larger batch (one MySQL
 /// transaction, one transactional message, one settle and one order-timeout message per
 /// batch), while other buckets and events are served in parallel.
 #[derive(Default)]
-pub struct Turns(Mutex<std::collections::HashSet<Bucket>>);
+pub struct Turns {
+    /// Per bucket, each turn held: its token and when it was taken.
+    held: Mutex<HashMap<Bucket, Vec<(u64, Instant)>>>,
+    tokens: AtomicU64,
+}
 
 impl Turns {
-    /// The turn at `bucket`, if no one holds it; given back when the turn is dropped.
-    pub fn take(&self, bucket: Bucket) -> Option<Turn<'_>> {
-        // Made only when taken: a turn dropped here would give back another's.
-        let taken = self.0.lock().expect("not poisoned").insert(bucket);
-        taken.then(|| Turn {
+    /// A turn at `bucket` if fewer than `at_once` are held (a turn older than
+    /// [`TURN_LAPSE`] counts no more); given back when dropped.
+    pub fn take(&self, bucket: Bucket, at_once: usize, now: Instant) -> Option<Turn<'_>> {
+        let mut held = self.held.lock().expect("not poisoned");
+        let turns = held.entry(bucket).or_default();
+        turns.retain(|(_, since)| now.saturating_duration_since(*since) < TURN_LAPSE);
+        if turns.len() >= at_once {
+            return None;
+        }
+        let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+        turns.push((token, now));
+        Some(Turn {
             turns: self,
             bucket,
+            token,
         })
     }
 }
@@ -97,15 +116,19 @@ impl Turns {
 pub struct Turn<'a> {
     turns: &'a Turns,
     bucket: Bucket,
+    token: u64,
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.turns
-            .0
-            .lock()
-            .expect("not poisoned")
-            .remove(&self.bucket);
+        let mut held = self.turns.held.lock().expect("not poisoned");
+        if let Some(turns) = held.get_mut(&self.bucket) {
+            // Gone already if it lapsed and was pruned; never another's.
+            turns.retain(|(token, _)| *token != self.token);
+            if turns.is_empty() {
+                held.remove(&self.bucket);
+            }
+        }
     }
 }
 
@@ -115,21 +138,44 @@ mod tests {
     use crate::domain::EventId;
 
     #[test]
-    fn one_turn_per_bucket_until_it_is_given_back() {
+    fn turns_per_bucket_up_to_the_limit_until_given_back_or_lapsed() {
         let turns = Turns::default();
         let (a, b) = (Bucket::only(EventId(1)), Bucket::only(EventId(2)));
-        let first = turns.take(a).expect("a free bucket");
+        let t0 = Instant::now();
+        let first = turns.take(a, 1, t0).expect("a free bucket");
         assert!(
-            turns.take(a).is_none(),
-            "a second worker at the same bucket"
+            turns.take(a, 1, t0).is_none(),
+            "a second batch of the same bucket"
         );
         assert!(
-            turns.take(a).is_none(),
+            turns.take(a, 1, t0).is_none(),
             "a refused turn gives back nobody's"
         );
-        let other = turns.take(b).expect("another bucket is served meanwhile");
+        let other = turns
+            .take(b, 1, t0)
+            .expect("another bucket is served meanwhile");
         drop(first);
-        assert!(turns.take(a).is_some(), "given back when dropped");
+        let again = turns.take(a, 1, t0).expect("given back when dropped");
+        // Two at once when the setting says so.
+        let second = turns
+            .take(a, 2, t0)
+            .expect("a second turn under a limit of two");
+        assert!(turns.take(a, 2, t0).is_none());
+        drop(second);
+        // A turn held past the lapse no longer holds the others back, and giving it
+        // back later does not give back the one taken since.
+        let late = t0 + TURN_LAPSE;
+        let after = turns.take(a, 1, late).expect("the held turn lapsed");
+        drop(again);
+        assert!(
+            turns.take(a, 1, late).is_none(),
+            "the lapsed one gave back another's"
+        );
+        drop(after);
         drop(other);
+        assert!(
+            turns.held.lock().unwrap().is_empty(),
+            "nothing kept per bucket"
+        );
     }
 }

@@ -180,9 +180,13 @@ impl Pipeline {
                         }
                     }
                 }
-                // One batch of new reservations per bucket at a time in this core.
+                // `batches_per_stream` batches of new reservations per bucket at a time
+                // in this core (held until the batch is created, or TURN_LAPSE).
                 let turn = (entries.is_empty() && self.due(bucket))
-                    .then(|| self.reading.take(bucket))
+                    .then(|| {
+                        self.reading
+                            .take(bucket, self.settings.batches_per_stream, Instant::now())
+                    })
                     .flatten();
                 if turn.is_some() {
                     match redis::read(
