@@ -190,13 +190,7 @@ impl Usage {
 
     /// "nginx 12.3 µs, core 20.1 µs, …" per request, largest first.
     pub fn line(&self) -> String {
-        let mut parts: Vec<(&String, &f64)> = self.us_per_request.iter().collect();
-        parts.sort_by(|a, b| b.1.total_cmp(a.1));
-        parts
-            .iter()
-            .map(|(p, us)| format!("{p} {us:.1} µs"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        line(&self.us_per_request)
     }
 
     /// "per request: nginx 40 % in the kernel, on a CPU 2.10 times (waited 3.0 µs), …",
@@ -218,6 +212,17 @@ impl Usage {
             .collect();
         format!("per request: {}", parts.join(", "))
     }
+}
+
+/// "nginx 12.3 µs, core 20.1 µs, …": µs per part, largest first.
+pub fn line(us_per_part: &BTreeMap<String, f64>) -> String {
+    let mut parts: Vec<(&String, &f64)> = us_per_part.iter().collect();
+    parts.sort_by(|a, b| b.1.total_cmp(a.1));
+    parts
+        .iter()
+        .map(|(p, us)| format!("{p} {us:.1} µs"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

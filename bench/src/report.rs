@@ -57,6 +57,13 @@ pub fn print_sale(r: &sale::SaleReport) {
             .map(|s| format!("; masters' EVALSHA spread {:.0} % of the mean", s * 100.0))
             .unwrap_or_default()
     );
+    if !r.cpu_us_per_order.is_empty() {
+        println!(
+            "  CPU per order, from the open until settled: {} (all {:.1} µs)",
+            crate::cpu::line(&r.cpu_us_per_order),
+            r.cpu_us_per_order.values().sum::<f64>()
+        );
+    }
     if r.redis_nodes.len() > 1 {
         for n in &r.redis_nodes {
             println!(

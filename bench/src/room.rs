@@ -396,6 +396,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
 
     // The open: every buyer polls, and buys when its turn comes.
     let redis_before = nodes::snapshot(stack).await?;
+    let cpu_before = crate::cpu::snapshot();
     tokio::time::sleep_until(opens_at.into()).await;
     let started = Instant::now();
     let run = poll_and_buy(stack, a, event, categories[0], &tokens, &buyers, started).await?;
@@ -410,6 +411,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         .wait_settled(event, Duration::from_secs(a.settle_timeout_s))
         .await?;
     let redis_nodes = nodes::between(&redis_before, &nodes::snapshot(stack).await?);
+    let cpu_after = crate::cpu::snapshot();
 
     let mut admitted: Vec<(u64, u64)> = buyers
         .iter()
@@ -517,7 +519,10 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
     };
     let persisted_window = (settled_at - started).as_secs_f64().max(1e-3);
     let buys = run.buys;
+    let cpu_us_per_order =
+        crate::cpu::between(&cpu_before, &cpu_after, audit.orders).us_per_request;
     Ok(SaleReport {
+        cpu_us_per_order,
         event_id: event,
         buyers: a.buyers,
         units: a.units,

@@ -69,6 +69,10 @@ pub struct SaleReport {
     pub redis_nodes: Vec<NodeUse>,
     /// Redis CPU (every node) per admitted purchase, µs, from the open until settled.
     pub redis_cpu_us_per_admission: f64,
+    /// CPU µs per order in MySQL, per part (every process of each kind on this machine,
+    /// as `compare` counts them, the bench client too), from just before the open until
+    /// settled.
+    pub cpu_us_per_order: std::collections::BTreeMap<String, f64>,
     /// (most − fewest) ÷ mean of the masters' EVALSHA calls; null with one master.
     pub masters_spread: Option<f64>,
     /// The Redis buckets the event's stock was split over (--buckets).
@@ -182,6 +186,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
     let is_train = a.train.is_some();
 
     let redis_before = nodes::snapshot(stack).await?;
+    let cpu_before = crate::cpu::snapshot();
     tokio::time::sleep_until(opens_at.into()).await;
     let started = Instant::now();
     let fault = a.fault.clone().map(|command| {
@@ -333,6 +338,7 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         .wait_settled(event, Duration::from_secs(a.settle_timeout_s))
         .await?;
     let redis_nodes = nodes::between(&redis_before, &nodes::snapshot(stack).await?);
+    let cpu_after = crate::cpu::snapshot();
     let settle_s = (settled_at - last).as_secs_f64();
     let created_s = (created_at.max(last) - last).as_secs_f64();
     let mut admitted = admitted_ids.lock().expect("not poisoned").clone();
@@ -353,7 +359,10 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
         let decisions = std::mem::take(&mut *decisions.lock().expect("not poisoned"));
         train::report(t, &journeys, decisions, &audit)
     });
+    let cpu_us_per_order =
+        crate::cpu::between(&cpu_before, &cpu_after, audit.orders).us_per_request;
     Ok(SaleReport {
+        cpu_us_per_order,
         event_id: event,
         buyers: a.buyers,
         units,

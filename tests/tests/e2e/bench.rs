@@ -64,6 +64,15 @@ async fn a_small_bench_sale_through_the_edge_passes_its_audit() {
     assert_eq!(report["units"], 450);
     assert_eq!(report["admitted"], report["orders"], "{report:#}");
     assert!(report["orders"].as_u64().unwrap() <= 450);
+    // Each part's CPU per order, read from /proc around the sale.
+    for part in ["nginx", "core", "redis", "mariadb"] {
+        assert!(
+            report["cpu_us_per_order"][part]
+                .as_f64()
+                .is_some_and(|us| us > 0.0),
+            "{part}: {report:#}"
+        );
+    }
     assert!(
         report["answers"]["409 SOLD_OUT"].as_u64().unwrap_or(0) > 0,
         "{report:#}"
