@@ -169,7 +169,8 @@ pub struct OrderSettings {
     /// A reservation older than this is released rather than created late.
     pub deadline_s: u64,
     pub checkback_grace_s: u64,
-    /// Batches of one stream's new reservations a core creates at once (1 … workers).
+    /// Batches of one stream's new reservations a core creates at once (at least 1;
+    /// more than `workers` adds nothing).
     #[serde(default = "default_batches_per_stream")]
     pub batches_per_stream: usize,
 }

@@ -182,12 +182,12 @@ impl Pipeline {
                 }
                 // `batches_per_stream` batches of new reservations per bucket at a time
                 // in this core (held until the batch is created, or TURN_LAPSE).
-                let turn = (entries.is_empty() && self.due(bucket))
-                    .then(|| {
-                        self.reading
-                            .take(bucket, self.settings.batches_per_stream, Instant::now())
-                    })
-                    .flatten();
+                let turn = if entries.is_empty() && self.due(bucket) {
+                    let at_once = self.settings.batches_per_stream;
+                    self.reading.take(bucket, at_once, Instant::now())
+                } else {
+                    None
+                };
                 if turn.is_some() {
                     match redis::read(
                         &mut redis,
