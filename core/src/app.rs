@@ -161,6 +161,7 @@ impl App {
                 released: metrics.reservations_released.clone(),
                 refused: metrics.reservations_refused.clone(),
                 rewinds: metrics.redis_rewinds.clone(),
+                taken_over: metrics.reservations_taken_over.clone(),
                 idle: Default::default(),
                 reading: Default::default(),
             })

@@ -20,6 +20,9 @@ pub struct Metrics {
     /// Redis was found gone back in time.
     pub reservations_refused: IntCounter,
     pub redis_rewinds: IntCounter,
+    /// Reservations a worker took over from another consumer that had left them idle
+    /// for `orders.claim_idle_ms` (a worker or core that stopped, or hung).
+    pub reservations_taken_over: IntCounter,
     /// Purchases the core answered, by answer (QUEUED or the error code).
     pub purchase_answers: IntCounterVec,
     /// Per event and category: total − (Redis stock + queued + unpaid + paid).
@@ -88,6 +91,11 @@ impl Metrics {
             "Times an event's Redis state was found behind MySQL and fenced for a rebuild",
         )
         .expect("valid metric");
+        let reservations_taken_over = IntCounter::new(
+            "stampede_reservations_taken_over_total",
+            "Reservations a worker took over from a consumer that left them idle past orders.claim_idle_ms",
+        )
+        .expect("valid metric");
         let purchase_answers = IntCounterVec::new(
             Opts::new(
                 "stampede_purchase_answers_total",
@@ -130,6 +138,7 @@ impl Metrics {
             Box::new(reservations_released.clone()),
             Box::new(reservations_refused.clone()),
             Box::new(redis_rewinds.clone()),
+            Box::new(reservations_taken_over.clone()),
             Box::new(purchase_answers.clone()),
             Box::new(conservation_gap.clone()),
             Box::new(remain_gap.clone()),
@@ -148,6 +157,7 @@ impl Metrics {
             reservations_released,
             reservations_refused,
             redis_rewinds,
+            reservations_taken_over,
             purchase_answers,
             conservation_gap,
             remain_gap,

@@ -56,6 +56,20 @@ impl AdminClient {
         self.call(reqwest::Method::GET, path, None).await
     }
 
+    /// A counter's value from `/metrics`: `series` is its name with its labels as the
+    /// core prints them (`name{label="v"}`); 0 while it has never been counted.
+    pub async fn counter(&self, series: &str) -> u64 {
+        let (status, metrics) = self.get("/metrics").await;
+        assert_eq!(status, 200, "{metrics}");
+        let prefix = format!("{series} ");
+        metrics
+            .as_str()
+            .unwrap_or("")
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str())?.parse::<u64>().ok())
+            .unwrap_or(0)
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         self.call(reqwest::Method::POST, path, Some(body)).await
     }

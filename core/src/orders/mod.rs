@@ -56,6 +56,8 @@ pub struct Pipeline {
     pub refused: prometheus::IntCounter,
     /// Times Redis was found gone back in time (and the event fenced).
     pub rewinds: prometheus::IntCounter,
+    /// Reservations taken over from a consumer that left them idle (XAUTOCLAIM).
+    pub taken_over: prometheus::IntCounter,
     /// Streams found empty, with when this core's workers read each again and the wait
     /// after that (`worker::IDLE_MAX` at most): an idle stream costs Redis a few reads a
     /// second per core whatever the workers, events and buckets; a busy one is read at

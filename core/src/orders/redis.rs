@@ -178,6 +178,29 @@ pub async fn claim_stale(
     Ok(reply.claimed)
 }
 
+/// Keeps `ids` this consumer's and resets their idle time (XCLAIM … JUSTID), so that a
+/// batch still being worked on (a slow MySQL, retries, orders created one by one) is
+/// not taken over as a stopped worker's by `claim_stale`. Entries acknowledged
+/// meanwhile are not pending and are left alone.
+pub async fn keep_claimed(
+    redis: &mut Redis,
+    keys: &Keys,
+    bucket: Bucket,
+    consumer: &str,
+    ids: &[&str],
+) -> redis::RedisResult<()> {
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg(keys.order_stream(bucket))
+        .arg(GROUP)
+        .arg(consumer)
+        .arg(0)
+        .arg(ids)
+        .arg("JUSTID")
+        .query_async(redis)
+        .await?;
+    Ok(())
+}
+
 /// Marks the reservations CREATED and drops their entries.
 pub async fn settle(
     redis: &mut Redis,

@@ -171,6 +171,7 @@ impl Pipeline {
                                 entries = found.len(),
                                 "took over reservations a stopped worker left"
                             );
+                            self.taken_over.inc_by(found.len() as u64);
                             entries = found;
                         }
                         Ok(_) => {}
@@ -221,7 +222,7 @@ impl Pipeline {
                     continue;
                 }
                 busy = true;
-                self.process(bucket, &entries, first_delivery, &mut stop)
+                self.process(bucket, &consumer, &entries, first_delivery, &mut stop)
                     .await;
             }
             if !busy {
@@ -233,11 +234,43 @@ impl Pipeline {
         }
     }
 
+    /// Creates one batch (`create_batch`), keeping its entries `consumer`'s meanwhile:
+    /// every third of `orders.claim_idle_ms` their idle time is reset, so only a worker
+    /// that stopped, or whose core hangs, leaves them to be taken over — not one whose
+    /// batch takes long (MySQL slow or down, orders created one by one).
+    async fn process(
+        &self,
+        bucket: Bucket,
+        consumer: &str,
+        entries: &[::redis::streams::StreamId],
+        first_delivery: bool,
+        stop: &mut Shutdown,
+    ) {
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        let every = Duration::from_millis(self.settings.claim_idle_ms) / 3;
+        let keep_claimed = async {
+            let mut redis = self.redis.clone();
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) =
+                    redis::keep_claimed(&mut redis, &self.keys, bucket, consumer, &ids).await
+                {
+                    tracing::warn!(event_id = %bucket.event, error = %e, "cannot keep a batch's reservations claimed");
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            () = self.create_batch(bucket, entries, first_delivery, stop) => {}
+            () = keep_claimed => {}
+        }
+    }
+
     /// Creates one batch, retrying with backoff until it is done or the core stops (the
     /// entries then stay pending and another worker takes them over). `first_delivery`:
     /// the entries were read with `>` (see `Batch::first_delivery`); true for the first
     /// attempt only.
-    async fn process(
+    async fn create_batch(
         &self,
         bucket: Bucket,
         entries: &[::redis::streams::StreamId],

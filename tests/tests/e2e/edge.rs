@@ -18,14 +18,11 @@ async fn edge_get(app: &StackApp, path: &str, token: Option<&str>) -> reqwest::R
 
 /// How many answers of `status` the stack's core gave on its public port.
 pub(crate) async fn core_answers(app: &StackApp, status: u16) -> u64 {
-    let (_, metrics) = app.admin.get("/metrics").await;
-    let line = format!("stampede_http_responses_total{{listener=\"public\",status=\"{status}\"}} ");
-    metrics
-        .as_str()
-        .unwrap_or("")
-        .lines()
-        .find_map(|l| l.strip_prefix(line.as_str())?.parse::<u64>().ok())
-        .unwrap_or(0)
+    app.admin
+        .counter(&format!(
+            "stampede_http_responses_total{{listener=\"public\",status=\"{status}\"}}"
+        ))
+        .await
 }
 
 /// Whether, `within` this long, `buyer` (a fresh Idempotency-Key each try, `late-<n>`)

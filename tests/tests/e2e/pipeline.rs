@@ -283,3 +283,46 @@ async fn admission_pauses_with_503_sale_busy_while_the_backlog_is_full() {
     assert_eq!(stock, 97, "the refused purchase took nothing");
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
+    // A worker whose batch waits on MySQL longer than claim_idle_ms is alive: its entries
+    // must not be taken over as a stopped worker's (another attempt at the same orders,
+    // the created count doubled, a second order-timeout message).
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        s.orders.claim_idle_ms = 1_000;
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(40, 1, 1, 2)).await;
+    app.publish(event).await;
+    let buyers = app.buyers(30).await;
+    // The batch's transaction waits on this table lock (MariaDB's metadata lock, not
+    // InnoDB's row locks, whose wait would time out first).
+    let mut lock = app.mysql.get_conn().await.unwrap();
+    mysql_async::prelude::Queryable::query_drop(&mut lock, "LOCK TABLES stock_batch WRITE")
+        .await
+        .unwrap();
+    let answers = burst(&app, event, categories[0], &buyers).await;
+    assert_eq!(answers.get(&202), Some(&30), "{answers:?}");
+    // Four times claim_idle_ms: without keeping the entries claimed, the core's other
+    // workers took them over within about one and a half.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    mysql_async::prelude::Queryable::query_drop(&mut lock, "UNLOCK TABLES")
+        .await
+        .unwrap();
+    drop(lock);
+    let done = eventually(Duration::from_secs(30), || async {
+        ordered_units(&app.mysql, event).await == (30, 30) && app.stream_len(event).await == 0
+    })
+    .await;
+    assert!(done, "{:?}", ordered_units(&app.mysql, event).await);
+    let taken_over = app
+        .admin_api
+        .counter("stampede_reservations_taken_over_total")
+        .await;
+    assert_eq!(taken_over, 0, "a waiting worker's entries were taken over");
+    let created = app.admin_api.counter("stampede_orders_created_total").await;
+    assert_eq!(created, 30, "each order created once");
+    app.stop().await;
+}
