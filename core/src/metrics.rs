@@ -25,6 +25,8 @@ pub struct Metrics {
     pub reservations_taken_over: IntCounter,
     /// Purchases the core answered, by answer (QUEUED or the error code).
     pub purchase_answers: IntCounterVec,
+    /// `purchase_answers` of QUEUED, looked up once (the answer of every admission).
+    pub purchases_queued: IntCounter,
     /// Per event and category: total − (Redis stock + queued + unpaid + paid).
     pub conservation_gap: IntGaugeVec,
     /// Per event and category: MySQL remain − (total − unpaid − paid + unsynced).
@@ -158,6 +160,7 @@ impl Metrics {
             reservations_refused,
             redis_rewinds,
             reservations_taken_over,
+            purchases_queued: purchase_answers.with_label_values(&["QUEUED"]),
             purchase_answers,
             conservation_gap,
             remain_gap,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::infra::redis::Redis;
 use chrono::Utc;
 
-use crate::catalog::{EventCache, EventStatus};
+use crate::catalog::{EventCache, EventRecord, EventStatus};
 use crate::domain::{EventId, UserId};
 use crate::ids::OrderIds;
 use crate::keys::Keys;
@@ -115,21 +115,20 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// Admits one purchase: the governor, the validation chain, then the one script.
+    /// Admits one purchase of `event_id`, which is `event` as the caller read it from
+    /// [`Admission::events`] (None: not there): the governor, the validation chain, then
+    /// the one script.
     pub async fn admit(
         &self,
         event_id: EventId,
+        event: Option<Arc<EventRecord>>,
         user_id: UserId,
         idempotency_key: &str,
         body: OrderBody,
     ) -> Result<Reserved, AdmissionError> {
         let (event_id, user_id) = (event_id.0, user_id.0);
         self.limits.check(UserId(user_id))?;
-        let event = self
-            .events
-            .get(event_id)
-            .await?
-            .ok_or(Refusal::NoSuchEvent(event_id))?;
+        let event = event.ok_or(Refusal::NoSuchEvent(event_id))?;
         let now = Utc::now();
         let (purchase, window_closed) =
             match validate::validate(&body, &event, UserId(user_id), now) {

@@ -6,6 +6,7 @@
 //! nothing twice.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use chrono::{TimeDelta, Utc};
 use mysql_async::prelude::*;
@@ -236,8 +237,14 @@ async fn attempt(
     let verdict = guards::judge(&mut tx, event, fresh).await?;
     guards::record(&mut tx, EventId(event.id), &verdict).await?;
     created.room = verdict.room;
-    let deadline = (Utc::now() + TimeDelta::seconds(i64::from(event.pay_timeout_s))).naive_utc();
-    let mut logs = Vec::new();
+    // Formatted once: every order of the batch has the same deadline.
+    let deadline = (Utc::now() + TimeDelta::seconds(i64::from(event.pay_timeout_s)))
+        .naive_utc()
+        .format("%Y-%m-%d %H:%M:%S%.3f")
+        .to_string();
+    // Each statement's rows are written straight into its text (one string per
+    // statement, not one per row then joined: a batch is up to `batch_size` rows).
+    let mut logs = String::new();
     let mut accepted: BTreeMap<u32, Vec<&Reservation>> = BTreeMap::new();
     for r in &verdict.accepted {
         accepted
@@ -246,8 +253,8 @@ async fn attempt(
             .push(r);
     }
     for (shard, fresh) in accepted {
-        let mut orders = Vec::new();
-        let mut items = Vec::new();
+        let mut orders = String::new();
+        let mut items = String::new();
         for r in &fresh {
             let price = event
                 .categories
@@ -260,8 +267,9 @@ async fn attempt(
                         r.category_id, event.id
                     ))
                 })?;
-            orders.push(format!(
-                "({},{},{},{},{},{},'{}','{}')",
+            let _ = write!(
+                row(&mut orders),
+                "({},{},{},{},{},{},'{}','{deadline}')",
                 r.order_no,
                 r.user_id,
                 batch.event_id,
@@ -270,8 +278,7 @@ async fn attempt(
                 // A train class's price is per segment (docs/trains.md).
                 price * u64::from(r.units()),
                 r.order_no,
-                deadline.format("%Y-%m-%d %H:%M:%S%.3f"),
-            ));
+            );
             let seats = r.seats();
             let (from, to) = r
                 .journey
@@ -282,28 +289,33 @@ async fn attempt(
             // An item is a seat, numbered from 0 in its order: (order_no, line) is their
             // key. An unseated order has none: its row says all there is (category,
             // quantity, amount), and every read of items is a read of seats.
-            for (line, (row, col)) in seats.into_iter().enumerate() {
-                items.push(format!(
-                    "({},{line},{},{row},{col},{price},{from},{to})",
-                    r.order_no, r.category_id
-                ));
+            for (line, (row_no, col)) in seats.into_iter().enumerate() {
+                let _ = write!(
+                    row(&mut items),
+                    "({},{line},{},{row_no},{col},{price},{from},{to})",
+                    r.order_no,
+                    r.category_id
+                );
             }
-            logs.push(format!(
-                "({},{},{},{},'{}','COMMITTED',{})",
+            let _ = write!(
+                row(&mut logs),
+                "({},{},{},{},'{}','COMMITTED',",
                 r.order_no,
                 batch.event_id,
                 r.category_id,
                 r.units(),
                 batch.batch_id,
-                r.seq.map_or("NULL".to_owned(), |n| n.to_string())
-            ));
+            );
+            let _ = match r.seq {
+                Some(n) => write!(logs, "{n})"),
+                None => write!(logs, "NULL)"),
+            };
         }
         // Only numbers and our own ids go into this text.
         tx.query_drop(format!(
             "INSERT INTO {} (order_no, user_id, event_id, category_id, quantity, amount_cents, \
-             request_id, pay_deadline) VALUES {}",
+             request_id, pay_deadline) VALUES {orders}",
             order_tables::orders(shard),
-            orders.join(",")
         ))
         .await
         .map_err(inserted)?;
@@ -312,26 +324,28 @@ async fn attempt(
         }
         tx.query_drop(format!(
             "INSERT INTO {} (order_no, line, category_id, row_no, col_no, price_cents, \
-             from_station, to_station) VALUES {}",
+             from_station, to_station) VALUES {items}",
             order_tables::items(shard),
-            items.join(",")
         ))
         .await
         .map_err(classify)?;
     }
     for (r, why) in &verdict.declined {
         tracing::warn!(order_no = %r.order_no, why = why.reason(), "MySQL refused a reservation Redis admitted");
-        logs.push(format!(
+        let _ = write!(
+            row(&mut logs),
             "({},{},{},0,'{}','REFUSED',NULL)",
-            r.order_no, batch.event_id, r.category_id, batch.batch_id
-        ));
+            r.order_no,
+            batch.event_id,
+            r.category_id,
+            batch.batch_id
+        );
         created.declined.push((r.order_no, *why));
     }
     if !logs.is_empty() {
         tx.query_drop(format!(
             "INSERT INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status, seq) \
-             VALUES {}",
-            logs.join(",")
+             VALUES {logs}"
         ))
         .await
         .map_err(inserted)?;
@@ -344,6 +358,14 @@ async fn attempt(
     }
     commit(tx).await?;
     Ok(created)
+}
+
+/// `rows`, ready for one more row of a multi-row VALUES list.
+fn row(rows: &mut String) -> &mut String {
+    if !rows.is_empty() {
+        rows.push(',');
+    }
+    rows
 }
 
 /// The batch's stock_batch rows: per category of the reservations judged, the units and
