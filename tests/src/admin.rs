@@ -57,8 +57,9 @@ impl AdminClient {
     }
 
     /// A counter's value from `/metrics`: `series` is its name with its labels as the
-    /// core prints them (`name{label="v"}`); 0 while it has never been counted.
-    pub async fn counter(&self, series: &str) -> u64 {
+    /// core prints them (`name{label="v"}`); None while the core does not print it (a
+    /// labelled series never counted, or no such metric).
+    pub async fn counter(&self, series: &str) -> Option<u64> {
         let (status, metrics) = self.get("/metrics").await;
         assert_eq!(status, 200, "{metrics}");
         let prefix = format!("{series} ");
@@ -67,7 +68,6 @@ impl AdminClient {
             .unwrap_or("")
             .lines()
             .find_map(|l| l.strip_prefix(prefix.as_str())?.parse::<u64>().ok())
-            .unwrap_or(0)
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {

@@ -127,6 +127,7 @@ impl Admission {
         body: OrderBody,
     ) -> Result<Reserved, AdmissionError> {
         let (event_id, user_id) = (event_id.0, user_id.0);
+        debug_assert!(event.as_ref().is_none_or(|e| e.id == event_id));
         self.limits.check(UserId(user_id))?;
         let event = event.ok_or(Refusal::NoSuchEvent(event_id))?;
         let now = Utc::now();

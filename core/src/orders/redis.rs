@@ -24,6 +24,9 @@ static RELEASE: LazyLock<redis::Script> =
 static REFUSE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/refuse.lua")));
 
+static KEEP_CLAIMED: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/keep_claimed.lua")));
+
 static DROP_STALE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/drop_stale.lua")));
 
@@ -178,27 +181,25 @@ pub async fn claim_stale(
     Ok(reply.claimed)
 }
 
-/// Keeps `ids` this consumer's and resets their idle time (XCLAIM … JUSTID), so that a
-/// batch still being worked on (a slow MySQL, retries, orders created one by one) is
-/// not taken over as a stopped worker's by `claim_stale`. Entries acknowledged
-/// meanwhile are not pending and are left alone.
+/// `keep_claimed.lua`'s answer: how many of the batch's entries it kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept(pub u64);
+
+/// Resets the idle time of the entries `ids` that `consumer` still holds (XCLAIM …
+/// JUSTID, by `keep_claimed.lua`), so that a batch still being worked on (a slow MySQL,
+/// retries, orders created one by one) is not taken over as a stopped worker's by
+/// `claim_stale`. Entries acknowledged meanwhile or taken over by another consumer are
+/// left alone.
 pub async fn keep_claimed(
     redis: &mut Redis,
     keys: &Keys,
     bucket: Bucket,
     consumer: &str,
     ids: &[&str],
-) -> redis::RedisResult<()> {
-    let _: redis::Value = redis::cmd("XCLAIM")
-        .arg(keys.order_stream(bucket))
-        .arg(GROUP)
-        .arg(consumer)
-        .arg(0)
-        .arg(ids)
-        .arg("JUSTID")
-        .query_async(redis)
-        .await?;
-    Ok(())
+) -> redis::RedisResult<Kept> {
+    let mut call = KEEP_CLAIMED.key(keys.order_stream(bucket));
+    call.arg(GROUP).arg(consumer).arg(ids);
+    Ok(Kept(call.invoke_async(redis).await?))
 }
 
 /// Marks the reservations CREATED and drops their entries.

@@ -237,7 +237,10 @@ impl Pipeline {
     /// Creates one batch (`create_batch`), keeping its entries `consumer`'s meanwhile:
     /// every third of `orders.claim_idle_ms` their idle time is reset, so only a worker
     /// that stopped, or whose core hangs, leaves them to be taken over — not one whose
-    /// batch takes long (MySQL slow or down, orders created one by one).
+    /// batch takes long (MySQL slow or down, orders created one by one). Not past
+    /// `orders.deadline_s` from the batch's oldest entry: a batch stuck that long (a
+    /// MySQL call that never returns) is left to be taken over, and the worker that
+    /// takes it gives back what is overdue (`expire_overdue`).
     async fn process(
         &self,
         bucket: Bucket,
@@ -248,16 +251,39 @@ impl Pipeline {
     ) {
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
         let every = Duration::from_millis(self.settings.claim_idle_ms) / 3;
+        // An entry id is "<ms>-<seq>": the oldest entry's time of admission.
+        let oldest_ms = ids
+            .iter()
+            .filter_map(|id| id.split_once('-')?.0.parse::<i64>().ok())
+            .min();
+        let deadline_ms = (self.settings.deadline_s * 1000) as i64;
         let keep_claimed = async {
             let mut redis = self.redis.clone();
             loop {
                 tokio::time::sleep(every).await;
-                if let Err(e) =
-                    redis::keep_claimed(&mut redis, &self.keys, bucket, consumer, &ids).await
-                {
-                    tracing::warn!(event_id = %bucket.event, error = %e, "cannot keep a batch's reservations claimed");
+                let now_ms = chrono::Utc::now().timestamp_millis();
+                if oldest_ms.is_some_and(|t| now_ms - t > deadline_ms) {
+                    tracing::warn!(event_id = %bucket.event, entries = ids.len(), "a batch past orders.deadline_s is still being created; its entries are no longer kept claimed");
+                    break;
+                }
+                let kept = tokio::time::timeout(
+                    every,
+                    redis::keep_claimed(&mut redis, &self.keys, bucket, consumer, &ids),
+                )
+                .await;
+                match kept {
+                    Ok(Ok(redis::Kept(0))) => break, // none left of this consumer's
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(event_id = %bucket.event, error = %e, "cannot keep a batch's reservations claimed");
+                    }
+                    Err(_) => {
+                        tracing::warn!(event_id = %bucket.event, "keeping a batch's reservations claimed timed out");
+                    }
                 }
             }
+            // Nothing more to keep: the batch goes on without it.
+            std::future::pending::<()>().await;
         };
         tokio::select! {
             biased;

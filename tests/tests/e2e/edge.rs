@@ -23,6 +23,7 @@ pub(crate) async fn core_answers(app: &StackApp, status: u16) -> u64 {
             "stampede_http_responses_total{{listener=\"public\",status=\"{status}\"}}"
         ))
         .await
+        .unwrap_or(0)
 }
 
 /// Whether, `within` this long, `buyer` (a fresh Idempotency-Key each try, `late-<n>`)

@@ -308,6 +308,11 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
     // Four times claim_idle_ms: without keeping the entries claimed, the core's other
     // workers took them over within about one and a half.
     tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        ordered_units(&app.mysql, event).await,
+        (0, 0),
+        "the batch did not wait on the lock"
+    );
     mysql_async::prelude::Queryable::query_drop(&mut lock, "UNLOCK TABLES")
         .await
         .unwrap();
@@ -320,9 +325,84 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
     let taken_over = app
         .admin_api
         .counter("stampede_reservations_taken_over_total")
-        .await;
+        .await
+        .expect("the core counts takeovers");
     assert_eq!(taken_over, 0, "a waiting worker's entries were taken over");
-    let created = app.admin_api.counter("stampede_orders_created_total").await;
+    let created = app
+        .admin_api
+        .counter("stampede_orders_created_total")
+        .await
+        .expect("the core counts the orders it creates");
     assert_eq!(created, 30, "each order created once");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn keeping_a_batch_claimed_never_takes_back_what_another_consumer_holds() {
+    use stampede_core::orders::redis::{self as stream, Entries, Kept};
+    let app = spawn_app_with(|_| {}).await;
+    let (keys, bucket) = (app.keys(), Bucket::only(1));
+    let mut r = app.redis.clone();
+    stream::ensure_group(&mut r, &keys, bucket).await.unwrap();
+    let name = keys.order_stream(bucket);
+    for n in 0..4 {
+        let _: String = r.xadd(&name, "*", &[("v1", n)]).await.unwrap();
+    }
+    let read = stream::read(&mut r, &keys, bucket, "a", 10, Entries::New)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = read.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids.len(), 4);
+    // The second taken over by "b" (as XAUTOCLAIM would), the third settled.
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg(&name)
+        .arg(stream::GROUP)
+        .arg("b")
+        .arg(0)
+        .arg(ids[1])
+        .arg("JUSTID")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let _: u64 = r.xack(&name, stream::GROUP, &[ids[2]]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Given in any order, "a" keeps the two it still holds, and only those.
+    let given = [ids[2], ids[3], ids[1], ids[0]];
+    let kept = stream::keep_claimed(&mut r, &keys, bucket, "a", &given)
+        .await
+        .unwrap();
+    assert_eq!(kept, Kept(2));
+    let pending: redis::streams::StreamPendingCountReply = r
+        .xpending_count(&name, stream::GROUP, "-", "+", 10)
+        .await
+        .unwrap();
+    let owners: Vec<(&str, &str, usize)> = pending
+        .ids
+        .iter()
+        .map(|p| (p.id.as_str(), p.consumer.as_str(), p.last_delivered_ms))
+        .collect();
+    assert_eq!(owners.len(), 3, "{owners:?}");
+    assert_eq!((owners[0].0, owners[0].1), (ids[0], "a"));
+    assert_eq!((owners[2].0, owners[2].1), (ids[3], "a"));
+    assert!(
+        owners[0].2 < 200 && owners[2].2 < 200,
+        "their idle time was reset: {owners:?}"
+    );
+    assert_eq!((owners[1].0, owners[1].1), (ids[1], "b"), "not taken back");
+    assert!(
+        owners[1].2 >= 200,
+        "another's entry left as it was: {owners:?}"
+    );
+    // Nothing of the consumer's left: nothing kept.
+    let none = stream::keep_claimed(&mut r, &keys, bucket, "c", &ids)
+        .await
+        .unwrap();
+    assert_eq!(none, Kept(0));
+    assert!(
+        stream::keep_claimed(&mut r, &keys, bucket, "a", &["no-id"])
+            .await
+            .is_err(),
+        "an id that is not a stream entry's is an error"
+    );
     app.stop().await;
 }
