@@ -399,3 +399,39 @@ async fn concurrent_buyers_never_take_more_than_the_stock() {
     assert_eq!(app.stock(event, ga).await, 0);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_redis_that_lost_the_scripts_gets_them_again_and_the_purchase_goes_through() {
+    // Redis restarted without its scripts (or SCRIPT FLUSH): the core's EVALSHA hears
+    // NOSCRIPT, loads the script and calls it again, within the one purchase.
+    let app = spawn_app().await;
+    let (event, ga, _) = sale(&app, 10, 1, 1, 2).await;
+    let buyers = app.buyers(2).await;
+    let (status, _) = app
+        .buy(
+            event,
+            &buyers[0],
+            "k",
+            json!({"category_id": ga, "quantity": 1}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut app.redis.clone())
+        .await
+        .unwrap();
+    let (status, body) = app
+        .buy(
+            event,
+            &buyers[1],
+            "k",
+            json!({"category_id": ga, "quantity": 1}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "QUEUED");
+    let stock: i64 = app.stock(event, ga).await;
+    assert_eq!(stock, 8, "both purchases took their unit");
+    app.stop().await;
+}
