@@ -27,7 +27,7 @@ end
 local batch, first, last = {}, ARGV[3], ARGV[3]
 for i = 3, #ARGV do
   local id = ARGV[i]
-  if not parts(id) then return redis.error_reply('not a stream entry id: ' .. id) end
+  if not parts(id) then return redis.error_reply('ERR not a stream entry id: ' .. id) end
   batch[id] = true
   if before(id, first) then first = id end
   if before(last, id) then last = id end

@@ -237,10 +237,10 @@ impl Pipeline {
     /// Creates one batch (`create_batch`), keeping its entries `consumer`'s meanwhile:
     /// every third of `orders.claim_idle_ms` their idle time is reset, so only a worker
     /// that stopped, or whose core hangs, leaves them to be taken over — not one whose
-    /// batch takes long (MySQL slow or down, orders created one by one). Not past
-    /// `orders.deadline_s` from the batch's oldest entry: a batch stuck that long (a
+    /// batch takes long (MySQL slow or down, orders created one by one). Not once every
+    /// entry of the batch is older than `orders.deadline_s`: a batch stuck that long (a
     /// MySQL call that never returns) is left to be taken over, and the worker that
-    /// takes it gives back what is overdue (`expire_overdue`).
+    /// takes it gives back what is overdue (`expire_overdue`) rather than create any.
     async fn process(
         &self,
         bucket: Bucket,
@@ -251,18 +251,18 @@ impl Pipeline {
     ) {
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
         let every = Duration::from_millis(self.settings.claim_idle_ms) / 3;
-        // An entry id is "<ms>-<seq>": the oldest entry's time of admission.
-        let oldest_ms = ids
+        // An entry id is "<ms>-<seq>": the newest entry's time of admission (Redis's clock).
+        let newest_ms = ids
             .iter()
             .filter_map(|id| id.split_once('-')?.0.parse::<i64>().ok())
-            .min();
+            .max();
         let deadline_ms = (self.settings.deadline_s * 1000) as i64;
         let keep_claimed = async {
             let mut redis = self.redis.clone();
             loop {
                 tokio::time::sleep(every).await;
                 let now_ms = chrono::Utc::now().timestamp_millis();
-                if oldest_ms.is_some_and(|t| now_ms - t > deadline_ms) {
+                if newest_ms.is_some_and(|t| now_ms - t > deadline_ms) {
                     tracing::warn!(event_id = %bucket.event, entries = ids.len(), "a batch past orders.deadline_s is still being created; its entries are no longer kept claimed");
                     break;
                 }

@@ -403,8 +403,10 @@ async fn concurrent_buyers_never_take_more_than_the_stock() {
 #[tokio::test]
 async fn a_redis_that_lost_the_scripts_gets_them_again_and_the_purchase_goes_through() {
     // Redis restarted without its scripts (or SCRIPT FLUSH): the core's EVALSHA hears
-    // NOSCRIPT, loads the script and calls it again, within the one purchase.
-    let app = spawn_app().await;
+    // NOSCRIPT, loads the script and calls it again, within the one purchase. A Redis of
+    // its own: no other test loads the script in between.
+    let redis_server = stampede_e2e::OwnRedis::start();
+    let app = stampede_e2e::spawn_app_with(|s| redis_server.use_in(s)).await;
     let (event, ga, _) = sale(&app, 10, 1, 1, 2).await;
     let buyers = app.buyers(2).await;
     let (status, _) = app
@@ -416,9 +418,15 @@ async fn a_redis_that_lost_the_scripts_gets_them_again_and_the_purchase_goes_thr
         )
         .await;
     assert_eq!(status, 202);
+    let mut raw = redis_server.connection().await.unwrap();
     let () = redis::cmd("SCRIPT")
         .arg("FLUSH")
-        .query_async(&mut app.redis.clone())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut raw)
         .await
         .unwrap();
     let (status, body) = app
@@ -431,6 +439,15 @@ async fn a_redis_that_lost_the_scripts_gets_them_again_and_the_purchase_goes_thr
         .await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["status"], "QUEUED");
+    let errors: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        errors.contains("errorstat_NOSCRIPT:count=1"),
+        "the script was called once without being there: {errors}"
+    );
     let stock: i64 = app.stock(event, ga).await;
     assert_eq!(stock, 8, "both purchases took their unit");
     app.stop().await;
