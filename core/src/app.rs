@@ -138,12 +138,23 @@ impl App {
             worker_id = order_ids.worker(),
             "leased an order-number worker id"
         );
+        let metrics = Metrics::new();
+        let call_timeout = infra::mysql::CallTimeout::new(
+            Duration::from_millis(s.mysql.call_timeout_ms),
+            metrics.mysql_calls_cut.clone(),
+        );
         let events = Arc::new(EventCache::new(
             mysql.clone(),
             Duration::from_millis(s.admission.event_cache_ttl_ms),
+            call_timeout.clone(),
         ));
-        let metrics = Metrics::new();
-        let preloader = Preloader::new(redis.clone(), mysql.clone(), keys.clone(), s);
+        let preloader = Preloader::new(
+            redis.clone(),
+            mysql.clone(),
+            keys.clone(),
+            s,
+            call_timeout.clone(),
+        );
         let reconciler = Reconciler::new(preloader.clone(), s, &metrics);
         let pipeline = s.orders.enabled.then(|| {
             Arc::new(Pipeline {
@@ -153,6 +164,7 @@ impl App {
                 events: events.clone(),
                 preloader: preloader.clone(),
                 shards: s.mysql.order_shards,
+                call_timeout: call_timeout.clone(),
                 settings: s.orders.clone(),
                 instance: format!("core{}", order_ids.worker()),
                 mq: Default::default(),
@@ -182,6 +194,7 @@ impl App {
             redis: redis.clone(),
             keys: keys.clone(),
             shards: s.mysql.order_shards,
+            call_timeout: call_timeout.clone(),
         };
         let tokens = TokenSigner::from_text(config.token_secret.expose_secret())
             .expect("the keyring was checked when the configuration was resolved");
@@ -279,6 +292,7 @@ impl App {
                 crate::room::gate::Gate {
                     store: crate::room::store(&state.redis, &state.keys),
                     mysql: state.mysql.clone(),
+                    call_timeout: state.lifecycle.call_timeout.clone(),
                     events: state.events.clone(),
                     max_stream_depth: s.orders.max_stream_depth,
                 }
@@ -341,18 +355,33 @@ impl App {
                 limits,
             ),
         );
-        for (what, task) in tasks {
-            task.await.with_context(|| format!("{what} panicked"))?;
+        // A task stuck on a part that does not answer (a MySQL connection gone
+        // half-open under a call no timeout bounds) is cut off after the grace: for the
+        // pipeline, the same as a crash at that point, which every flow survives.
+        let deadline = tokio::time::Instant::now() + grace;
+        for (what, mut task) in tasks {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(ended) => ended.with_context(|| format!("{what} panicked"))?,
+                Err(_) => {
+                    tracing::warn!(
+                        what,
+                        "did not stop within server.shutdown_grace_s (waiting on a part that does not answer); cut off"
+                    );
+                    task.abort();
+                }
+            }
         }
         if let Some(mq) = state.pipeline.as_ref().and_then(|p| p.mq.get()) {
             mq.shutdown().await;
         }
-        state
-            .mysql
-            .clone()
-            .disconnect()
-            .await
-            .context("Failed to close the MySQL pool")?;
+        // Waits for every connection to come back, which one held by a cut-off task
+        // never does.
+        match tokio::time::timeout(grace, state.mysql.clone().disconnect()).await {
+            Ok(closed) => closed.context("Failed to close the MySQL pool")?,
+            Err(_) => tracing::warn!(
+                "the MySQL pool did not close within server.shutdown_grace_s; leaving its connections"
+            ),
+        }
         tracing::info!("stopped");
         Ok(())
     }
@@ -372,6 +401,7 @@ fn start_flows(
         namesrv: s.rocketmq.namesrv_addr.clone(),
         names: Names::new(&s.rocketmq.namespace),
         send_threads: s.orders.workers + 1,
+        call_timeout: state.lifecycle.call_timeout.clone(),
     };
     let settings = Arc::new(settings);
     let start = {
@@ -380,6 +410,7 @@ fn start_flows(
         move || {
             let tx = OrdersTxListener::new(
                 mysql.clone(),
+                settings.call_timeout.clone(),
                 grace,
                 faults.checkback_only,
                 checkbacks.clone(),
@@ -404,6 +435,7 @@ fn start_flows(
             "the outbox sweeper",
             tokio::spawn(stock_sync::outbox::run(
                 state.mysql.clone(),
+                state.lifecycle.call_timeout.clone(),
                 pipeline.mq.clone(),
                 s.orders.sweep_after_s,
                 stopper.subscribe(),

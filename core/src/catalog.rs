@@ -8,20 +8,25 @@ use mysql_async::{Pool, TxOpts};
 use serde::Serialize;
 
 use crate::domain::event::{NewEvent, Stock};
+use crate::infra::mysql::CallTimeout;
 
 /// Events as the hot path reads them: from MySQL at most once per `ttl` per event, with
 /// concurrent misses coalesced, so a cold cache in a stampede costs one query, not one
 /// per buyer. Missing events are cached too (as None), so bogus ids cannot hammer MySQL.
 pub struct EventCache {
     pool: Pool,
+    /// A read that takes longer fails (every caller waiting on it told so), and the
+    /// next caller reads again.
+    call_timeout: CallTimeout,
     events: moka::future::Cache<u64, Option<std::sync::Arc<EventRecord>>>,
     listing: moka::future::Cache<(), std::sync::Arc<Vec<EventRecord>>>,
 }
 
 impl EventCache {
-    pub fn new(pool: Pool, ttl: std::time::Duration) -> EventCache {
+    pub fn new(pool: Pool, ttl: std::time::Duration, call_timeout: CallTimeout) -> EventCache {
         EventCache {
             pool,
+            call_timeout,
             events: moka::future::Cache::builder()
                 .max_capacity(10_000)
                 .time_to_live(ttl)
@@ -36,12 +41,15 @@ impl EventCache {
     pub async fn get(&self, event_id: u64) -> anyhow::Result<Option<std::sync::Arc<EventRecord>>> {
         self.events
             .try_get_with(event_id, async {
-                load(&self.pool, event_id)
-                    .await
-                    .map(|e| e.map(std::sync::Arc::new))
+                let read = load(&self.pool, event_id);
+                let event = self
+                    .call_timeout
+                    .try_within("an event's read", read)
+                    .await?;
+                anyhow::Ok(event.map(std::sync::Arc::new))
             })
             .await
-            .map_err(|e| anyhow::anyhow!("{e:#}"))
+            .map_err(|e| anyhow::Error::new(Shared(e)))
     }
 
     /// Drops the event from this instance's cache (others see a change within the ttl).
@@ -53,7 +61,11 @@ impl EventCache {
     pub async fn on_sale(&self) -> anyhow::Result<std::sync::Arc<Vec<EventRecord>>> {
         self.listing
             .try_get_with((), async {
-                let all = list(&self.pool, 1_000).await?;
+                let read = list(&self.pool, 1_000);
+                let all = self
+                    .call_timeout
+                    .try_within("the events' list", read)
+                    .await?;
                 anyhow::Ok(std::sync::Arc::new(
                     all.into_iter()
                         .filter(|e| e.status != EventStatus::Draft)
@@ -61,7 +73,26 @@ impl EventCache {
                 ))
             })
             .await
-            .map_err(|e| anyhow::anyhow!("{e:#}"))
+            .map_err(|e| anyhow::Error::new(Shared(e)))
+    }
+}
+
+/// A failed read, shared by every caller that waited on it, its causes kept: MySQL
+/// down or too slow is still found in them (`infra::Down`: a 503, not a 500).
+#[derive(Debug)]
+struct Shared(std::sync::Arc<anyhow::Error>);
+
+impl std::fmt::Display for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The causes follow as the chain.
+        f.write_str("the event cache's read failed")
+    }
+}
+
+impl std::error::Error for Shared {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let inner: &(dyn std::error::Error + Send + Sync + 'static) = &**self.0;
+        Some(inner)
     }
 }
 
@@ -410,4 +441,26 @@ pub async fn seats(pool: &Pool, category_id: u64) -> anyhow::Result<Vec<(u32, u3
     )
     .await
     .context("Failed to read seats")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::infra::Down;
+    use crate::infra::mysql::TimedOut;
+
+    #[test]
+    fn a_shared_read_failure_still_says_mysql_is_down() {
+        let cut = anyhow::Error::new(TimedOut(std::time::Duration::from_secs(1)))
+            .context("Failed to read the event");
+        let shared = anyhow::Error::new(Shared(std::sync::Arc::new(cut)));
+        assert_eq!(Down::of(&shared), Some(Down::MySql));
+        assert_eq!(
+            format!("{shared:#}"),
+            "the event cache's read failed: Failed to read the event: no answer from MySQL \
+             within 1000 ms (mysql.call_timeout_ms)"
+        );
+        let other = anyhow::Error::new(Shared(std::sync::Arc::new(anyhow::anyhow!("bad row"))));
+        assert_eq!(Down::of(&other), None);
+    }
 }

@@ -23,6 +23,8 @@ pub struct Metrics {
     /// Reservations a worker took over from another consumer that had left them idle
     /// for `orders.claim_idle_ms` (a worker or core that stopped, or hung).
     pub reservations_taken_over: IntCounter,
+    /// MySQL calls given up after `mysql.call_timeout_ms` (`infra::mysql::CallTimeout`).
+    pub mysql_calls_cut: IntCounter,
     /// Purchases the core answered, by answer (QUEUED or the error code).
     pub purchase_answers: IntCounterVec,
     /// `purchase_answers` of QUEUED, looked up once (the answer of every admission).
@@ -98,6 +100,11 @@ impl Metrics {
             "Reservations a worker took over from a consumer that left them idle past orders.claim_idle_ms",
         )
         .expect("valid metric");
+        let mysql_calls_cut = IntCounter::new(
+            "stampede_mysql_calls_cut_total",
+            "MySQL calls given up (their connections closed) after mysql.call_timeout_ms",
+        )
+        .expect("valid metric");
         let purchase_answers = IntCounterVec::new(
             Opts::new(
                 "stampede_purchase_answers_total",
@@ -141,6 +148,7 @@ impl Metrics {
             Box::new(reservations_refused.clone()),
             Box::new(redis_rewinds.clone()),
             Box::new(reservations_taken_over.clone()),
+            Box::new(mysql_calls_cut.clone()),
             Box::new(purchase_answers.clone()),
             Box::new(conservation_gap.clone()),
             Box::new(remain_gap.clone()),
@@ -160,6 +168,7 @@ impl Metrics {
             reservations_refused,
             redis_rewinds,
             reservations_taken_over,
+            mysql_calls_cut,
             purchases_queued: purchase_answers.with_label_values(&["QUEUED"]),
             purchase_answers,
             conservation_gap,

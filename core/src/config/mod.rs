@@ -96,6 +96,10 @@ pub struct MysqlSettings {
     pub password: Option<SecretString>,
     pub password_file: Option<PathBuf>,
     pub pool_max: usize,
+    /// Longest the pipeline, the broker's listeners, the event cache and the sweeps wait
+    /// for one MySQL call (a batch's transaction, a check-back, an event's read) before
+    /// they give up on it and its connection (`infra::mysql::CallTimeout`).
+    pub call_timeout_ms: u64,
     /// Number of order shard tables; the user-id gene picks one.
     pub order_shards: u32,
 }

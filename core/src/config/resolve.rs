@@ -119,6 +119,11 @@ impl Settings {
         if self.mysql.pool_max == 0 {
             return Err(ConfigError("mysql.pool_max must be positive".into()));
         }
+        if !(100..=600_000).contains(&self.mysql.call_timeout_ms) {
+            return Err(ConfigError(
+                "mysql.call_timeout_ms must be 100 … 600000 (0.1 s to 10 min)".into(),
+            ));
+        }
         if self.rocketmq.namesrv_addr.trim().is_empty() {
             return Err(ConfigError("rocketmq.namesrv_addr is empty".into()));
         }
@@ -137,6 +142,7 @@ impl Settings {
             self.mysql.password_file.as_deref(),
             0,
         )?;
+        let idle_timeout_s = session_idle_timeout(self.mysql.call_timeout_ms).as_secs();
         let mut mysql_opts = mysql_async::OptsBuilder::from_opts(
             mysql_async::Opts::from_url(&self.mysql.url)
                 .map_err(|e| ConfigError(format!("mysql.url: {e}")))?,
@@ -165,8 +171,18 @@ impl Settings {
         // on every new connection (another handshake, refused here for a user that may
         // connect from 127.0.0.1 only).
         .prefer_socket(false)
-        // Every DATETIME Stampede writes or reads is UTC.
-        .init(vec!["SET time_zone = '+00:00'"]);
+        // Told the session's wait_timeout (set below), the pool drops a connection idle
+        // that long rather than hand out one MariaDB has closed.
+        .wait_timeout(Some(idle_timeout_s as usize))
+        // Every DATETIME Stampede writes or reads is UTC. A session whose client is
+        // gone without closing (a call cut off after mysql.call_timeout_ms on a
+        // half-open connection, a core's host lost) would keep its open transaction,
+        // and the row locks every later batch of its category waits on, for MariaDB's
+        // default wait_timeout of 8 hours: it ends after `session_idle_timeout` without
+        // a command instead.
+        .init(vec![format!(
+            "SET time_zone = '+00:00', wait_timeout = {idle_timeout_s}"
+        )]);
         if let Some(pw) = mysql_password {
             mysql_opts = mysql_opts.pass(Some(pw.expose_secret().to_owned()));
         }
@@ -258,6 +274,15 @@ fn secret(
         )));
     }
     Ok(Some(SecretString::from(value)))
+}
+
+/// MariaDB's `wait_timeout` for Stampede's sessions: four times
+/// `mysql.call_timeout_ms`, at least 10 s (the shipped 15 s gives a minute), so a
+/// session a cut-off call left behind holds its locks about that long at most, while no
+/// call Stampede makes leaves its connection idle inside a transaction for so long.
+pub fn session_idle_timeout(call_timeout_ms: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(call_timeout_ms.saturating_mul(4))
+        .max(std::time::Duration::from_secs(10))
 }
 
 #[cfg(test)]
@@ -359,6 +384,25 @@ mod tests {
         let mut s = with_secrets();
         s.redis.nodes = vec!["not a url".into()];
         assert!(s.resolve().is_ok());
+    }
+
+    #[test]
+    fn mysql_calls_are_bounded_and_abandoned_sessions_end_soon_after() {
+        for bad in [0, 99, 600_001] {
+            let mut s = with_secrets();
+            s.mysql.call_timeout_ms = bad;
+            assert!(
+                s.resolve().unwrap_err().0.contains("call_timeout_ms"),
+                "{bad}"
+            );
+        }
+        let r = with_secrets().resolve().unwrap();
+        // The shipped 15 s: a session a cut-off call left ends after a minute idle.
+        assert_eq!(r.mysql_opts.wait_timeout(), Some(60));
+        let init = r.mysql_opts.init().join(";");
+        assert!(init.contains("wait_timeout = 60"), "{init}");
+        assert_eq!(session_idle_timeout(1_000).as_secs(), 10);
+        assert_eq!(session_idle_timeout(600_000).as_secs(), 2_400);
     }
 
     #[test]

@@ -104,6 +104,9 @@ impl Down {
                     maybe_sent: !r.is_connection_refusal(),
                 });
             }
+            if cause.is::<crate::infra::mysql::TimedOut>() {
+                return Some(Down::MySql);
+            }
             match cause.downcast_ref::<mysql_async::Error>() {
                 Some(mysql_async::Error::Io(_) | mysql_async::Error::Driver(_)) => {
                     Some(Down::MySql)
@@ -147,6 +150,11 @@ mod tests {
             "an answer, not an outage"
         );
         assert_eq!(Down::of(&anyhow::anyhow!("other")), None);
+        let cut = anyhow::Error::new(crate::infra::mysql::TimedOut(
+            std::time::Duration::from_secs(1),
+        ))
+        .context("Failed to read the event");
+        assert_eq!(Down::of(&cut), Some(Down::MySql), "a MySQL call cut off");
         let auth = ::redis::RedisError::from((
             ::redis::ErrorKind::AuthenticationFailed,
             "Password authentication failed",

@@ -1,5 +1,6 @@
 //! MariaDB/MySQL: the pool, start-up retries, and the schema migrations in `sql/`.
 
+use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -117,6 +118,64 @@ pub fn migrations(shards: u32) -> anyhow::Result<Vec<Migration>> {
             Migration::unapplied(name, &sql).with_context(|| format!("migration {name}"))
         })
         .collect()
+}
+
+/// How long a MySQL call may take (`mysql.call_timeout_ms`), and the count of calls cut
+/// off (`stampede_mysql_calls_cut_total`).
+///
+/// mysql_async has no timeout of its own for a command, and TCP notices a peer that
+/// stopped answering only after many minutes (a host gone, a partition) or never (a
+/// hung server whose kernel still acknowledges). Cutting a call drops its future, which
+/// is safe: a connection dropped in the middle of a command is marked broken and never
+/// goes back to the pool (it is closed, and MariaDB rolls back its open transaction
+/// when it notices), and every caller treats the cut as it treats a crash at that point
+/// (a batch's transaction as of unknown outcome, whose retry reads what committed).
+#[derive(Clone)]
+pub struct CallTimeout {
+    pub limit: Duration,
+    cut: prometheus::IntCounter,
+}
+
+/// A MySQL call that did not finish within `mysql.call_timeout_ms`.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer from MySQL within {} ms (mysql.call_timeout_ms)", .0.as_millis())]
+pub struct TimedOut(pub Duration);
+
+impl CallTimeout {
+    pub fn new(limit: Duration, cut: prometheus::IntCounter) -> CallTimeout {
+        CallTimeout { limit, cut }
+    }
+
+    /// `call`'s outcome, or TimedOut once `limit` has passed (the call dropped, logged).
+    pub async fn within<F: Future>(&self, what: &str, call: F) -> Result<F::Output, TimedOut> {
+        tokio::time::timeout(self.limit, call).await.map_err(|_| {
+            self.cut.inc();
+            tracing::warn!(
+                what,
+                limit_ms = self.limit.as_millis() as u64,
+                "a MySQL call did not finish in time; it and its connection are given up"
+            );
+            TimedOut(self.limit)
+        })
+    }
+
+    /// The same, for a unit of work of up to `calls` calls (a background pass over one
+    /// event: a few MySQL calls and Redis round trips).
+    pub fn for_calls(&self, calls: u32) -> CallTimeout {
+        CallTimeout {
+            limit: self.limit * calls,
+            cut: self.cut.clone(),
+        }
+    }
+
+    /// [`within`](Self::within) for a fallible call: its error or the cut, as one.
+    pub async fn try_within<T, E: Into<anyhow::Error>>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> anyhow::Result<T> {
+        self.within(what, call).await?.map_err(Into::into)
+    }
 }
 
 /// Opens the pool and waits (up to `timeout`) until MariaDB answers.

@@ -8,6 +8,7 @@ pub mod pay;
 pub mod restock;
 pub mod timeout;
 
+use crate::infra::mysql::CallTimeout;
 use crate::infra::redis::Redis;
 use anyhow::Context;
 use chrono::NaiveDateTime;
@@ -29,6 +30,8 @@ pub struct Lifecycle {
     pub keys: Keys,
     /// `mysql.order_shards`.
     pub shards: u32,
+    /// Bounds the sweeps' MySQL calls (the API's are bounded by the request timeout).
+    pub call_timeout: CallTimeout,
 }
 
 /// An order as its owner sees it.

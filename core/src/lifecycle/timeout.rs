@@ -133,7 +133,12 @@ impl Lifecycle {
 
     /// One pass of the sweep: cancels orders well past their deadline.
     async fn cancel_overdue(&self) {
-        let orders = match self.overdue(OVERDUE_S, 200).await {
+        let find = self.overdue(OVERDUE_S, 200);
+        let orders = match self
+            .call_timeout
+            .try_within("the overdue sweep", find)
+            .await
+        {
             Ok(orders) => orders,
             Err(e) => {
                 tracing::warn!(error = format!("{e:#}"), "overdue-order sweep failed");
@@ -145,7 +150,11 @@ impl Lifecycle {
                 %order_no,
                 "cancelling an order whose timeout message never came"
             );
-            if let Err(e) = self.cancel(order_no, Canceller::Deadline).await {
+            let cancel = self.cancel(order_no, Canceller::Deadline);
+            let cancelled = self
+                .call_timeout
+                .try_within("an overdue cancellation", cancel);
+            if let Err(e) = cancelled.await {
                 tracing::warn!(
                     %order_no,
                     error = format!("{e:#}"),

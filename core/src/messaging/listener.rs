@@ -13,6 +13,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use tokio::runtime::Handle;
 
 use super::BatchMessage;
+use crate::infra::mysql::CallTimeout;
 
 /// A boxed future answered on the core's runtime.
 pub type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
@@ -62,6 +63,8 @@ pub struct Subscription {
 /// broker to deliver it again later.
 pub(super) struct BatchListener {
     pub core: Handle,
+    /// A message whose MySQL work takes longer is given up and delivered again later.
+    pub call_timeout: CallTimeout,
     pub apply: ApplyFn,
     pub what: &'static str,
 }
@@ -77,7 +80,12 @@ impl MessageListenerConcurrently for BatchListener {
                 tracing::error!(what = self.what, "message without a batch; skipped");
                 continue;
             };
-            if let Err(e) = wait_on(&self.core, (self.apply)(batch.clone())) {
+            let apply = {
+                let (limit, apply) = (self.call_timeout.clone(), (self.apply)(batch.clone()));
+                let what = self.what;
+                async move { limit.try_within(what, apply).await }
+            };
+            if let Err(e) = wait_on(&self.core, apply) {
                 if e.downcast_ref::<Later>().is_some() {
                     tracing::debug!(
                         what = self.what,

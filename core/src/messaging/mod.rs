@@ -76,6 +76,8 @@ pub struct MqSettings {
     pub names: Names,
     /// Threads of the transactional-send runtime (one per order worker, and one).
     pub send_threads: usize,
+    /// Bounds each message a consumer applies (`mysql.call_timeout_ms`).
+    pub call_timeout: crate::infra::mysql::CallTimeout,
 }
 
 /// The started clients.
@@ -175,6 +177,7 @@ impl Mq {
                 .map_err(|e| anyhow::anyhow!("subscribe to {}: {e}", sub.topic))?;
             consumer.register_message_listener_concurrently(BatchListener {
                 core: Handle::current(),
+                call_timeout: settings.call_timeout.clone(),
                 apply: sub.apply,
                 what: sub.what,
             });

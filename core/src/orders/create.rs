@@ -82,19 +82,20 @@ impl Pipeline {
             .partition(|r| r.admitted_ms < cutoff);
         let reason = format!("not persisted within {} s", self.settings.deadline_s);
         for r in overdue {
-            match persist::expire(&self.mysql, self.shards, bucket.event, &r).await {
-                Ok(persist::Expiry::Created) => keep.push(r),
-                Ok(persist::Expiry::Stale) => {
+            let expiry = persist::expire(&self.mysql, self.shards, bucket.event, &r);
+            match self.call_timeout.within("an expiry", expiry).await {
+                Ok(Ok(persist::Expiry::Created)) => keep.push(r),
+                Ok(Ok(persist::Expiry::Stale)) => {
                     let order_no = r.order_no;
                     keep.extend(self.drop_stale(bucket, vec![r], &[order_no]).await.0);
                 }
-                Ok(persist::Expiry::Expired) => {
+                Ok(Ok(persist::Expiry::Expired)) => {
                     // Expired in MySQL already; a retry releases it (release is idempotent).
                     if !self.release(bucket, &r, &reason).await {
                         keep.push(r);
                     }
                 }
-                Err(_) => keep.push(r),
+                Ok(Err(_)) | Err(_) => keep.push(r),
             }
         }
         keep
@@ -138,15 +139,17 @@ impl Pipeline {
             orders: Vec::new(),
         };
         let local = {
-            let (pool, shards, event, batch) = (
+            let (pool, shards, event, batch, limit) = (
                 self.mysql.clone(),
                 self.shards,
                 event.clone(),
                 batch.clone(),
+                self.call_timeout.clone(),
             );
             move || {
-                let (pool, event, batch) = (pool.clone(), event.clone(), batch.clone());
-                async move { persist::create_orders(&pool, shards, &event, &batch).await }
+                let (pool, event, batch, limit) =
+                    (pool.clone(), event.clone(), batch.clone(), limit.clone());
+                async move { persist::create_orders(&pool, shards, &event, &batch, &limit).await }
             }
         };
         let mq = self.mq.get().cloned();

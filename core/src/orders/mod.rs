@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::infra::mysql::CallTimeout;
 use crate::infra::redis::Redis;
 use mysql_async::Pool;
 
@@ -44,6 +45,8 @@ pub struct Pipeline {
     /// Fences an event whose Redis state went back in time, for a rebuild.
     pub preloader: Preloader,
     pub shards: u32,
+    /// Bounds each MySQL call of a batch (`mysql.call_timeout_ms`).
+    pub call_timeout: CallTimeout,
     pub settings: OrderSettings,
     /// Names this instance's consumers in the group.
     pub instance: String,

@@ -16,6 +16,7 @@ use super::guards::{self, Declined};
 use super::reservation::{Batch, Reservation};
 use crate::catalog::EventRecord;
 use crate::domain::{EventId, OrderNo};
+use crate::infra::mysql::CallTimeout;
 use crate::order_tables::{self, shard_of_order};
 
 /// Why a batch did not commit.
@@ -119,14 +120,28 @@ pub struct Created {
 /// have found, the attempt rolls back, and the batch is tried again with every read.
 /// Five statements fewer per batch where nothing went wrong, which is every batch but
 /// after a crash or a Redis gone back in time.
+///
+/// Each attempt is given up after `mysql.call_timeout_ms` (MySQL hung, its connection
+/// half-open): Unknown, since the cut may have come after COMMIT was sent; the next
+/// attempt reads what committed.
 pub async fn create_orders(
     pool: &Pool,
     shards: u32,
     event: &EventRecord,
     batch: &Batch,
+    limit: &CallTimeout,
 ) -> Result<Created, PersistError> {
+    let bounded = |reads| async move {
+        limit
+            .within(
+                "a batch's transaction",
+                attempt(pool, shards, event, batch, reads),
+            )
+            .await
+            .unwrap_or_else(|cut| Err(PersistError::Unknown(cut.to_string())))
+    };
     if batch.first_delivery {
-        match attempt(pool, shards, event, batch, Reads::LeftToUniqueKeys).await {
+        match bounded(Reads::LeftToUniqueKeys).await {
             Err(PersistError::Duplicate(why)) => {
                 tracing::warn!(
                     batch = batch.batch_id,
@@ -137,7 +152,7 @@ pub async fn create_orders(
             outcome => return outcome,
         }
     }
-    attempt(pool, shards, event, batch, Reads::All).await
+    bounded(Reads::All).await
 }
 
 /// Whether an attempt reads what earlier attempts left (see [`create_orders`]).

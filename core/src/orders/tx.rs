@@ -14,6 +14,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use tokio::runtime::Handle;
 
 use super::persist::{self, Created, PersistError};
+use crate::infra::mysql::CallTimeout;
 use crate::messaging::listener::batch_of;
 use crate::messaging::{BoxFuture, wait_on};
 
@@ -44,6 +45,8 @@ impl LocalTx {
 pub struct OrdersTxListener {
     core: Handle,
     mysql: Pool,
+    /// Bounds a check-back's read (a local transaction bounds itself: `create_orders`).
+    call_timeout: CallTimeout,
     /// A half message older than this whose batch is not in stock_batch is rolled back.
     grace: Duration,
     /// Test-only fault: answer UNKNOWN for committed batches, so the check-back decides.
@@ -55,6 +58,7 @@ impl OrdersTxListener {
     /// On the core's runtime (call it from there).
     pub fn new(
         mysql: Pool,
+        call_timeout: CallTimeout,
         grace: Duration,
         checkback_only: bool,
         checkbacks: prometheus::IntCounterVec,
@@ -62,6 +66,7 @@ impl OrdersTxListener {
         OrdersTxListener {
             core: Handle::current(),
             mysql,
+            call_timeout,
             grace,
             checkback_only,
             checkbacks,
@@ -105,8 +110,15 @@ impl TransactionListener for OrdersTxListener {
             return LocalTransactionState::RollbackMessage;
         };
         let age_ms = chrono::Utc::now().timestamp_millis() - msg.born_timestamp();
-        let (mysql, batch_id) = (self.mysql.clone(), batch.batch_id.clone());
-        let committed = async move { persist::batch_committed(&mysql, &batch_id).await };
+        let (mysql, batch_id, limit) = (
+            self.mysql.clone(),
+            batch.batch_id.clone(),
+            self.call_timeout.clone(),
+        );
+        let committed = async move {
+            let read = persist::batch_committed(&mysql, &batch_id);
+            limit.try_within("a check-back", read).await
+        };
         let state = match wait_on(&self.core, committed) {
             Ok(true) => LocalTransactionState::CommitMessage,
             Ok(false) if age_ms > self.grace.as_millis() as i64 => {

@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 
 use crate::catalog::{self, EventRecord, EventStatus};
 use crate::domain::{EventId, UserId};
+use crate::infra::mysql::CallTimeout;
 use crate::infra::redis::Redis;
 use crate::keys::{Bucket, Keys, SeatState};
 use crate::lock::{Lock, Owned};
@@ -79,7 +80,15 @@ pub struct Preloader {
     pub lock_ttl: Duration,
     /// Wakes the scheduler early.
     pub wake: Arc<Notify>,
+    /// Bounds the scheduler's (and the reconciler's) MySQL work, so a connection gone
+    /// half-open stops neither for longer than a few calls' worth.
+    pub call_timeout: CallTimeout,
 }
+
+/// A background pass over one event (a preload, a reconcile) may take this many
+/// `mysql.call_timeout_ms`: a few MySQL calls and Redis round trips. Cut off, it is as if
+/// the core had stopped there; the next pass does it again.
+pub const PASS_CALLS: u32 = 4;
 
 impl Preloader {
     pub fn new(
@@ -87,6 +96,7 @@ impl Preloader {
         mysql: Pool,
         keys: Keys,
         settings: &crate::config::Settings,
+        call_timeout: CallTimeout,
     ) -> Preloader {
         Preloader {
             redis,
@@ -95,6 +105,7 @@ impl Preloader {
             shards: settings.mysql.order_shards,
             lock_ttl: Duration::from_millis(settings.preload.lock_ttl_ms),
             wake: Default::default(),
+            call_timeout,
         }
     }
 
@@ -611,18 +622,27 @@ impl Preloader {
     }
 
     async fn preload_due(&self, window: Duration) -> anyhow::Result<()> {
-        for id in catalog::published_opening_within(&self.mysql, window.as_secs()).await? {
-            if let Some(event) = catalog::load(&self.mysql, id).await? {
-                if self.is_loaded(&event).await? {
-                    continue;
-                }
-                match self.preload(&event).await {
-                    Ok(_) | Err(PreloadError::Busy(_)) => {}
-                    Err(PreloadError::Unexpected(e)) => return Err(e),
-                }
-            }
+        let due = catalog::published_opening_within(&self.mysql, window.as_secs());
+        let per_event = self.call_timeout.for_calls(PASS_CALLS);
+        for id in self.call_timeout.try_within("the events due", due).await? {
+            per_event
+                .try_within("a scheduled preload", self.preload_if_missing(id))
+                .await?;
         }
         Ok(())
+    }
+
+    async fn preload_if_missing(&self, id: u64) -> anyhow::Result<()> {
+        let Some(event) = catalog::load(&self.mysql, id).await? else {
+            return Ok(());
+        };
+        if self.is_loaded(&event).await? {
+            return Ok(());
+        }
+        match self.preload(&event).await {
+            Ok(_) | Err(PreloadError::Busy(_)) => Ok(()),
+            Err(PreloadError::Unexpected(e)) => Err(e),
+        }
     }
 }
 

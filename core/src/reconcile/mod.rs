@@ -128,8 +128,13 @@ impl Reconciler {
         let redis = crate::infra::redis::connect(&s.redis, timeout).await?;
         let mysql = crate::infra::mysql::connect(config.mysql_opts.clone(), timeout).await?;
         let keys = Keys::new(&s.redis.key_prefix);
-        let preloader = Preloader::new(redis, mysql, keys, s);
-        Ok(Reconciler::new(preloader, s, &Metrics::new()))
+        let metrics = Metrics::new();
+        let call_timeout = crate::infra::mysql::CallTimeout::new(
+            Duration::from_millis(s.mysql.call_timeout_ms),
+            metrics.mysql_calls_cut.clone(),
+        );
+        let preloader = Preloader::new(redis, mysql, keys, s, call_timeout);
+        Ok(Reconciler::new(preloader, s, &metrics))
     }
 
     /// Measures the event's books without changing anything.
@@ -537,7 +542,12 @@ impl Reconciler {
                 _ = tick.tick() => {}
                 _ = stop.wait() => return,
             }
-            let ids = match self.events(window_s).await {
+            let limit = &self.preloader.call_timeout;
+            let per_event = limit.for_calls(crate::preload::PASS_CALLS);
+            let ids = match limit
+                .try_within("the events to reconcile", self.events(window_s))
+                .await
+            {
                 Ok(ids) => ids,
                 Err(e) => {
                     tracing::warn!(error = format!("{e:#}"), "reconciler cannot list events");
@@ -545,7 +555,8 @@ impl Reconciler {
                 }
             };
             for id in ids {
-                if let Err(e) = self.pass_and_retire(id).await {
+                let pass = self.pass_and_retire(id);
+                if let Err(e) = per_event.try_within("a reconcile pass", pass).await {
                     tracing::warn!(
                         event_id = id,
                         error = format!("{e:#}"),

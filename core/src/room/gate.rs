@@ -22,6 +22,7 @@ use super::store::{Draw, RoomStore};
 use crate::buckets::Mover;
 use crate::catalog::EventCache;
 use crate::domain::EventId;
+use crate::infra::mysql::CallTimeout;
 use crate::keys::Bucket;
 use crate::lock::{Lock, Owned};
 use crate::shutdown::Shutdown;
@@ -39,6 +40,8 @@ const AUTO_START: f64 = 50.0;
 pub struct Gate {
     pub store: RoomStore,
     pub mysql: mysql_async::Pool,
+    /// Bounds the list of rooms' read, so a MySQL that stops answering stops no gate.
+    pub call_timeout: CallTimeout,
     pub events: Arc<EventCache>,
     pub max_stream_depth: u64,
 }
@@ -73,7 +76,12 @@ impl Gate {
                 _ = stop.wait() => return,
             }
             if listed.elapsed() >= Duration::from_secs(1) {
-                match config::active(&self.mysql).await {
+                let list = config::active(&self.mysql);
+                match self
+                    .call_timeout
+                    .try_within("the waiting rooms' list", list)
+                    .await
+                {
                     Ok(ids) => {
                         rooms = ids;
                         listed = Instant::now();
@@ -244,8 +252,11 @@ impl Gate {
 
     /// The draw at the open: the joiners ordered by the committed seed.
     async fn draw(&self, event: EventId, joined: i64) -> anyhow::Result<()> {
-        let seed = config::seed(&self.mysql, event.0)
-            .await?
+        let seed = config::seed(&self.mysql, event.0);
+        let seed = (self
+            .call_timeout
+            .try_within("a waiting room's seed", seed)
+            .await?)
             .ok_or_else(|| anyhow::anyhow!("the waiting room of event {event} has no seed"))?;
         let early = self.store.early(event).await?;
         let order = lottery::order(&seed, early);

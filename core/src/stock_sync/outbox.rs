@@ -9,6 +9,7 @@ use anyhow::Context;
 use mysql_async::Pool;
 use mysql_async::prelude::*;
 
+use crate::infra::mysql::CallTimeout;
 use crate::messaging::{BatchMessage, MqCell};
 use crate::shutdown::Shutdown;
 
@@ -16,7 +17,13 @@ use crate::shutdown::Shutdown;
 /// broker's clients have started. A batch published again is left alone for another
 /// `sweep_after_s` (doubling each time, up to a minute): while stock sync merely lags,
 /// its messages are on their way and publishing them every 2 s only adds to the lag.
-pub async fn run(mysql: Pool, mq: MqCell, sweep_after_s: u64, mut stop: Shutdown) {
+pub async fn run(
+    mysql: Pool,
+    call_timeout: CallTimeout,
+    mq: MqCell,
+    sweep_after_s: u64,
+    mut stop: Shutdown,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     let mut published = Republished::default();
     let first_wait = Duration::from_secs(sweep_after_s.max(1));
@@ -26,7 +33,9 @@ pub async fn run(mysql: Pool, mq: MqCell, sweep_after_s: u64, mut stop: Shutdown
             _ = stop.wait() => return,
         }
         let Some(mq) = mq.get() else { continue };
-        match stale_batches(&mysql, sweep_after_s, 500).await {
+        let find = stale_batches(&mysql, sweep_after_s, 500);
+        match call_timeout.try_within("the outbox sweep", find).await {
+            Err(e) => tracing::warn!(error = format!("{e:#}"), "outbox sweep failed"),
             Ok(batches) => {
                 published.keep_only(&batches);
                 for (batch_id, event_id) in batches {
@@ -52,7 +61,6 @@ pub async fn run(mysql: Pool, mq: MqCell, sweep_after_s: u64, mut stop: Shutdown
                     published.sent(message.batch_id, first_wait);
                 }
             }
-            Err(e) => tracing::warn!(error = format!("{e:#}"), "outbox sweep failed"),
         }
     }
 }

@@ -5,6 +5,7 @@ use stampede_core::keys::Bucket;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use mysql_async::prelude::Queryable;
 use redis::AsyncCommands;
 use serde_json::json;
 use stampede_e2e::{
@@ -300,7 +301,7 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
     // The batch's transaction waits on this table lock (MariaDB's metadata lock, not
     // InnoDB's row locks, whose wait would time out first).
     let mut lock = app.mysql.get_conn().await.unwrap();
-    mysql_async::prelude::Queryable::query_drop(&mut lock, "LOCK TABLES stock_batch WRITE")
+    lock.query_drop("LOCK TABLES stock_batch WRITE")
         .await
         .unwrap();
     let answers = burst(&app, event, categories[0], &buyers).await;
@@ -313,9 +314,7 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
         (0, 0),
         "the batch did not wait on the lock"
     );
-    mysql_async::prelude::Queryable::query_drop(&mut lock, "UNLOCK TABLES")
-        .await
-        .unwrap();
+    lock.query_drop("UNLOCK TABLES").await.unwrap();
     drop(lock);
     let done = eventually(Duration::from_secs(30), || async {
         ordered_units(&app.mysql, event).await == (30, 30) && app.stream_len(event).await == 0
@@ -334,6 +333,119 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
         .await
         .expect("the core counts the orders it creates");
     assert_eq!(created, 30, "each order created once");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open() {
+    // The core's MySQL connections stop answering and stay open (a host gone, a
+    // partition) while a batch's transaction is under way: TCP would hold each call for
+    // many minutes, a hung server forever, and MariaDB keeps the cut-off session's
+    // transaction and locks. New connections work (the database reachable again).
+    let stack = stampede_e2e::Stack::from_env();
+    let relay = stampede_e2e::StallingRelay::start(([127, 0, 0, 1], stack.mysql_port).into()).await;
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        s.mysql.call_timeout_ms = 1_000;
+        let (direct, relayed) = (
+            format!(":{}/", stack.mysql_port),
+            format!(":{}/", relay.port),
+        );
+        assert!(s.mysql.url.contains(&direct), "{}", s.mysql.url);
+        s.mysql.url = s.mysql.url.replace(&direct, &relayed);
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(40, 1, 1, 2)).await;
+    app.publish(event).await;
+    let buyers = app.buyers(30).await;
+    let ordered = |n: u64| {
+        let app = &app;
+        async move {
+            eventually(Duration::from_secs(30), || async {
+                ordered_units(&app.mysql, event).await == (n, n)
+            })
+            .await
+        }
+    };
+    let answers = burst(&app, event, categories[0], &buyers[..10]).await;
+    assert_eq!(answers.get(&202), Some(&10), "{answers:?}");
+    assert!(
+        ordered(10).await,
+        "{:?}",
+        ordered_units(&app.mysql, event).await
+    );
+
+    // The next batch's transaction waits on this lock (on a connection of the test's
+    // own, not relayed), its orders and the category's row locked already.
+    let mut lock = app.mysql.get_conn().await.unwrap();
+    lock.query_drop("LOCK TABLES stock_batch WRITE")
+        .await
+        .unwrap();
+    let answers = burst(&app, event, categories[0], &buyers[10..20]).await;
+    assert_eq!(answers.get(&202), Some(&10), "{answers:?}");
+    let waiting = eventually(Duration::from_secs(10), || async {
+        scalar(
+            &app.mysql,
+            "SELECT COUNT(*) FROM information_schema.processlist \
+             WHERE state LIKE 'Waiting for table%' AND info LIKE 'INSERT INTO stock_batch%'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    assert!(waiting, "the batch never reached the locked table");
+    // Every connection the core holds now goes half-open, the batch's among them; then
+    // its statement goes through, and its session waits for a COMMIT that never comes.
+    relay.stall_open_connections();
+    lock.query_drop("UNLOCK TABLES").await.unwrap();
+    drop(lock);
+
+    // A purchase may meet a dead connection reading its event: 503, and the buyer
+    // presses again with the same key; never another answer.
+    let mut queued = 0;
+    for _ in 0..30 {
+        let answers = burst(&app, event, categories[0], &buyers[20..]).await;
+        assert!(
+            answers.keys().all(|s| [202, 503].contains(s)),
+            "{answers:?}"
+        );
+        queued = answers.get(&202).copied().unwrap_or(0);
+        if queued == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        queued, 10,
+        "the purchases after the stall were not all queued"
+    );
+    // Without a bound on each call, the batch stays on its dead connection; without
+    // MariaDB ending the abandoned session, the retry waits on its locks for hours.
+    let settled = eventually(Duration::from_secs(60), || async {
+        ordered_units(&app.mysql, event).await == (30, 30)
+            && app.stream_len(event).await == 0
+            && unsynced_orders(&app.mysql, event).await == 0
+    })
+    .await;
+    assert!(
+        settled,
+        "orders {:?}, backlog {}, unsynced {}",
+        ordered_units(&app.mysql, event).await,
+        app.stream_len(event).await,
+        unsynced_orders(&app.mysql, event).await
+    );
+    let created = app
+        .admin_api
+        .counter("stampede_orders_created_total")
+        .await
+        .expect("the core counts the orders it creates");
+    assert_eq!(created, 30, "each order created once");
+    let cut = app
+        .admin_api
+        .counter("stampede_mysql_calls_cut_total")
+        .await
+        .expect("the core counts the MySQL calls it gives up");
+    assert!(cut >= 1, "no MySQL call was cut");
     app.stop().await;
 }
 
