@@ -171,16 +171,23 @@ impl Settings {
         // on every new connection (another handshake, refused here for a user that may
         // connect from 127.0.0.1 only).
         .prefer_socket(false)
-        // Told the session's wait_timeout (set below), the pool drops a connection idle
-        // that long rather than hand out one MariaDB has closed.
+        // Told the session's wait_timeout (set below), and dropping a connection idle
+        // for three quarters of it, the pool never hands out one MariaDB has closed.
         .wait_timeout(Some(idle_timeout_s as usize))
+        .conn_ttl(Some(Duration::from_secs(idle_timeout_s) * 3 / 4))
+        // A peer gone (its host lost, a partition) under a connection waiting for an
+        // answer is noticed by TCP keepalive probes after this long idle (then the OS's
+        // interval and count), rather than never: what a cut-off call leaves to the
+        // pool's clean-up (reading the rest of a result) then ends too.
+        .tcp_keepalive(Some(Duration::from_millis(self.mysql.call_timeout_ms)))
         // Every DATETIME Stampede writes or reads is UTC. A session whose client is
         // gone without closing (a call cut off after mysql.call_timeout_ms on a
         // half-open connection, a core's host lost) would keep its open transaction,
         // and the row locks every later batch of its category waits on, for MariaDB's
         // default wait_timeout of 8 hours: it ends after `session_idle_timeout` without
-        // a command instead.
-        .init(vec![format!(
+        // a command instead. `setup`, not `init`: run again after a connection's reset
+        // (user creation asks for one), which restores the server's defaults.
+        .setup(vec![format!(
             "SET time_zone = '+00:00', wait_timeout = {idle_timeout_s}"
         )]);
         if let Some(pw) = mysql_password {
@@ -399,8 +406,9 @@ mod tests {
         let r = with_secrets().resolve().unwrap();
         // The shipped 15 s: a session a cut-off call left ends after a minute idle.
         assert_eq!(r.mysql_opts.wait_timeout(), Some(60));
-        let init = r.mysql_opts.init().join(";");
-        assert!(init.contains("wait_timeout = 60"), "{init}");
+        let setup = r.mysql_opts.setup().join(";");
+        assert!(setup.contains("wait_timeout = 60"), "{setup}");
+        assert_eq!(r.mysql_opts.conn_ttl(), Some(Duration::from_secs(45)));
         assert_eq!(session_idle_timeout(1_000).as_secs(), 10);
         assert_eq!(session_idle_timeout(600_000).as_secs(), 2_400);
     }

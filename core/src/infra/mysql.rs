@@ -126,10 +126,14 @@ pub fn migrations(shards: u32) -> anyhow::Result<Vec<Migration>> {
 /// mysql_async has no timeout of its own for a command, and TCP notices a peer that
 /// stopped answering only after many minutes (a host gone, a partition) or never (a
 /// hung server whose kernel still acknowledges). Cutting a call drops its future, which
-/// is safe: a connection dropped in the middle of a command is marked broken and never
-/// goes back to the pool (it is closed, and MariaDB rolls back its open transaction
-/// when it notices), and every caller treats the cut as it treats a crash at that point
-/// (a batch's transaction as of unknown outcome, whose retry reads what committed).
+/// leaves no connection out of step: one dropped in the middle of a command is marked
+/// broken and closed, never reused (MariaDB rolls back its open transaction once the
+/// session ends: `wait_timeout`, config/resolve.rs); one dropped while reading a
+/// result's rows goes back to the pool's clean-up, which reads the rest and rolls back
+/// before reuse (on a dead peer that clean-up holds a pool slot until TCP keepalive
+/// gives up). Every caller treats the cut as a crash at that point, which its flow
+/// survives: a batch's transaction is of unknown outcome, and the retry reads what
+/// committed.
 #[derive(Clone)]
 pub struct CallTimeout {
     pub limit: Duration,
@@ -159,11 +163,14 @@ impl CallTimeout {
         })
     }
 
-    /// The same, for a unit of work of up to `calls` calls (a background pass over one
-    /// event: a few MySQL calls and Redis round trips).
-    pub fn for_calls(&self, calls: u32) -> CallTimeout {
+    /// The bound of a background pass over one event (a preload, a reconcile pass, a
+    /// purge: a few MySQL calls and Redis round trips): four calls' worth, and at least
+    /// a minute, so a large event's rebuild is never cut for being large. Cut off, it is
+    /// as if the core had stopped there (its Redis lock lapses after its TTL), and the
+    /// next pass does it again.
+    pub fn for_pass(&self) -> CallTimeout {
         CallTimeout {
-            limit: self.limit * calls,
+            limit: (self.limit * 4).max(Duration::from_secs(60)),
             cut: self.cut.clone(),
         }
     }

@@ -97,7 +97,12 @@ impl Lifecycle {
     /// deadline, waiting for the deadline when the message came early; whether it did.
     async fn expire(&self, order_no: u64) -> anyhow::Result<bool> {
         for _ in 0..10 {
-            match self.cancel(OrderNo(order_no), Canceller::Deadline).await? {
+            let cancel = self.cancel(OrderNo(order_no), Canceller::Deadline);
+            match self
+                .call_timeout
+                .try_within("an order timeout", cancel)
+                .await?
+            {
                 Cancelled::NotDue(o) => {
                     let wait = (o.pay_deadline - chrono::Utc::now())
                         .to_std()

@@ -53,7 +53,9 @@ pub(super) fn classify(e: mysql_async::Error) -> PersistError {
         // So is a duplicate key: another attempt at the same orders committed first (the
         // next attempt sees them), or an expiry took an order number's slot, or Redis
         // handed an admission number out again (the next attempt reads why).
-        mysql_async::Error::Server(s) if ![1213, 1205, 1062].contains(&s.code) => {
+        // 4031: MySQL 8 closed a session idle past its wait_timeout (the connection's
+        // last answer); nothing of this attempt committed.
+        mysql_async::Error::Server(s) if ![1213, 1205, 1062, 4031].contains(&s.code) => {
             PersistError::Rejected(e.to_string())
         }
         _ => PersistError::NotCommitted(e.to_string()),

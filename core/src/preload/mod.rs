@@ -85,11 +85,6 @@ pub struct Preloader {
     pub call_timeout: CallTimeout,
 }
 
-/// A background pass over one event (a preload, a reconcile) may take this many
-/// `mysql.call_timeout_ms`: a few MySQL calls and Redis round trips. Cut off, it is as if
-/// the core had stopped there; the next pass does it again.
-pub const PASS_CALLS: u32 = 4;
-
 impl Preloader {
     pub fn new(
         redis: Redis,
@@ -623,11 +618,17 @@ impl Preloader {
 
     async fn preload_due(&self, window: Duration) -> anyhow::Result<()> {
         let due = catalog::published_opening_within(&self.mysql, window.as_secs());
-        let per_event = self.call_timeout.for_calls(PASS_CALLS);
+        let per_event = self.call_timeout.for_pass();
         for id in self.call_timeout.try_within("the events due", due).await? {
-            per_event
-                .try_within("a scheduled preload", self.preload_if_missing(id))
-                .await?;
+            // One event's failure holds back none of the others.
+            let preload = self.preload_if_missing(id);
+            if let Err(e) = per_event.try_within("a scheduled preload", preload).await {
+                tracing::warn!(
+                    event_id = id,
+                    error = format!("{e:#}"),
+                    "scheduled preload failed; will retry"
+                );
+            }
         }
         Ok(())
     }

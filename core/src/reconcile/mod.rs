@@ -543,7 +543,7 @@ impl Reconciler {
                 _ = stop.wait() => return,
             }
             let limit = &self.preloader.call_timeout;
-            let per_event = limit.for_calls(crate::preload::PASS_CALLS);
+            let per_event = limit.for_pass();
             let ids = match limit
                 .try_within("the events to reconcile", self.events(window_s))
                 .await

@@ -252,7 +252,7 @@ impl Reconciler {
             .await
             .context("Failed to read the retired sales")?;
         let due_ms = Utc::now().timestamp_millis() - self.purge_after.as_millis() as i64;
-        let per_event = (self.preloader.call_timeout).for_calls(crate::preload::PASS_CALLS);
+        let per_event = self.preloader.call_timeout.for_pass();
         for (id, at) in retired.into_iter().filter(|&(_, at)| at <= due_ms) {
             if let Err(e) = per_event.try_within("a purge", self.purge(id, at)).await {
                 tracing::warn!(
