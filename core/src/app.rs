@@ -292,7 +292,7 @@ impl App {
                 crate::room::gate::Gate {
                     store: crate::room::store(&state.redis, &state.keys),
                     mysql: state.mysql.clone(),
-                    call_timeout: state.lifecycle.call_timeout.clone(),
+                    call_timeout: state.preloader.call_timeout.clone(),
                     events: state.events.clone(),
                     max_stream_depth: s.orders.max_stream_depth,
                 }
@@ -401,7 +401,7 @@ fn start_flows(
         namesrv: s.rocketmq.namesrv_addr.clone(),
         names: Names::new(&s.rocketmq.namespace),
         send_threads: s.orders.workers + 1,
-        call_timeout: state.lifecycle.call_timeout.clone(),
+        call_timeout: pipeline.call_timeout.clone(),
     };
     let settings = Arc::new(settings);
     let start = {
@@ -435,7 +435,7 @@ fn start_flows(
             "the outbox sweeper",
             tokio::spawn(stock_sync::outbox::run(
                 state.mysql.clone(),
-                state.lifecycle.call_timeout.clone(),
+                pipeline.call_timeout.clone(),
                 pipeline.mq.clone(),
                 s.orders.sweep_after_s,
                 stopper.subscribe(),

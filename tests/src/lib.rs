@@ -13,7 +13,7 @@ mod fixtures;
 mod http;
 mod own_stack;
 mod process;
-mod proxy;
+mod relay;
 mod sql;
 mod stack;
 mod stack_app;
@@ -26,7 +26,7 @@ pub use fixtures::{concert, small_sale};
 pub use http::{RawAnswer, raw_request};
 pub use own_stack::{OwnBroker, OwnRedis, free_port};
 pub use process::{CoreProcess, core_binary, core_env, paysim_binary};
-pub use proxy::StallingRelay;
+pub use relay::StallingRelay;
 pub use sql::{
     create_database, drop_database, live_units, order_numbers, ordered_units, over_shards, scalar,
     test_shards, unsynced_orders,
