@@ -528,17 +528,20 @@ impl Mover {
     }
 
     /// Units recorded as moving and not yet credited where they go (the books count
-    /// them apart from every place).
+    /// them apart from every place). A move of an older generation than its
+    /// destination's keys is void (move_in.lua never credits it: the rebuild counted
+    /// its units afresh), so it is not counted until the sweeper drops its record.
     pub async fn moving(&self, event: EventId, count: u16) -> anyhow::Result<Vec<(u64, i64)>> {
         let mut redis = self.redis.clone();
         let mut out = Vec::new();
         for (_, m) in self.recorded(event, count).await? {
-            let credited: bool = redis::cmd("SISMEMBER")
-                .arg(m.to.credited(&self.keys))
-                .arg(&m.id)
+            let (credited, epoch): (bool, Option<u64>) = redis::pipe()
+                .sismember(m.to.credited(&self.keys), &m.id)
+                .hget(m.to.meta(&self.keys), "epoch")
                 .query_async(&mut redis)
                 .await?;
-            if !credited {
+            let void = epoch.is_some_and(|now| now != m.epoch);
+            if !credited && !void {
                 out.push((m.category, m.units));
             }
         }

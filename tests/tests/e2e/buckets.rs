@@ -395,44 +395,72 @@ async fn a_move_a_stopped_core_left_is_finished_by_the_sweeper_and_one_of_an_old
     };
     let before: i64 = r.hget(app.keys().stock(target), ga).await.unwrap();
     // What a core that died between move_out.lua and move_in.lua leaves: 5 units out
-    // of the pool, recorded, credited nowhere.
+    // of the pool, recorded, credited nowhere. Recorded just now, so the sweeper leaves
+    // both records alone for STALE_MOVE and the pass below sees them.
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    let old_ms = now_ms - 60_000;
     let epoch: u64 = r.hget(app.keys().event_meta(event), "epoch").await.unwrap();
     let () = redis::pipe()
         .hincr(app.keys().pool(event), ga, -5)
         .hset(
             app.keys().pool_moves(event),
             "dead-core-move",
-            format!("1|{ga}|5|{old_ms}|{epoch}"),
+            format!("1|{ga}|5|{now_ms}|{epoch}"),
         )
         // And one from before a rebuild of the keys (an older generation, whose units
         // the rebuild counted afresh): void, never credited.
         .hset(
             app.keys().pool_moves(event),
             "older-generation-move",
-            format!("2|{ga}|3|{old_ms}|{}", epoch - 1),
+            format!("2|{ga}|3|{now_ms}|{}", epoch - 1),
         )
         .query_async(&mut r)
         .await
         .unwrap();
-    // Counted as moving by the books while it waits, credited once by the sweeper.
+    // While both wait, the books count the live move's 5 units as moving and the void
+    // move's 3 not at all: a pass finds nothing to heal (counting the void 3 made it
+    // "lower" the stock by 3, draining every bucket for it).
+    let (status, report) = app
+        .post(&format!("/admin/events/{event}/reconcile"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["actions"], json!([]), "{report:#}");
+    let cs = report["balance"]["categories"].as_array().unwrap();
     assert!(
-        eventually(Duration::from_secs(10), || async {
-            let now: i64 = app
-                .redis
-                .clone()
-                .hget(app.keys().stock(target), ga)
-                .await
-                .unwrap();
-            now == before + 5
-        })
-        .await,
-        "the sweeper credited the move"
+        cs.iter().all(|c| c["gap"] == 0 && c["oversold"] == 0),
+        "{report:#}"
     );
+    let stock_now = || async {
+        let now: i64 = app
+            .redis
+            .clone()
+            .hget(app.keys().stock(target), ga)
+            .await
+            .unwrap();
+        now
+    };
+    assert_eq!(
+        stock_now().await,
+        before,
+        "nothing credited before the sweeper's turn"
+    );
+    // Credited once by the sweeper.
+    let credited = eventually(
+        stampede_core::buckets::STALE_MOVE + Duration::from_secs(10),
+        || async { stock_now().await == before + 5 },
+    )
+    .await;
+    if !credited {
+        let moves: HashMap<String, String> = r.hgetall(app.keys().pool_moves(event)).await.unwrap();
+        let epoch_now: Option<u64> = r.hget(app.keys().event_meta(event), "epoch").await.unwrap();
+        panic!(
+            "the sweeper did not credit the move: bucket 1 holds {} (was {before}), \
+             records left {moves:?}, epoch {epoch_now:?} (was {epoch})",
+            stock_now().await
+        );
+    }
     // The records go, the finished move's once the credit is in (a call of its own
     // after it: on a cluster the pool's moves and the bucket's stock are in two slots).
     for (id, why) in [
