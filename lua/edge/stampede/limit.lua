@@ -2,13 +2,15 @@
 -- nil when the request may pass, or the seconds until it would (for Retry-After).
 --
 -- fixed_window    limit per window_s, counted from the window's start   (1 atomic incr)
--- sliding_window  limit in any window_s, weighting the previous window  (2 gets, 1 incr)
+-- sliding_window  limit in any window_s, weighting the previous window  (1 get, 1 incr
+--                 or, a window's first, 1 set; both windows' counts in one entry)
 -- token_bucket    refills at rate/s up to burst, a request takes one; kept as GCRA's
 --                 one number per key (the time the bucket is next full)  (1 get, 1 set)
 -- leaky_bucket    drains at rate/s, at most burst waiting in excess, as nginx's limit_req
 --                 (the level, with its time in the entry's flags)       (1 get, 1 set)
--- The bucket updates are get-then-set without a lock, as lua-resty-limit-req does: under
--- contention between workers a few extra requests may pass; never fewer.
+-- The bucket updates, and a sliding window's first count in a window, are get-then-set
+-- without a lock, as lua-resty-limit-req does: under contention between workers a few
+-- extra requests may pass; never fewer.
 local ngx = ngx
 local floor, max = math.floor, math.max
 local shared = ngx.shared
@@ -30,14 +32,34 @@ local function fixed_window(key, s, now)
   if n > s.limit then return (win + 1) * w - now end
 end
 
+-- One entry per key, not one per key and window (the purchase path's costliest check was
+-- this one: two lookups and a new entry per buyer and window): the value packs the
+-- previous window's count and the current one's, previous * SHIFT + current, and the
+-- flags hold the current window's number (modulo 2^32).
+local WRAP = 4294967296 -- flags are 32 bits
+local SHIFT = 67108864  -- 2^26; both counts stay below it (doubles hold 2^52 exactly)
 local function sliding_window(key, s, now)
   local w = s.window_s
   local win = floor(now / w)
   local elapsed = now - win * w
-  local current_key = key .. win
-  local estimate = (dict:get(key .. (win - 1)) or 0) * (w - elapsed) / w + (dict:get(current_key) or 0)
-  if estimate + 1 > s.limit then return w - elapsed end
-  dict:incr(current_key, 1, 0, 2 * w + 1)
+  local packed, at = dict:get(key)
+  local prev, cur = 0, 0
+  if packed then
+    local gap = (win - (at or 0)) % WRAP
+    if gap == 0 then
+      prev, cur = floor(packed / SHIFT), packed % SHIFT
+    elseif gap == 1 then
+      prev = packed % SHIFT
+    end
+  end
+  if prev * (w - elapsed) / w + cur + 1 > s.limit then return w - elapsed end
+  if cur == 0 then
+    dict:set(key, prev * SHIFT + 1, 2 * w + 1, win % WRAP)
+  elseif cur < SHIFT - 1 then
+    -- Counted atomically within a window, as other workers may be counting too. (A
+    -- limit above 2^26 per window stops counting there: more may pass, never fewer.)
+    dict:incr(key, 1)
+  end
 end
 
 local function token_bucket(key, s, now)
@@ -48,7 +70,6 @@ local function token_bucket(key, s, now)
   dict:set(key, tat + interval, s.burst * interval + 1)
 end
 
-local WRAP = 4294967296 -- flags are 32 bits: the time is kept in ms modulo 2^32
 local function leaky_bucket(key, s, now)
   local now_ms = floor(now * 1000)
   local level, last = dict:get(key)
