@@ -5,9 +5,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use crate::infra::redis::Redis;
-use redis::streams::{
-    StreamAutoClaimOptions, StreamAutoClaimReply, StreamReadOptions, StreamReadReply,
-};
+use redis::streams::{StreamClaimReply, StreamReadOptions, StreamReadReply};
 
 use super::reservation::Reservation;
 
@@ -26,6 +24,9 @@ static REFUSE: LazyLock<redis::Script> =
 
 static KEEP_CLAIMED: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/keep_claimed.lua")));
+
+static CLAIM_STALE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/claim_stale.lua")));
 
 static DROP_STALE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/drop_stale.lua")));
@@ -159,7 +160,8 @@ pub async fn read(
         .unwrap_or_default())
 }
 
-/// Entries another consumer has held longer than `idle` (it crashed or hangs).
+/// Entries held longer than `idle`: another consumer's (it stopped or hangs), or this
+/// one's own left idle.
 pub async fn claim_stale(
     redis: &mut Redis,
     keys: &Keys,
@@ -167,18 +169,27 @@ pub async fn claim_stale(
     consumer: &str,
     idle: Duration,
     count: usize,
-) -> redis::RedisResult<Vec<redis::streams::StreamId>> {
-    let reply: StreamAutoClaimReply = redis::AsyncCommands::xautoclaim_options(
-        redis,
-        keys.order_stream(bucket),
-        GROUP,
-        consumer,
-        idle.as_millis() as u64,
-        "0-0",
-        StreamAutoClaimOptions::default().count(count),
-    )
-    .await?;
-    Ok(reply.claimed)
+) -> redis::RedisResult<Claimed> {
+    let (others, reply): (u64, StreamClaimReply) = CLAIM_STALE
+        .key(keys.order_stream(bucket))
+        .arg(GROUP)
+        .arg(consumer)
+        .arg(idle.as_millis() as u64)
+        .arg(count)
+        .invoke_async(redis)
+        .await?;
+    Ok(Claimed {
+        entries: reply.ids,
+        others,
+    })
+}
+
+/// `claim_stale.lua`'s answer: the entries taken, and how many of them another
+/// consumer held (a takeover; the rest were this consumer's own, idle).
+#[derive(Debug)]
+pub struct Claimed {
+    pub entries: Vec<redis::streams::StreamId>,
+    pub others: u64,
 }
 
 /// `keep_claimed.lua`'s answer: how many of the batch's entries it kept.

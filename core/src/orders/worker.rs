@@ -165,14 +165,24 @@ impl Pipeline {
                     )
                     .await
                     {
-                        Ok(found) if !found.is_empty() => {
-                            tracing::warn!(
-                                event_id = %bucket.event,
-                                entries = found.len(),
-                                "took over reservations a stopped worker left"
-                            );
-                            self.taken_over.inc_by(found.len() as u64);
-                            entries = found;
+                        Ok(found) if !found.entries.is_empty() => {
+                            if found.others > 0 {
+                                tracing::warn!(
+                                    event_id = %bucket.event,
+                                    entries = found.others,
+                                    "took over reservations a stopped worker left"
+                                );
+                                self.taken_over.inc_by(found.others);
+                            }
+                            let own = found.entries.len() as u64 - found.others;
+                            if own > 0 {
+                                tracing::warn!(
+                                    event_id = %bucket.event,
+                                    entries = own,
+                                    "resuming reservations this worker had left idle"
+                                );
+                            }
+                            entries = found.entries;
                         }
                         Ok(_) => {}
                         Err(e) => {

@@ -536,3 +536,66 @@ async fn keeping_a_batch_claimed_never_takes_back_what_another_consumer_holds() 
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn claiming_idle_entries_counts_only_another_consumers_as_taken_over() {
+    use stampede_core::orders::redis::{self as stream, Entries};
+    let app = spawn_app_with(|_| {}).await;
+    let (keys, bucket) = (app.keys(), Bucket::only(1));
+    let mut r = app.redis.clone();
+    stream::ensure_group(&mut r, &keys, bucket).await.unwrap();
+    let name = keys.order_stream(bucket);
+    for n in 0..5 {
+        let _: String = r.xadd(&name, "*", &[("v1", n)]).await.unwrap();
+    }
+    // "a" (stopped) holds three, "b" two; one of "a"'s is deleted from the stream.
+    let a = stream::read(&mut r, &keys, bucket, "a", 3, Entries::New)
+        .await
+        .unwrap();
+    let b = stream::read(&mut r, &keys, bucket, "b", 2, Entries::New)
+        .await
+        .unwrap();
+    assert_eq!((a.len(), b.len()), (3, 2));
+    let _: u64 = r.xdel(&name, &[a[2].id.as_str()]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // One of "b"'s still in use (its idle time reset): not idle enough to take.
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg(&name)
+        .arg(stream::GROUP)
+        .arg("b")
+        .arg(0)
+        .arg(b[1].id.as_str())
+        .arg("JUSTID")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let claimed = stream::claim_stale(&mut r, &keys, bucket, "b", Duration::from_millis(200), 10)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = claimed.entries.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [a[0].id.as_str(), a[1].id.as_str(), b[0].id.as_str()],
+        "the idle entries still in the stream, oldest first"
+    );
+    assert_eq!(claimed.others, 2, "two of them were another consumer's");
+    let pending: redis::streams::StreamPendingCountReply = r
+        .xpending_count(&name, stream::GROUP, "-", "+", 10)
+        .await
+        .unwrap();
+    let owners: Vec<(&str, &str)> = pending
+        .ids
+        .iter()
+        .map(|p| (p.id.as_str(), p.consumer.as_str()))
+        .collect();
+    assert!(
+        owners.iter().all(|(_, c)| *c == "b"),
+        "every entry left is b's now: {owners:?}"
+    );
+    // Nothing idle left: nothing taken.
+    let again = stream::claim_stale(&mut r, &keys, bucket, "c", Duration::from_secs(60), 10)
+        .await
+        .unwrap();
+    assert_eq!((again.entries.len(), again.others), (0, 0));
+    app.stop().await;
+}
