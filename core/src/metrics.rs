@@ -77,9 +77,11 @@ impl Metrics {
             &["answer"],
         )
         .expect("valid metric");
-        let orders_created =
-            IntCounter::new("stampede_orders_created_total", "Orders created in MySQL")
-                .expect("valid metric");
+        let orders_created = IntCounter::new(
+            "stampede_orders_created_total",
+            "Orders created in MySQL, counted at the commit that inserted them",
+        )
+        .expect("valid metric");
         let reservations_released = IntCounter::new(
             "stampede_reservations_released_total",
             "Reservations released as FAILED",

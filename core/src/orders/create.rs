@@ -186,10 +186,12 @@ impl Pipeline {
         let (refused, made): (Vec<Reservation>, Vec<Reservation>) =
             reservations.iter().cloned().partition(turned_away);
         self.turn_away(bucket, &created, &refused).await;
+        // Counted when committed, once: a replay (a settle in Redis that failed) finds
+        // its orders there and inserts none.
+        self.orders_created.inc_by(created.inserted as u64);
         if made.is_empty() {
             return Ok(());
         }
-        self.orders_created.inc_by(made.len() as u64);
         let mut redis = self.redis.clone();
         if let Err(e) = redis::settle(&mut redis, &self.keys, bucket, &made).await {
             // The orders exist; the entries stay pending and a replay settles them.

@@ -102,6 +102,8 @@ pub struct Created {
     pub expired: Vec<OrderNo>,
     /// Per category, the units MySQL has left after the batch: Redis may offer no more.
     pub room: BTreeMap<u64, i64>,
+    /// Orders this attempt inserted (not those an earlier attempt or delivery had).
+    pub inserted: usize,
 }
 
 /// Creates the batch's orders not yet in MySQL, those the guards let through (see
@@ -254,6 +256,7 @@ async fn attempt(
     let verdict = guards::judge(&mut tx, event, fresh).await?;
     guards::record(&mut tx, EventId(event.id), &verdict).await?;
     created.room = verdict.room;
+    created.inserted = verdict.accepted.len();
     // Formatted once: every order of the batch has the same deadline.
     let deadline = (Utc::now() + TimeDelta::seconds(i64::from(event.pay_timeout_s)))
         .naive_utc()
