@@ -16,7 +16,7 @@ use super::guards::{self, Declined};
 use super::reservation::{Batch, Reservation};
 use crate::catalog::EventRecord;
 use crate::domain::{EventId, OrderNo};
-use crate::infra::mysql::CallTimeout;
+use crate::infra::mysql::{CallTimeout, Session};
 use crate::order_tables::{self, shard_of_order};
 
 /// Why a batch did not commit.
@@ -126,7 +126,8 @@ pub struct Created {
 /// after a crash or a Redis gone back in time.
 ///
 /// Each attempt is given up after `mysql.call_timeout_ms` (MySQL hung, its connection
-/// half-open): Unknown, since the cut may have come after COMMIT was sent; the next
+/// half-open): Unknown, since the cut may have come after COMMIT was sent; its session
+/// is killed (its transaction rolled back, unless COMMIT got there first), and the next
 /// attempt reads what committed.
 pub async fn create_orders(
     pool: &Pool,
@@ -136,13 +137,22 @@ pub async fn create_orders(
     limit: &CallTimeout,
 ) -> Result<Created, PersistError> {
     let bounded = |reads| async move {
-        limit
+        let session = Session::default();
+        let outcome = limit
             .within(
                 "a batch's transaction",
-                attempt(pool, shards, event, batch, reads),
+                attempt(pool, shards, event, batch, reads, &session),
             )
-            .await
-            .unwrap_or_else(|cut| Err(PersistError::Unknown(cut.to_string())))
+            .await;
+        match outcome {
+            Ok(outcome) => outcome,
+            Err(cut) => {
+                // Its locks (the orders', the category's row) would hold every later
+                // batch of the category until MariaDB's wait_timeout.
+                session.end(limit).await;
+                Err(PersistError::Unknown(cut.to_string()))
+            }
+        }
     };
     if batch.first_delivery {
         match bounded(Reads::LeftToUniqueKeys).await {
@@ -172,6 +182,7 @@ async fn attempt(
     event: &EventRecord,
     batch: &Batch,
     reads: Reads,
+    session: &Session,
 ) -> Result<Created, PersistError> {
     // An insert a unique key refuses: the reads it skipped would have found the row.
     let inserted = |e: mysql_async::Error| match &e {
@@ -181,6 +192,7 @@ async fn attempt(
         _ => classify(e),
     };
     let mut conn = pool.get_conn().await.map_err(classify)?;
+    session.runs_on(&conn);
     let mut tx = conn
         .start_transaction(
             TxOpts::default()

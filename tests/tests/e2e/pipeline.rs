@@ -394,6 +394,12 @@ async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open(
     })
     .await;
     assert!(waiting, "the batch never reached the locked table");
+    let session = scalar(
+        &app.mysql,
+        "SELECT id FROM information_schema.processlist \
+         WHERE state LIKE 'Waiting for table%' AND info LIKE 'INSERT INTO stock_batch%'",
+    )
+    .await;
     let cut = || async {
         app.admin_api
             .counter("stampede_mysql_calls_cut_total")
@@ -427,6 +433,19 @@ async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open(
     );
     probe.query_drop("ROLLBACK").await.unwrap();
     drop(probe);
+    // Cut off, the attempt's session is killed at once: MariaDB would keep it (and the
+    // row) until its wait_timeout, 12 s of idling here, 9 s or more after the cut.
+    assert!(
+        eventually(Duration::from_secs(10), || async { cut().await >= 1 }).await,
+        "the batch's attempt was never cut"
+    );
+    let gone = eventually(Duration::from_secs(2), || async {
+        let alive =
+            format!("SELECT COUNT(*) FROM information_schema.processlist WHERE id = {session}");
+        scalar(&app.mysql, &alive).await == 0
+    })
+    .await;
+    assert!(gone, "the cut-off session {session} is still there");
 
     // A purchase may meet a dead connection reading its event: 503, and the buyer
     // presses again with the same key; never another answer.
