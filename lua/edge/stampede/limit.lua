@@ -46,7 +46,9 @@ local function sliding_window(key, s, now)
   local prev, cur = 0, 0
   if packed then
     local gap = (win - (at or 0)) % WRAP
-    if gap == 0 then
+    if gap == 0 or gap >= WRAP / 2 then
+      -- This window's entry, or (gap "negative") one a worker whose clock is a moment
+      -- ahead moved on already: counted there, never written over.
       prev, cur = floor(packed / SHIFT), packed % SHIFT
     elseif gap == 1 then
       prev = packed % SHIFT
@@ -58,7 +60,8 @@ local function sliding_window(key, s, now)
   elseif cur < SHIFT - 1 then
     -- Counted atomically within a window, as other workers may be counting too. (A
     -- limit above 2^26 per window stops counting there: more may pass, never fewer.)
-    dict:incr(key, 1)
+    local n, err = dict:incr(key, 1)
+    if not n then ngx.log(ngx.WARN, "rate limit dict: ", err) end -- evicted: one uncounted
   end
 end
 
@@ -104,6 +107,7 @@ function _M.init(opts)
   dict = assert(shared[opts.dict], "lua_shared_dict " .. tostring(opts.dict) .. " is not declared")
   for name, s in pairs(opts.limits) do
     s.check = assert(usable(s), "limit " .. name .. ": unknown algo or non-positive numbers")
+    s.prefix = name .. ":" .. s.algo .. ":"
     s.default = true
     specs[name] = s
   end
@@ -111,7 +115,6 @@ function _M.init(opts)
     for _, entry in ipairs(list) do
       assert(specs[entry[1]], "route " .. route .. " names unknown limit " .. tostring(entry[1]))
       assert(entry[2] == "ip" or entry[2] == "user" or entry[2] == "event", "key kind must be ip, user or event")
-      entry.prefix = entry[1] .. ":"
     end
     routes[route] = list
   end
@@ -129,7 +132,9 @@ function _M.apply(overrides)
       ngx.log(ngx.WARN, "ignoring unusable override of limit ", name)
     end
     if check then
-      s.check = check
+      -- Keys of their own per algorithm: a limit switched to another reads no entry the
+      -- old one wrote in its own format.
+      s.check, s.prefix = check, name .. ":" .. s.algo .. ":"
       specs[name] = s
     else
       specs[name] = default
@@ -144,7 +149,7 @@ function _M.check(route, ip, user, event)
     local s = specs[entry[1]]
     local kind = entry[2]
     local key = kind == "ip" and ip or (kind == "user" and user or event)
-    local wait = s.check(entry.prefix .. key, s, now)
+    local wait = s.check(s.prefix .. key, s, now)
     if wait then return wait, entry[1] end
   end
 end
