@@ -185,48 +185,40 @@ impl CallTimeout {
     }
 }
 
-/// The MariaDB session of a call cut off, to end it: MariaDB never hears that a client
-/// behind a half-open connection is gone, so the session keeps its transaction and its
-/// locks until `wait_timeout` (four call timeouts), and every batch of the category waits
-/// on them meanwhile.
-#[derive(Default)]
-pub struct Session(std::sync::Mutex<Option<(u32, Opts)>>);
-
-impl Session {
-    /// The connection a call runs on (its id on the server, and how to reach it).
-    pub fn runs_on(&self, conn: &mysql_async::Conn) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((conn.id(), conn.opts().clone()));
+/// Ends the MariaDB session of `conn`, whose call was cut off: MariaDB never hears that a
+/// client behind a half-open connection is gone, so the session would keep its
+/// transaction and its locks until `wait_timeout` (four call timeouts), and every batch
+/// of the category would wait on them meanwhile. KILL over a connection of its own (not
+/// the pool's, whose idle ones may be half-open too), `conn` held until it is done, so the
+/// pool cannot hand the session to another task first. Its transaction rolls back unless
+/// its COMMIT got there first. Bounded by `within`; on failure MariaDB still ends the
+/// session after `wait_timeout`.
+pub async fn end_session(conn: mysql_async::Conn, within: Duration) {
+    let (id, opts) = (conn.id(), conn.opts().clone());
+    let kill = async {
+        let mut killer = mysql_async::Conn::new(opts).await?;
+        let killed = killer.query_drop(format!("KILL CONNECTION {id}")).await;
+        killer.disconnect().await.ok();
+        killed
+    };
+    match tokio::time::timeout(within, kill).await {
+        Ok(Ok(())) => tracing::warn!(
+            session = id,
+            "ended the MariaDB session of a cut-off call: its transaction rolled back"
+        ),
+        // 1094: no such thread — it ended already.
+        Ok(Err(mysql_async::Error::Server(e))) if e.code == 1094 => {}
+        Ok(Err(e)) => tracing::warn!(
+            session = id,
+            error = %e,
+            "could not end the session of a cut-off call; MariaDB ends it after wait_timeout"
+        ),
+        Err(_) => tracing::warn!(
+            session = id,
+            "no answer to KILL for a cut-off call's session; MariaDB ends it after wait_timeout"
+        ),
     }
-
-    /// After a cut: KILL the session over a connection of its own (not the pool's, whose
-    /// idle connections may be half-open too), so its transaction rolls back and its
-    /// locks go now. Bounded by `limit`; on failure MariaDB still ends it after
-    /// `wait_timeout`.
-    pub async fn end(&self, limit: &CallTimeout) {
-        let Some((id, opts)) = self.0.lock().unwrap_or_else(|p| p.into_inner()).take() else {
-            return;
-        };
-        let kill = async {
-            let mut conn = mysql_async::Conn::new(opts).await?;
-            let killed = conn.query_drop(format!("KILL CONNECTION {id}")).await;
-            conn.disconnect().await.ok();
-            killed
-        };
-        match limit.within("ending a cut-off call's session", kill).await {
-            Ok(Ok(())) => tracing::warn!(
-                session = id,
-                "ended the MariaDB session of a cut-off call: its transaction rolled back"
-            ),
-            // 1094: no such thread — it ended already.
-            Ok(Err(mysql_async::Error::Server(e))) if e.code == 1094 => {}
-            Ok(Err(e)) => tracing::warn!(
-                session = id,
-                error = %e,
-                "could not end the session of a cut-off call; MariaDB ends it after wait_timeout"
-            ),
-            Err(_) => {}
-        }
-    }
+    drop(conn);
 }
 
 /// Opens the pool and waits (up to `timeout`) until MariaDB answers.

@@ -10,13 +10,13 @@ use std::fmt::Write as _;
 
 use chrono::{TimeDelta, Utc};
 use mysql_async::prelude::*;
-use mysql_async::{IsolationLevel, Pool, TxOpts};
+use mysql_async::{Conn, IsolationLevel, Pool, TxOpts};
 
 use super::guards::{self, Declined};
 use super::reservation::{Batch, Reservation};
 use crate::catalog::EventRecord;
 use crate::domain::{EventId, OrderNo};
-use crate::infra::mysql::{CallTimeout, Session};
+use crate::infra::mysql::{CallTimeout, end_session};
 use crate::order_tables::{self, shard_of_order};
 
 /// Why a batch did not commit.
@@ -137,19 +137,24 @@ pub async fn create_orders(
     limit: &CallTimeout,
 ) -> Result<Created, PersistError> {
     let bounded = |reads| async move {
-        let session = Session::default();
+        // The connection is held here, not in the attempt: a cut drops the attempt and
+        // keeps the connection out of the pool until its session is ended (handed to
+        // another task meanwhile, that task's session would be the one killed).
+        let mut held: Option<Conn> = None;
         let outcome = limit
-            .within(
-                "a batch's transaction",
-                attempt(pool, shards, event, batch, reads, &session),
-            )
+            .within("a batch's transaction", async {
+                let conn = held.insert(pool.get_conn().await.map_err(classify)?);
+                attempt(conn, shards, event, batch, reads).await
+            })
             .await;
         match outcome {
             Ok(outcome) => outcome,
             Err(cut) => {
                 // Its locks (the orders', the category's row) would hold every later
                 // batch of the category until MariaDB's wait_timeout.
-                session.end(limit).await;
+                if let Some(conn) = held {
+                    end_session(conn, limit.limit).await;
+                }
                 Err(PersistError::Unknown(cut.to_string()))
             }
         }
@@ -177,12 +182,11 @@ enum Reads {
 }
 
 async fn attempt(
-    pool: &Pool,
+    conn: &mut Conn,
     shards: u32,
     event: &EventRecord,
     batch: &Batch,
     reads: Reads,
-    session: &Session,
 ) -> Result<Created, PersistError> {
     // An insert a unique key refuses: the reads it skipped would have found the row.
     let inserted = |e: mysql_async::Error| match &e {
@@ -191,8 +195,6 @@ async fn attempt(
         }
         _ => classify(e),
     };
-    let mut conn = pool.get_conn().await.map_err(classify)?;
-    session.runs_on(&conn);
     let mut tx = conn
         .start_transaction(
             TxOpts::default()
