@@ -79,7 +79,7 @@ impl Metrics {
         .expect("valid metric");
         let orders_created = IntCounter::new(
             "stampede_orders_created_total",
-            "Orders created in MySQL, counted at the commit that inserted them",
+            "Orders created in MySQL, counted at a commit this core saw succeed (one whose answer was lost is not counted)",
         )
         .expect("valid metric");
         let reservations_released = IntCounter::new(

@@ -24,7 +24,10 @@ local HEAD, CHUNK = 4, 500
 local args, held_by, claimed = { KEYS[1], ARGV[1], consumer, ARGV[3] }, {}, {}
 local function flush()
   if #args == HEAD then return end
-  for _, entry in ipairs(rcall('XCLAIM', unpack(args))) do claimed[#claimed + 1] = entry end
+  -- (Redis 6.2 answers a deleted entry with nil: left out too.)
+  for _, entry in ipairs(rcall('XCLAIM', unpack(args))) do
+    if entry then claimed[#claimed + 1] = entry end
+  end
   args = { KEYS[1], ARGV[1], consumer, ARGV[3] }
 end
 for _, p in ipairs(pending) do

@@ -186,7 +186,7 @@ impl Pipeline {
                         }
                         Ok(_) => {}
                         Err(e) => {
-                            tracing::warn!(event_id = %bucket.event, error = %e, "XAUTOCLAIM failed");
+                            tracing::warn!(event_id = %bucket.event, error = %e, "claiming idle entries failed");
                             own_pending = true;
                         }
                     }
