@@ -204,7 +204,7 @@ pub async fn end_session(conn: mysql_async::Conn, within: Duration) {
     match tokio::time::timeout(within, kill).await {
         Ok(Ok(())) => tracing::warn!(
             session = id,
-            "ended the MariaDB session of a cut-off call: its transaction rolled back"
+            "ended the MariaDB session of a cut-off call (its transaction rolled back, unless its COMMIT had landed)"
         ),
         // 1094: no such thread — it ended already.
         Ok(Err(mysql_async::Error::Server(e))) if e.code == 1094 => {}
