@@ -1,9 +1,11 @@
 //! Two cores and two edges on one sale: one core killed mid-sale, both edges alike.
 
+use stampede_core::ids;
 use stampede_core::keys::Bucket;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mysql_async::prelude::Queryable;
 use redis::AsyncCommands;
 use serde_json::json;
 use stampede_e2e::{Buyer, Stack, eventually, heavy, small_sale};
@@ -25,6 +27,14 @@ async fn one_of_two_cores_killed_mid_sale_and_the_other_settles_its_reservations
     admin.publish(event).await;
     let ga = categories[0];
     let buyers = admin.buyers(4_000).await;
+    // Until the kill, the cores' batches wait on this table lock (MariaDB's metadata
+    // lock), each core's workers holding the batch they read: the doomed core dies with
+    // reservations in hand, for the survivor to take over.
+    let mysql = mysql_async::Pool::new(stack.mysql_url(&database).as_str());
+    let mut lock = mysql.get_conn().await.unwrap();
+    lock.query_drop("LOCK TABLES stock_batch WRITE")
+        .await
+        .unwrap();
 
     // Buyers alternate between the cores; one whose core is gone asks the other with
     // the same Idempotency-Key (what the edge's upstream does).
@@ -39,10 +49,15 @@ async fn one_of_two_cores_killed_mid_sale_and_the_other_settles_its_reservations
         let (http, urls, gate) = (http.clone(), urls.clone(), gate.clone());
         tasks.spawn(async move {
             let _permit = gate.acquire().await.unwrap();
-            for url in [&urls[i % 2], &urls[1]] {
+            for core in [i % 2, 1] {
                 let body = json!({"category_id": ga, "quantity": 1});
-                match stampede_e2e::try_purchase(&http, url, event, &b.token, "k", body).await {
-                    Some((202, body)) => return body["request_id"].as_str()?.parse::<u64>().ok(),
+                match stampede_e2e::try_purchase(&http, &urls[core], event, &b.token, "k", body)
+                    .await
+                {
+                    Some((202, body)) => {
+                        let request = body["request_id"].as_str()?.parse::<u64>().ok()?;
+                        return Some((core, request));
+                    }
                     // No answer (the core died under it), or unavailable: the other core.
                     None | Some((502 | 503, _)) => continue,
                     Some(_) => return None,
@@ -59,14 +74,48 @@ async fn one_of_two_cores_killed_mid_sale_and_the_other_settles_its_reservations
     })
     .await;
     assert!(midway, "the sale did not get going");
+    // Killed once both cores' workers hold a batch (a core's consumers are
+    // "core<worker id>-<n>").
+    let stream = keys.order_stream(Bucket::only(event));
+    let both_busy = eventually(Duration::from_secs(30), || {
+        let (mut redis, stream) = (redis.clone(), stream.clone());
+        async move {
+            let holding: std::collections::HashSet<String> =
+                pending_by_consumer(&mut redis, &stream)
+                    .await
+                    .into_iter()
+                    .filter(|(_, held)| *held > 0)
+                    .filter_map(|(name, _)| Some(name.rsplit_once('-')?.0.to_owned()))
+                    .collect();
+            holding.len() == 2
+        }
+    })
+    .await;
+    assert!(both_busy, "the two cores never held reservations at once");
     doomed.signal("-KILL").await;
-    let mut promised = Vec::new();
+    // What every consumer held unacknowledged once the doomed core was gone (a moment
+    // after its death, so Redis has run whatever it had sent).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held_at_kill = pending_by_consumer(&mut redis.clone(), &stream).await;
+    lock.query_drop("UNLOCK TABLES").await.unwrap();
+    drop(lock);
+    let mut answered = Vec::new();
     while let Some(done) = tasks.join_next().await {
-        promised.extend(done.unwrap());
+        answered.extend(done.unwrap());
     }
+    let promised: Vec<u64> = answered.iter().map(|&(_, request)| request).collect();
     assert!(!promised.is_empty());
+    // The doomed core's consumers are named for the worker id in the order numbers it
+    // minted ("core<worker id>-<n>").
+    let doomed_consumers = answered
+        .iter()
+        .find(|&&(core, _)| core == 0)
+        .map(|&(_, request)| {
+            let worker = (request >> (ids::SEQUENCE_BITS + ids::GENE_BITS)) % ids::MAX_WORKERS;
+            format!("core{worker}-")
+        })
+        .expect("the doomed core admitted purchases before the kill");
 
-    let mysql = mysql_async::Pool::new(stack.mysql_url(&database).as_str());
     let settled = eventually(Duration::from_secs(90), || {
         let (mut redis, mysql, keys) = (redis.clone(), mysql.clone(), keys.clone());
         async move {
@@ -87,8 +136,27 @@ async fn one_of_two_cores_killed_mid_sale_and_the_other_settles_its_reservations
         "{missing} of {} admitted purchases never became orders",
         promised.len()
     );
+    let doomed_held: u64 = held_at_kill
+        .iter()
+        .filter(|(name, _)| name.starts_with(&doomed_consumers))
+        .map(|(_, n)| n)
+        .sum();
+    let taken_over = stampede_e2e::AdminClient::of(&survivor.admin_url, &settings)
+        .counter("stampede_reservations_taken_over_total")
+        .await
+        .expect("the core counts takeovers");
+    assert!(
+        doomed_held > 0,
+        "the killed core held nothing: {held_at_kill:?}"
+    );
+    assert!(
+        taken_over >= doomed_held,
+        "the killed core ({doomed_consumers}*) held {doomed_held} entries, the survivor took \
+         over {taken_over} (held at the kill: {held_at_kill:?})"
+    );
     eprintln!(
-        "{} admitted through two cores, one killed: {books}",
+        "{} admitted through two cores, one killed: {books}; the killed core held \
+         {doomed_held} reservations unfinished, the survivor took over {taken_over}",
         promised.len()
     );
     let mut survivor = survivor;
@@ -171,4 +239,27 @@ async fn two_edges_give_the_same_answers() {
         "{one:?}"
     );
     assert_eq!(one.0[0].1, "SOLD_OUT");
+}
+
+/// Each consumer's unacknowledged entries in the stream (XPENDING's summary); none
+/// before the workers have made the group.
+async fn pending_by_consumer(
+    redis: &mut stampede_core::infra::redis::Redis,
+    stream: &str,
+) -> std::collections::HashMap<String, u64> {
+    let summary: redis::Value = match redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(stampede_core::orders::redis::GROUP)
+        .query_async(redis)
+        .await
+    {
+        Err(e) if e.code() == Some("NOGROUP") => return Default::default(),
+        answer => answer.unwrap(),
+    };
+    let redis::Value::Array(parts) = summary else {
+        panic!("XPENDING answered {summary:?}");
+    };
+    let consumers: Option<Vec<(String, u64)>> =
+        redis::from_redis_value(parts.get(3).unwrap_or(&redis::Value::Nil)).unwrap();
+    consumers.unwrap_or_default().into_iter().collect()
 }
