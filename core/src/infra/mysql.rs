@@ -1,7 +1,7 @@
 //! MariaDB/MySQL: the pool, start-up retries, and the schema migrations in `sql/`.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mysql_async::prelude::*;
@@ -193,18 +193,37 @@ impl CallTimeout {
 /// pool cannot hand the session to another task first. Its transaction rolls back unless
 /// its COMMIT got there first. Bounded by `within`; on failure MariaDB still ends the
 /// session after `wait_timeout`.
-pub async fn end_session(conn: mysql_async::Conn, within: Duration) {
+///
+/// A session id means something only to the server that gave it: one restarted since
+/// `since` (when the cut call began, its connection taken after) numbers its sessions
+/// afresh, and the id may now be another core's. So the KILL is sent only to a server up
+/// for longer than that (after a restart the session is gone anyway). Not covered: an
+/// address that moved to another server (a virtual IP after a failover) while the call
+/// hung.
+pub async fn end_session(conn: mysql_async::Conn, since: Instant, within: Duration) {
     let (id, opts) = (conn.id(), conn.opts().clone());
     let kill = async {
         let mut killer = mysql_async::Conn::new(opts).await?;
-        let killed = killer.query_drop(format!("KILL CONNECTION {id}")).await;
-        killer.disconnect().await.ok();
-        killed
+        let uptime: Option<(String, u64)> = killer
+            .query_first("SHOW GLOBAL STATUS LIKE 'Uptime'")
+            .await?;
+        let up = Duration::from_secs(uptime.map_or(0, |(_, s)| s));
+        if up < since.elapsed() {
+            return Ok(Kill::Restarted(up));
+        }
+        killer.query_drop(format!("KILL CONNECTION {id}")).await?;
+        Ok::<_, mysql_async::Error>(Kill::Sent)
+        // The killer disconnects as it drops, in the background.
     };
     match tokio::time::timeout(within, kill).await {
-        Ok(Ok(())) => tracing::warn!(
+        Ok(Ok(Kill::Sent)) => tracing::warn!(
             session = id,
-            "ended the MariaDB session of a cut-off call (its transaction rolled back, unless its COMMIT had landed)"
+            "killed the MariaDB session of a cut-off call (its transaction rolls back, unless its COMMIT had landed)"
+        ),
+        Ok(Ok(Kill::Restarted(up))) => tracing::warn!(
+            session = id,
+            uptime_s = up.as_secs(),
+            "MariaDB restarted since a cut-off call began: its session is gone, nothing killed"
         ),
         // 1094: no such thread — it ended already.
         Ok(Err(mysql_async::Error::Server(e))) if e.code == 1094 => {}
@@ -219,6 +238,13 @@ pub async fn end_session(conn: mysql_async::Conn, within: Duration) {
         ),
     }
     drop(conn);
+}
+
+/// What [`end_session`] did.
+enum Kill {
+    Sent,
+    /// The server has been up this long: less than the cut call's connection.
+    Restarted(Duration),
 }
 
 /// Opens the pool and waits (up to `timeout`) until MariaDB answers.

@@ -141,6 +141,7 @@ pub async fn create_orders(
         // keeps the connection out of the pool until its session is ended (handed to
         // another task meanwhile, that task's session would be the one killed).
         let mut held: Option<Conn> = None;
+        let began = std::time::Instant::now();
         let outcome = limit
             .within("a batch's transaction", async {
                 let conn = held.insert(pool.get_conn().await.map_err(classify)?);
@@ -153,7 +154,7 @@ pub async fn create_orders(
                 // Its locks (the orders', the category's row) would hold every later
                 // batch of the category until MariaDB's wait_timeout.
                 if let Some(conn) = held {
-                    end_session(conn, limit.limit).await;
+                    end_session(conn, began, limit.limit).await;
                 }
                 Err(PersistError::Unknown(cut.to_string()))
             }

@@ -1,6 +1,7 @@
 //! The order pipeline with the real broker and MariaDB: reservations become orders
 //! through RocketMQ transactional messages, stock_log and the stock-sync consumer.
 
+use stampede_core::infra::mysql::end_session;
 use stampede_core::keys::Bucket;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -484,6 +485,52 @@ async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open(
     );
     assert!(cut().await >= 1, "no MySQL call was cut");
     app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_calls_session_is_killed_only_on_the_server_that_numbered_it() {
+    // A session id is the server's own count: after a restart it may be another core's
+    // session, which a KILL of the cut-off call's id would end.
+    let stack = stampede_e2e::Stack::from_env();
+    let server = mysql_async::Pool::new(stack.mysql_url("stampede").as_str());
+    let observed = mysql_async::Pool::new(stack.mysql_url("stampede").as_str());
+    let live = |id: u32| {
+        let server = server.clone();
+        async move {
+            let sql =
+                format!("SELECT COUNT(*) FROM information_schema.processlist WHERE id = {id}");
+            scalar(&server, &sql).await == 1
+        }
+    };
+    let uptime = scalar(
+        &server,
+        "SELECT CAST(variable_value AS SIGNED) FROM information_schema.global_status \
+         WHERE variable_name = 'UPTIME'",
+    )
+    .await;
+    let limit = Duration::from_secs(5);
+
+    // A call that began before the server last started: its session went with the
+    // restart, and the id is left alone.
+    let conn = observed.get_conn().await.unwrap();
+    let id = conn.id();
+    let before_start = std::time::Instant::now()
+        .checked_sub(Duration::from_secs(uptime as u64 + 5))
+        .expect("the machine was up before its MariaDB");
+    end_session(conn, before_start, limit).await;
+    assert!(
+        live(id).await,
+        "session {id} killed though the server restarted since"
+    );
+
+    // A call that began while the server was up: its session is killed.
+    let conn = observed.get_conn().await.unwrap();
+    let id = conn.id();
+    end_session(conn, std::time::Instant::now(), limit).await;
+    let gone = eventually(Duration::from_secs(2), || async { !live(id).await }).await;
+    assert!(gone, "session {id} is still there");
+    observed.disconnect().await.ok();
+    server.disconnect().await.unwrap();
 }
 
 #[tokio::test]
