@@ -128,7 +128,8 @@ pub fn migrations(shards: u32) -> anyhow::Result<Vec<Migration>> {
 /// hung server whose kernel still acknowledges). Cutting a call drops its future, which
 /// leaves no connection out of step: one dropped in the middle of a command is marked
 /// broken and closed, never reused (MariaDB rolls back its open transaction once the
-/// session ends: `wait_timeout`, config/resolve.rs); one dropped while reading a
+/// session ends: at once for a batch's transaction, whose session [`end_session`] kills,
+/// else after `wait_timeout`, config/resolve.rs); one dropped while reading a
 /// result's rows goes back to the pool's clean-up, which reads the rest and rolls back
 /// before reuse (on a dead peer that clean-up holds a pool slot until TCP keepalive
 /// gives up). Every caller treats the cut as a crash at that point, which its flow
