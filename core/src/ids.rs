@@ -37,6 +37,12 @@ pub fn gene(id: u64) -> u64 {
     id & GENE_MASK
 }
 
+/// The worker id that minted an order number (its consumers in the order streams are
+/// named for it: `core<worker id>-<n>`).
+pub fn worker_of(order_no: u64) -> u64 {
+    (order_no >> (SEQUENCE_BITS + GENE_BITS)) & (MAX_WORKERS - 1)
+}
+
 /// Mints order numbers for one worker id, only while its lease is surely this
 /// instance's: a core that could not renew it stops minting before another may take it.
 pub struct OrderIds {
@@ -202,7 +208,7 @@ mod tests {
         for user in [1u64, 63, 64, 65, 1_000_003] {
             let no = ids.next(UserId(user)).unwrap().0;
             assert_eq!(gene(no), gene(user));
-            assert_eq!((no >> (SEQUENCE_BITS + GENE_BITS)) & (MAX_WORKERS - 1), 777);
+            assert_eq!(worker_of(no), 777);
             assert_eq!(no % 4, user % 4, "same shard of 4");
         }
     }

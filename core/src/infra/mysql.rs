@@ -244,7 +244,7 @@ pub async fn end_session(conn: mysql_async::Conn, since: Instant, within: Durati
 /// What [`end_session`] did.
 enum Kill {
     Sent,
-    /// The server has been up this long: less than the cut call's connection.
+    /// The server has been up this long: less than the cut call has run.
     Restarted(Duration),
 }
 

@@ -110,10 +110,7 @@ async fn one_of_two_cores_killed_mid_sale_and_the_other_settles_its_reservations
     let doomed_consumers = answered
         .iter()
         .find(|&&(core, _)| core == 0)
-        .map(|&(_, request)| {
-            let worker = (request >> (ids::SEQUENCE_BITS + ids::GENE_BITS)) % ids::MAX_WORKERS;
-            format!("core{worker}-")
-        })
+        .map(|&(_, request)| format!("core{}-", ids::worker_of(request)))
         .expect("the doomed core admitted purchases before the kill");
 
     let settled = eventually(Duration::from_secs(90), || {
