@@ -286,6 +286,9 @@ async fn every_refusal_of_the_edge_is_a_whole_answer_with_its_own_message() {
 #[tokio::test]
 async fn bad_expired_and_forged_tokens_get_401_at_the_edge() {
     let (app, _edge) = stack_app().await;
+    // A sale on now: only a refusal from memory (sold out, not open) comes before the
+    // signature (the next test).
+    let (event, _) = open_sale(&app, small_sale(5, 1, 1, 2)).await;
     let buyer = app.admin.buyers(1).await.remove(0);
     let secret = Stack::from_env().secret("token.secret");
     let signer = TokenSigner::from_text(&secret).unwrap();
@@ -327,13 +330,83 @@ async fn bad_expired_and_forged_tokens_get_401_at_the_edge() {
             .map(|a| ("Authorization", a.as_str()))
             .chain([("Idempotency-Key", "k")])
             .collect();
-        let a = raw_edge_purchase("/api/events/1/orders", &headers, "{}").await;
+        let a = raw_edge_purchase(&format!("/api/events/{event}/orders"), &headers, "{}").await;
         assert_refusal(&a, 401, "UNAUTHORIZED", why);
     }
     assert_eq!(
         core_answers(&app, 401).await,
         before,
         "the edge answered them"
+    );
+}
+
+/// A token claiming `user_id` with `token`'s signature: well formed, signed by a key of
+/// the keyring, never valid.
+fn claiming(token: &str, user_id: u64) -> String {
+    let mut parts: Vec<&str> = token.split('.').collect();
+    let user = user_id.to_string();
+    parts[1] = &user;
+    parts.join(".")
+}
+
+/// A sold-out sale is refused from memory before the token's signature is checked (its
+/// form, key and expiry are): the refusal says what the listing says, and a stampede's
+/// buyers each bring a token the edge has not seen. A purchase that would go on to the
+/// core — a remembered Idempotency-Key — meets the signature first.
+#[tokio::test]
+async fn a_sold_out_sale_is_refused_before_the_signature_and_nothing_unsigned_passes() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, small_sale(1, 1, 1, 2)).await;
+    let buyers = app.admin.buyers(2).await;
+    let (owner, late) = (&buyers[0], &buyers[1]);
+    let ga = json!({"category_id": categories[0], "quantity": 1});
+    let (status, first) = app.buy(event, owner, "mine", ga.clone()).await;
+    assert_eq!(status, 202, "{first}");
+    assert!(the_edge_says_sold_out(&app, event, late, &ga, Duration::from_secs(10)).await);
+
+    let path = format!("/api/events/{event}/orders");
+    let body = ga.to_string();
+    let secret = Stack::from_env().secret("token.secret");
+    let expired = TokenSigner::from_text(&secret)
+        .unwrap()
+        .sign(owner.user_id, 1_000);
+    // The late buyer's token made to claim the owner: a signature that does not verify.
+    let forged = format!("Bearer {}", claiming(&late.token, owner.user_id));
+    let before = (core_answers(&app, 401).await, core_answers(&app, 409).await);
+    let send = |auth: Option<String>, key: &'static str| {
+        let (path, body) = (path.clone(), body.clone());
+        async move {
+            let mut headers: Vec<(&str, &str)> = vec![("Idempotency-Key", key)];
+            if let Some(a) = auth.as_deref() {
+                headers.push(("Authorization", a));
+            }
+            raw_edge_purchase(&path, &headers, &body).await
+        }
+    };
+    // The cheap checks still come first.
+    let a = send(None, "fresh-1").await;
+    assert_refusal(&a, 401, "UNAUTHORIZED", "missing bearer token");
+    let a = send(Some("Bearer garbage".into()), "fresh-2").await;
+    assert_refusal(&a, 401, "UNAUTHORIZED", "malformed token");
+    let a = send(Some(format!("Bearer {expired}")), "fresh-3").await;
+    assert_refusal(&a, 401, "UNAUTHORIZED", "token expired");
+    // An unverified claim hears what anyone would: sold out.
+    let a = send(Some(forged.clone()), "fresh-4").await;
+    assert_refusal(&a, 409, "SOLD_OUT", "sold out");
+    // The owner's remembered key would go on to the core: the forged claim is refused at
+    // the edge, and the owner's own token still gets the first answer.
+    let a = send(Some(forged.clone()), "mine").await;
+    assert_refusal(&a, 401, "UNAUTHORIZED", "bad token signature");
+    assert_eq!(
+        (core_answers(&app, 401).await, core_answers(&app, 409).await),
+        before,
+        "the edge answered every one of them"
+    );
+    let (status, again) = app.buy(event, owner, "mine", ga.clone()).await;
+    assert_eq!(
+        (status, &again["request_id"]),
+        (202, &first["request_id"]),
+        "{again}"
     );
 }
 
