@@ -141,7 +141,7 @@ impl App {
         let metrics = Metrics::new();
         let call_timeout = infra::mysql::CallTimeout::new(
             Duration::from_millis(s.mysql.call_timeout_ms),
-            metrics.mysql_calls_cut.clone(),
+            &metrics,
         );
         let events = Arc::new(EventCache::new(
             mysql.clone(),

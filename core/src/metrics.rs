@@ -25,6 +25,9 @@ pub struct Metrics {
     pub reservations_taken_over: IntCounter,
     /// MySQL calls given up after `mysql.call_timeout_ms` (`infra::mysql::CallTimeout`).
     pub mysql_calls_cut: IntCounter,
+    /// Sessions of cut-off calls the core tried to end (`infra::mysql::end_session`), by
+    /// outcome.
+    pub mysql_sessions_ended: IntCounterVec,
     /// Purchases the core answered, by answer (QUEUED or the error code).
     pub purchase_answers: IntCounterVec,
     /// `purchase_answers` of QUEUED, looked up once (the answer of every admission).
@@ -107,6 +110,16 @@ impl Metrics {
             "MySQL calls given up (their connections closed) after mysql.call_timeout_ms",
         )
         .expect("valid metric");
+        let mysql_sessions_ended = IntCounterVec::new(
+            Opts::new(
+                "stampede_mysql_sessions_ended_total",
+                "Sessions of cut-off MySQL calls the core tried to end, by outcome: killed, \
+                 restarted (the server restarted since the call began: nothing killed), gone \
+                 (ended already), failed, unanswered (the last two end after wait_timeout)",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
         let purchase_answers = IntCounterVec::new(
             Opts::new(
                 "stampede_purchase_answers_total",
@@ -151,6 +164,7 @@ impl Metrics {
             Box::new(redis_rewinds.clone()),
             Box::new(reservations_taken_over.clone()),
             Box::new(mysql_calls_cut.clone()),
+            Box::new(mysql_sessions_ended.clone()),
             Box::new(purchase_answers.clone()),
             Box::new(conservation_gap.clone()),
             Box::new(remain_gap.clone()),
@@ -171,6 +185,7 @@ impl Metrics {
             redis_rewinds,
             reservations_taken_over,
             mysql_calls_cut,
+            mysql_sessions_ended,
             purchases_queued: purchase_answers.with_label_values(&["QUEUED"]),
             purchase_answers,
             conservation_gap,

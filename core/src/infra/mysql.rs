@@ -120,8 +120,9 @@ pub fn migrations(shards: u32) -> anyhow::Result<Vec<Migration>> {
         .collect()
 }
 
-/// How long a MySQL call may take (`mysql.call_timeout_ms`), and the count of calls cut
-/// off (`stampede_mysql_calls_cut_total`).
+/// How long a MySQL call may take (`mysql.call_timeout_ms`), and the counts of calls cut
+/// off (`stampede_mysql_calls_cut_total`) and of how their sessions ended
+/// (`stampede_mysql_sessions_ended_total`).
 ///
 /// mysql_async has no timeout of its own for a command, and TCP notices a peer that
 /// stopped answering only after many minutes (a host gone, a partition) or never (a
@@ -139,6 +140,7 @@ pub fn migrations(shards: u32) -> anyhow::Result<Vec<Migration>> {
 pub struct CallTimeout {
     pub limit: Duration,
     cut: prometheus::IntCounter,
+    sessions_ended: prometheus::IntCounterVec,
 }
 
 /// A MySQL call that did not finish within `mysql.call_timeout_ms`.
@@ -147,8 +149,21 @@ pub struct CallTimeout {
 pub struct TimedOut(pub Duration);
 
 impl CallTimeout {
-    pub fn new(limit: Duration, cut: prometheus::IntCounter) -> CallTimeout {
-        CallTimeout { limit, cut }
+    pub fn new(limit: Duration, metrics: &crate::metrics::Metrics) -> CallTimeout {
+        CallTimeout {
+            limit,
+            cut: metrics.mysql_calls_cut.clone(),
+            sessions_ended: metrics.mysql_sessions_ended.clone(),
+        }
+    }
+
+    /// [`end_session`] within this limit, its outcome counted.
+    pub async fn end_session(&self, conn: mysql_async::Conn, since: Instant) -> SessionEnd {
+        let outcome = end_session(conn, since, self.limit).await;
+        self.sessions_ended
+            .with_label_values(&[outcome.label()])
+            .inc();
+        outcome
     }
 
     /// `call`'s outcome, or TimedOut once `limit` has passed (the call dropped, logged).
@@ -172,7 +187,7 @@ impl CallTimeout {
     pub fn for_pass(&self) -> CallTimeout {
         CallTimeout {
             limit: (self.limit * 4).max(Duration::from_secs(60)),
-            cut: self.cut.clone(),
+            ..self.clone()
         }
     }
 
@@ -201,7 +216,7 @@ impl CallTimeout {
 /// for longer than that (after a restart the session is gone anyway). Not covered: an
 /// address that moved to another server (a virtual IP after a failover) while the call
 /// hung.
-pub async fn end_session(conn: mysql_async::Conn, since: Instant, within: Duration) {
+pub async fn end_session(conn: mysql_async::Conn, since: Instant, within: Duration) -> SessionEnd {
     let (id, opts) = (conn.id(), conn.opts().clone());
     let kill = async {
         let mut killer = mysql_async::Conn::new(opts).await?;
@@ -210,42 +225,69 @@ pub async fn end_session(conn: mysql_async::Conn, since: Instant, within: Durati
             .await?;
         let up = Duration::from_secs(uptime.map_or(0, |(_, s)| s));
         if up < since.elapsed() {
-            return Ok(Kill::Restarted(up));
+            return Ok(SessionEnd::Restarted(up));
         }
         killer.query_drop(format!("KILL CONNECTION {id}")).await?;
-        Ok::<_, mysql_async::Error>(Kill::Sent)
+        Ok::<_, mysql_async::Error>(SessionEnd::Killed)
         // The killer disconnects as it drops, in the background.
     };
-    match tokio::time::timeout(within, kill).await {
-        Ok(Ok(Kill::Sent)) => tracing::warn!(
+    let outcome = match tokio::time::timeout(within, kill).await {
+        Ok(Ok(outcome)) => outcome,
+        // 1094: no such thread — it ended already.
+        Ok(Err(mysql_async::Error::Server(e))) if e.code == 1094 => SessionEnd::Gone,
+        Ok(Err(e)) => SessionEnd::Failed(e.to_string()),
+        Err(_) => SessionEnd::Unanswered,
+    };
+    match &outcome {
+        SessionEnd::Killed => tracing::warn!(
             session = id,
             "killed the MariaDB session of a cut-off call (its transaction rolls back, unless its COMMIT had landed)"
         ),
-        Ok(Ok(Kill::Restarted(up))) => tracing::warn!(
+        SessionEnd::Restarted(up) => tracing::warn!(
             session = id,
             uptime_s = up.as_secs(),
             "MariaDB restarted since a cut-off call began: its session is gone, nothing killed"
         ),
-        // 1094: no such thread — it ended already.
-        Ok(Err(mysql_async::Error::Server(e))) if e.code == 1094 => {}
-        Ok(Err(e)) => tracing::warn!(
+        SessionEnd::Gone => {}
+        SessionEnd::Failed(e) => tracing::warn!(
             session = id,
             error = %e,
             "could not end the session of a cut-off call; MariaDB ends it after wait_timeout"
         ),
-        Err(_) => tracing::warn!(
+        SessionEnd::Unanswered => tracing::warn!(
             session = id,
             "no answer to KILL for a cut-off call's session; MariaDB ends it after wait_timeout"
         ),
     }
     drop(conn);
+    outcome
 }
 
-/// What [`end_session`] did.
-enum Kill {
-    Sent,
-    /// The server has been up this long: less than the cut call has run.
+/// What [`end_session`] did (`stampede_mysql_sessions_ended_total`'s `outcome`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// KILL CONNECTION went through.
+    Killed,
+    /// The server has been up this long: less than the cut call has run. Nothing killed.
     Restarted(Duration),
+    /// The session had ended already.
+    Gone,
+    /// The KILL (or the connection for it) failed: the session ends after wait_timeout.
+    Failed(String),
+    /// No answer within the bound: the session ends after wait_timeout.
+    Unanswered,
+}
+
+impl SessionEnd {
+    pub fn label(&self) -> &'static str {
+        match self {
+            SessionEnd::Killed => "killed",
+            SessionEnd::Restarted(_) => "restarted",
+            SessionEnd::Gone => "gone",
+            SessionEnd::Failed(_) => "failed",
+            SessionEnd::Unanswered => "unanswered",
+        }
+    }
 }
 
 /// Opens the pool and waits (up to `timeout`) until MariaDB answers.

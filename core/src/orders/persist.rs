@@ -16,7 +16,7 @@ use super::guards::{self, Declined};
 use super::reservation::{Batch, Reservation};
 use crate::catalog::EventRecord;
 use crate::domain::{EventId, OrderNo};
-use crate::infra::mysql::{CallTimeout, end_session};
+use crate::infra::mysql::CallTimeout;
 use crate::order_tables::{self, shard_of_order};
 
 /// Why a batch did not commit.
@@ -154,7 +154,7 @@ pub async fn create_orders(
                 // Its locks (the orders', the category's row) would hold every later
                 // batch of the category until MariaDB's wait_timeout.
                 if let Some(conn) = held {
-                    end_session(conn, began, limit.limit).await;
+                    limit.end_session(conn, began).await;
                 }
                 Err(PersistError::Unknown(cut.to_string()))
             }

@@ -131,7 +131,7 @@ impl Reconciler {
         let metrics = Metrics::new();
         let call_timeout = crate::infra::mysql::CallTimeout::new(
             Duration::from_millis(s.mysql.call_timeout_ms),
-            metrics.mysql_calls_cut.clone(),
+            &metrics,
         );
         let preloader = Preloader::new(redis, mysql, keys, s, call_timeout);
         Ok(Reconciler::new(preloader, s, &metrics))

@@ -1,7 +1,7 @@
 //! The order pipeline with the real broker and MariaDB: reservations become orders
 //! through RocketMQ transactional messages, stock_log and the stock-sync consumer.
 
-use stampede_core::infra::mysql::end_session;
+use stampede_core::infra::mysql::{SessionEnd, end_session};
 use stampede_core::keys::Bucket;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -447,6 +447,13 @@ async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open(
     })
     .await;
     assert!(gone, "the cut-off session {session} is still there");
+    assert!(
+        app.admin_api
+            .counter("stampede_mysql_sessions_ended_total{outcome=\"killed\"}")
+            .await
+            .is_some_and(|n| n >= 1),
+        "the kill is not counted"
+    );
 
     // A purchase may meet a dead connection reading its event: 503, and the buyer
     // presses again with the same key; never another answer.
@@ -517,7 +524,8 @@ async fn a_cut_off_calls_session_is_killed_only_on_the_server_that_numbered_it()
     let before_start = std::time::Instant::now()
         .checked_sub(Duration::from_secs(uptime as u64 + 5))
         .expect("the machine was up before its MariaDB");
-    end_session(conn, before_start, limit).await;
+    let outcome = end_session(conn, before_start, limit).await;
+    assert!(matches!(outcome, SessionEnd::Restarted(_)), "{outcome:?}");
     assert!(
         live(id).await,
         "session {id} killed though the server restarted since"
@@ -526,7 +534,8 @@ async fn a_cut_off_calls_session_is_killed_only_on_the_server_that_numbered_it()
     // A call that began while the server was up: its session is killed.
     let conn = observed.get_conn().await.unwrap();
     let id = conn.id();
-    end_session(conn, std::time::Instant::now(), limit).await;
+    let outcome = end_session(conn, std::time::Instant::now(), limit).await;
+    assert_eq!(outcome, SessionEnd::Killed);
     let gone = eventually(Duration::from_secs(2), || async { !live(id).await }).await;
     assert!(gone, "session {id} is still there");
     observed.disconnect().await.ok();
