@@ -141,13 +141,18 @@ function _M.purchase()
   -- The remembered key: the buyer, the event and the Idempotency-Key.
   local key = uid .. ":" .. event_id .. ":" .. k
   -- The remembered keys are read only for a purchase the flags refuse. A refusal from
-  -- memory says nothing a buyer could not read from the sale's listing, whatever the
-  -- token's signature.
+  -- memory says what the sale's listing says (open or not, sold out), to any
+  -- well-formed token of a known key whatever its signature.
   if status and not passed:get(key) then return reject(status, code, message) end
-  -- What goes on past here is a verified buyer's.
+  -- What goes on past here is a verified buyer's. A bad signature on a remembered key
+  -- hears the flags' refusal too: 401 there would tell a forger that the buyer it claims
+  -- had that key let through.
   if not verified then
     uid, why = auth.user()
-    if not uid then return reject(401, "UNAUTHORIZED", why) end
+    if not uid then
+      if status then return reject(status, code, message) end
+      return reject(401, "UNAUTHORIZED", why)
+    end
   end
   if not status then
     -- A sale behind a waiting room (or the hidden path) admits purchases with a pass.

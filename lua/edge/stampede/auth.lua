@@ -193,9 +193,10 @@ end
 -- The user id the request's token claims, or nil and why; and whether the token is
 -- known valid. Everything but the signature of a token this worker has not verified
 -- before is checked (its form, key id, expiry): for a purchase the edge refuses from
--- memory whoever asks (a sold-out sale), where the HMAC of a token never seen before —
--- a stampede's every buyer — was a third of nginx's CPU per answer (README "Measured").
--- Whatever lets the request go on must then call user().
+-- memory (a sold-out sale), answered alike to every well-formed token of a known key,
+-- where the HMAC of a token never seen before — a stampede's every buyer — was a third
+-- of nginx's CPU per answer (README "Measured"). Whatever lets the request go on must
+-- then call user().
 function _M.claimed_user()
   return token_user(false)
 end

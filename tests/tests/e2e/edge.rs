@@ -352,9 +352,10 @@ fn claiming(token: &str, user_id: u64) -> String {
 /// A sold-out sale is refused from memory before the token's signature is checked (its
 /// form, key and expiry are): the refusal says what the listing says, and a stampede's
 /// buyers each bring a token the edge has not seen. A purchase that would go on to the
-/// core — a remembered Idempotency-Key — meets the signature first.
+/// core — a remembered Idempotency-Key — meets the signature first, and a bad one hears
+/// the same refusal as any other.
 #[tokio::test]
-async fn a_sold_out_sale_is_refused_before_the_signature_and_nothing_unsigned_passes() {
+async fn a_sold_out_sale_is_refused_before_the_signature_and_nothing_unsigned_passes_or_learns() {
     let (app, _edge) = stack_app().await;
     let (event, categories) = open_sale(&app, small_sale(1, 1, 1, 2)).await;
     let buyers = app.admin.buyers(2).await;
@@ -393,10 +394,38 @@ async fn a_sold_out_sale_is_refused_before_the_signature_and_nothing_unsigned_pa
     // An unverified claim hears what anyone would: sold out.
     let a = send(Some(forged.clone()), "fresh-4").await;
     assert_refusal(&a, 409, "SOLD_OUT", "sold out");
-    // The owner's remembered key would go on to the core: the forged claim is refused at
-    // the edge, and the owner's own token still gets the first answer.
+    // The owner's remembered key would go on to the core, and a forged claim to it is
+    // refused at the edge with the same answer: 401 would tell the forger the key was
+    // used. Nor does a forged token ever count as verified: over fresh connections (any
+    // of nginx's workers), the same token on a sale still open is 401.
     let a = send(Some(forged.clone()), "mine").await;
-    assert_refusal(&a, 401, "UNAUTHORIZED", "bad token signature");
+    assert_refusal(&a, 409, "SOLD_OUT", "sold out");
+    let a = send(None, "").await;
+    assert_refusal(&a, 401, "UNAUTHORIZED", "missing bearer token");
+    let a = send(Some(forged.clone()), "").await;
+    assert_refusal(
+        &a,
+        400,
+        "INVALID",
+        "header Idempotency-Key is required: 1..=64 visible ASCII characters",
+    );
+    let forged_expired = format!("Bearer {}", claiming(&expired, late.user_id));
+    let a = send(Some(forged_expired), "fresh-5").await;
+    assert_refusal(&a, 401, "UNAUTHORIZED", "token expired");
+    let (open, open_categories) = open_sale(&app, small_sale(5, 1, 1, 2)).await;
+    let open_body = json!({"category_id": open_categories[0], "quantity": 1}).to_string();
+    for n in 0..8 {
+        let sold = send(Some(forged.clone()), "fresh-6").await;
+        assert_refusal(&sold, 409, "SOLD_OUT", "sold out");
+        let key = format!("open-{n}");
+        let a = raw_edge_purchase(
+            &format!("/api/events/{open}/orders"),
+            &[("Authorization", &forged), ("Idempotency-Key", &key)],
+            &open_body,
+        )
+        .await;
+        assert_refusal(&a, 401, "UNAUTHORIZED", "bad token signature");
+    }
     assert_eq!(
         (core_answers(&app, 401).await, core_answers(&app, 409).await),
         before,
