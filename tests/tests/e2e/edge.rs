@@ -314,11 +314,7 @@ async fn bad_expired_and_forged_tokens_get_401_at_the_edge() {
         (
             Some(format!(
                 "Bearer {}",
-                buyer.token.replacen(
-                    &format!(".{}.", buyer.user_id),
-                    &format!(".{}.", buyer.user_id + 1),
-                    1,
-                )
+                claiming(&buyer.token, buyer.user_id + 1)
             )),
             "bad token signature",
         ),
@@ -396,8 +392,7 @@ async fn a_sold_out_sale_is_refused_before_the_signature_and_nothing_unsigned_pa
     assert_refusal(&a, 409, "SOLD_OUT", "sold out");
     // The owner's remembered key would go on to the core, and a forged claim to it is
     // refused at the edge with the same answer: 401 would tell the forger the key was
-    // used. Nor does a forged token ever count as verified: over fresh connections (any
-    // of nginx's workers), the same token on a sale still open is 401.
+    // used.
     let a = send(Some(forged.clone()), "mine").await;
     assert_refusal(&a, 409, "SOLD_OUT", "sold out");
     let a = send(None, "").await;
@@ -412,6 +407,8 @@ async fn a_sold_out_sale_is_refused_before_the_signature_and_nothing_unsigned_pa
     let forged_expired = format!("Bearer {}", claiming(&expired, late.user_id));
     let a = send(Some(forged_expired), "fresh-5").await;
     assert_refusal(&a, 401, "UNAUTHORIZED", "token expired");
+    // Nor does a forged token ever count as verified: over fresh connections (any of
+    // nginx's workers), the same token on a sale still open is 401.
     let (open, open_categories) = open_sale(&app, small_sale(5, 1, 1, 2)).await;
     let open_body = json!({"category_id": open_categories[0], "quantity": 1}).to_string();
     for n in 0..8 {
