@@ -674,3 +674,77 @@ async fn claiming_idle_entries_counts_only_another_consumers_as_taken_over() {
     assert_eq!((again.entries.len(), again.others), (0, 0));
     app.stop().await;
 }
+
+/// A batch is read and settled in chunks (orders::redis: 256 entries a read, 128 a
+/// settle) so that no call holds Redis for long: across the chunks' edges nothing is
+/// read twice, left out or left unsettled, and a consumer's own pending entries are
+/// read onwards, not from the start again.
+#[tokio::test]
+async fn a_batch_is_read_and_settled_in_chunks_with_nothing_twice_or_left_out() {
+    use stampede_core::orders::redis::{self as stream, Entries, Settled};
+    use stampede_core::orders::reservation::Reservation;
+    let app = spawn_app_with(|_| {}).await;
+    let (keys, bucket) = (app.keys(), Bucket::only(1));
+    let mut r = app.redis.clone();
+    stream::ensure_group(&mut r, &keys, bucket).await.unwrap();
+    let (name, status) = (keys.order_stream(bucket), keys.purchase_status(bucket));
+    // 700 reservations, each of its own buyer, QUEUED; one buyer has bought again since.
+    const N: u64 = 700;
+    for n in 0..N {
+        let (order_no, user) = (9_000_000 + n, 500_000 + n);
+        let v1 = format!("{order_no}|{user}|1|1||0|1|{}|", n + 1);
+        let _: String = r.xadd(&name, "*", &[("v1", v1)]).await.unwrap();
+        let _: () = r
+            .hset(&status, user, format!("QUEUED:{order_no}"))
+            .await
+            .unwrap();
+    }
+    let _: () = r.hset(&status, 500_300, "QUEUED:42").await.unwrap();
+    let read = stream::read(&mut r, &keys, bucket, "a", 1_000, Entries::New)
+        .await
+        .unwrap();
+    let mine = |entries: &[redis::streams::StreamId]| -> Vec<Reservation> {
+        entries
+            .iter()
+            .map(|e| Reservation::from_entry(e).unwrap())
+            .collect()
+    };
+    let reservations = mine(&read);
+    let numbers: Vec<u64> = reservations.iter().map(|r| r.order_no.0).collect();
+    assert_eq!(numbers, (9_000_000..9_000_000 + N).collect::<Vec<_>>());
+    // At most `count`, whatever the chunk: 600 of them again as own pending, in order.
+    let pending = stream::read(&mut r, &keys, bucket, "a", 600, Entries::OwnPending)
+        .await
+        .unwrap();
+    let again: Vec<u64> = mine(&pending).iter().map(|r| r.order_no.0).collect();
+    assert_eq!(again, numbers[..600]);
+    let all = stream::read(&mut r, &keys, bucket, "a", 1_000, Entries::OwnPending)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), N as usize, "every own pending entry once");
+    let fresh = stream::read(&mut r, &keys, bucket, "a", 1_000, Entries::New)
+        .await
+        .unwrap();
+    assert!(fresh.is_empty(), "nothing new is left");
+    let settled = stream::settle(&mut r, &keys, bucket, &reservations)
+        .await
+        .unwrap();
+    assert_eq!(settled, Settled(N));
+    let len: u64 = r.xlen(&name).await.unwrap();
+    assert_eq!(len, 0, "every entry acknowledged and deleted");
+    let statuses: HashMap<u64, String> = r.hgetall(&status).await.unwrap();
+    let created = statuses
+        .values()
+        .filter(|s| s.starts_with("CREATED:"))
+        .count();
+    assert_eq!(created, N as usize - 1);
+    assert_eq!(
+        statuses[&500_300], "QUEUED:42",
+        "a newer purchase is left as it is"
+    );
+    assert_eq!(
+        statuses[&500_699], "CREATED:9000699",
+        "the last chunk's last one"
+    );
+    app.stop().await;
+}
