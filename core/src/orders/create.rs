@@ -193,12 +193,20 @@ impl Pipeline {
             return Ok(());
         }
         let mut redis = self.redis.clone();
-        if let Err(e) = redis::settle(&mut redis, &self.keys, bucket, &made).await {
-            // The orders exist; the entries stay pending and a replay settles them.
+        let settle = redis::settle(&mut redis, &self.keys, bucket, &made).await;
+        if let Some(e) = &settle.failed {
+            // The orders exist; the entries not settled stay pending and a replay settles
+            // them (and sends their order-timeout message). Those settled before the
+            // failure get theirs now: a replay never reads them again.
             tracing::warn!(
                 error = format!("{e:#}"),
-                "orders created but not settled in Redis; will replay"
+                settled = settle.settled,
+                of = made.len(),
+                "orders created but not all settled in Redis; will replay the rest"
             );
+        }
+        let made = &made[..settle.settled];
+        if made.is_empty() {
             return Ok(());
         }
         if let Some(mq) = mq {

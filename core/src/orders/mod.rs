@@ -88,8 +88,8 @@ pub const TURN_LAPSE: Duration = Duration::from_secs(2);
 /// Batches of new reservations this core's workers are reading and creating now, per
 /// bucket: at most `orders.batches_per_stream` (1 by default), so what comes in
 /// meanwhile waits for the next read and goes into one larger batch (one MySQL
-/// transaction, one transactional message, one settle and one order-timeout message per
-/// batch), while other buckets and events are served in parallel.
+/// transaction, one transactional message, one settle (in chunks) and one order-timeout
+/// message per batch), while other buckets and events are served in parallel.
 #[derive(Default)]
 pub struct Turns {
     /// Per bucket, each turn held: its token and when it was taken.

@@ -85,9 +85,15 @@ impl crate::script_codes::ScriptCode for Refused {
     }
 }
 
-/// `settle.lua`'s answer: how many entries it acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settled(pub u64);
+/// What [`settle`] did: the first `settled` reservations are settled (every run of
+/// `settle.lua` for them answered), `acked` entries were acknowledged, and `failed` says
+/// why the rest were not (they stay pending; a replay settles them).
+#[derive(Debug)]
+pub struct Settled {
+    pub settled: usize,
+    pub acked: u64,
+    pub failed: Option<anyhow::Error>,
+}
 
 /// `release.lua`'s answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,14 +146,15 @@ pub enum Entries {
 /// run settles. Redis runs one call at a time, so every purchase that reaches it during
 /// a call waits for the whole of it: during a 200 000-buyer sale (SLOWLOG) a batch's
 /// settle of 1 000 took 8 ms (up to 11) and its read 2 ms (up to 4). In chunks of these
-/// sizes each call holds Redis for about a millisecond or less, and the purchases run
-/// between them; the work per entry is the same.
+/// sizes a call takes about a millisecond (README "Measured"), and the purchases run
+/// between them; the work per entry is the same. (Taking over or keeping a batch claimed,
+/// which happen only when a batch is slow or a worker stopped, still go in one call.)
 const READ_CHUNK: usize = 256;
 const SETTLE_CHUNK: usize = 128;
 
 /// This consumer's entries of `which` kind, at most `count`, read [`READ_CHUNK`] at a
-/// time. A chunk that fails after others were read ends the read with what it has: those
-/// entries are this consumer's now, and the rest are still there for the next read.
+/// time. Any chunk failing fails the read, as one call failing would: what the chunks
+/// before it delivered is this consumer's, pending, and read again as its own.
 pub async fn read(
     redis: &mut Redis,
     keys: &Keys,
@@ -169,14 +176,7 @@ pub async fn read(
             .group(GROUP, consumer)
             .count(asked);
         let reply: Option<StreamReadReply> =
-            match redis::AsyncCommands::xread_options(redis, &[&stream], &[&from], &opts).await {
-                Ok(reply) => reply,
-                Err(e) if entries.is_empty() => return Err(e),
-                Err(e) => {
-                    tracing::debug!(error = %e, read = entries.len(), "a chunk of the read failed");
-                    break;
-                }
-            };
+            redis::AsyncCommands::xread_options(redis, &[&stream], &[&from], &opts).await?;
         let chunk: Vec<_> = reply
             .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
             .unwrap_or_default();
@@ -246,25 +246,38 @@ pub async fn keep_claimed(
 }
 
 /// Marks the reservations CREATED and drops their entries, [`SETTLE_CHUNK`] per run of
-/// the script. A failed run leaves its chunk and the ones after it pending (those before
-/// are settled): the replay settles them.
+/// the script. A failed run stops there: the reservations before its chunk are settled,
+/// its chunk and the ones after stay pending.
 pub async fn settle(
     redis: &mut Redis,
     keys: &Keys,
     bucket: Bucket,
     reservations: &[Reservation],
-) -> anyhow::Result<Settled> {
+) -> Settled {
     let (stream, status) = (keys.order_stream(bucket), keys.purchase_status(bucket));
-    let mut acked = 0;
+    let mut done = Settled {
+        settled: 0,
+        acked: 0,
+        failed: None,
+    };
     for chunk in reservations.chunks(SETTLE_CHUNK) {
         let mut call = SETTLE.key(&stream);
         call.key(&status).arg(GROUP);
         for r in chunk {
             call.arg(&r.entry_id).arg(r.user_id).arg(r.order_no);
         }
-        acked += call.invoke_async::<u64>(redis).await?;
+        match call.invoke_async::<u64>(redis).await {
+            Ok(acked) => {
+                done.settled += chunk.len();
+                done.acked += acked;
+            }
+            Err(e) => {
+                done.failed = Some(e.into());
+                break;
+            }
+        }
     }
-    Ok(Settled(acked))
+    done
 }
 
 /// Drops entries without settling or releasing anything (malformed entries, and

@@ -681,7 +681,7 @@ async fn claiming_idle_entries_counts_only_another_consumers_as_taken_over() {
 /// read onwards, not from the start again.
 #[tokio::test]
 async fn a_batch_is_read_and_settled_in_chunks_with_nothing_twice_or_left_out() {
-    use stampede_core::orders::redis::{self as stream, Entries, Settled};
+    use stampede_core::orders::redis::{self as stream, Entries};
     use stampede_core::orders::reservation::Reservation;
     let app = spawn_app_with(|_| {}).await;
     let (keys, bucket) = (app.keys(), Bucket::only(1));
@@ -726,10 +726,21 @@ async fn a_batch_is_read_and_settled_in_chunks_with_nothing_twice_or_left_out() 
         .await
         .unwrap();
     assert!(fresh.is_empty(), "nothing new is left");
-    let settled = stream::settle(&mut r, &keys, bucket, &reservations)
-        .await
-        .unwrap();
-    assert_eq!(settled, Settled(N));
+    // A run that fails (an id no stream entry has, in the second chunk) stops there: the
+    // first chunk is settled, the rest stays pending for a replay.
+    let mut with_bad = reservations[..200].to_vec();
+    with_bad[150].entry_id = "no-id".into();
+    let partly = stream::settle(&mut r, &keys, bucket, &with_bad).await;
+    assert!(partly.failed.is_some(), "{partly:?}");
+    assert_eq!((partly.settled, partly.acked), (128, 128));
+    let len: u64 = r.xlen(&name).await.unwrap();
+    assert_eq!(len, N - 128, "only the first chunk's entries are gone");
+    let settled = stream::settle(&mut r, &keys, bucket, &reservations[128..]).await;
+    assert!(settled.failed.is_none(), "{settled:?}");
+    assert_eq!(
+        (settled.settled, settled.acked),
+        (N as usize - 128, N - 128)
+    );
     let len: u64 = r.xlen(&name).await.unwrap();
     assert_eq!(len, 0, "every entry acknowledged and deleted");
     let statuses: HashMap<u64, String> = r.hgetall(&status).await.unwrap();
