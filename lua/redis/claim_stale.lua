@@ -8,7 +8,8 @@
 -- ARGV[1]  the consumer group
 -- ARGV[2]  this consumer
 -- ARGV[3]  the least idle time, ms
--- ARGV[4]  the most entries to take
+-- ARGV[4]  the most entries to take: at most 256 a run (READ_CHUNK in
+--          core/src/orders/redis.rs, which runs this again for more)
 --
 -- Returns {n, entries} (mirrored by Claimed in core/src/orders/redis.rs): the entries
 -- taken, as XCLAIM gives them (entries deleted from the stream meanwhile are left
@@ -17,27 +18,19 @@ local rcall, unpack = redis.call, unpack
 local consumer = ARGV[2]
 local pending = rcall('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])
 if #pending == 0 then return {0, {}} end
--- One XCLAIM per CHUNK ids (Lua's unpack has a limit of its own; orders.batch_size goes
--- to 10 000). XCLAIM checks each entry's idle time again, and leaves out entries
--- deleted from the stream (dropping them from the group's pending list).
-local HEAD, CHUNK = 4, 500
+-- One XCLAIM for them all. It checks each entry's idle time again, and leaves out
+-- entries deleted from the stream (dropping them from the group's pending list; Redis
+-- 6.2 answers such an entry with nil).
 local args, held_by, claimed = { KEYS[1], ARGV[1], consumer, ARGV[3] }, {}, {}
-local function flush()
-  if #args == HEAD then return end
-  -- (Redis 6.2 answers a deleted entry with nil: left out too.)
-  for _, entry in ipairs(rcall('XCLAIM', unpack(args))) do
-    if entry then claimed[#claimed + 1] = entry end
-  end
-  args = { KEYS[1], ARGV[1], consumer, ARGV[3] }
-end
 for _, p in ipairs(pending) do
   args[#args + 1] = p[1]
   held_by[p[1]] = p[2]
-  if #args - HEAD == CHUNK then flush() end
 end
-flush()
 local others = 0
-for _, entry in ipairs(claimed) do
-  if held_by[entry[1]] ~= consumer then others = others + 1 end
+for _, entry in ipairs(rcall('XCLAIM', unpack(args))) do
+  if entry then
+    claimed[#claimed + 1] = entry
+    if held_by[entry[1]] ~= consumer then others = others + 1 end
+  end
 end
 return {others, claimed}

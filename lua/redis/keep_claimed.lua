@@ -7,7 +7,8 @@
 -- KEYS[1]  stream  the bucket's reservations
 -- ARGV[1]  the consumer group
 -- ARGV[2]  this consumer
--- ARGV[3..] the batch's entry ids
+-- ARGV[3..] the batch's entry ids: at most 256 a run (READ_CHUNK in
+--           core/src/orders/redis.rs, which runs this once per chunk of a batch)
 --
 -- Returns (mirrored by Kept in core/src/orders/redis.rs):
 --   n >= 0  the number of entries kept
@@ -35,21 +36,12 @@ end
 -- This consumer's pending entries from the batch's first to its last: the batch, and
 -- at most the consumer's few others (a worker works on one batch at a time).
 local pending = rcall('XPENDING', KEYS[1], group, first, last, #ARGV * 2, consumer)
--- One XCLAIM per CHUNK ids (Lua's unpack has a limit of its own): its arguments built
--- as one table, the ids before JUSTID (unpack in the middle of a list gives one value).
-local HEAD, CHUNK = 4, 500
-local args, kept = { KEYS[1], group, consumer, 0 }, 0
-local function flush()
-  if #args == HEAD then return end
-  args[#args + 1] = 'JUSTID'
-  kept = kept + #rcall('XCLAIM', unpack(args))
-  args = { KEYS[1], group, consumer, 0 }
-end
+-- One XCLAIM … JUSTID for the batch's entries among them: its arguments built as one
+-- table, the ids before JUSTID (unpack in the middle of a list gives one value).
+local args = { KEYS[1], group, consumer, 0 }
 for _, entry in ipairs(pending) do
-  if batch[entry[1]] then
-    args[#args + 1] = entry[1]
-    if #args - HEAD == CHUNK then flush() end
-  end
+  if batch[entry[1]] then args[#args + 1] = entry[1] end
 end
-flush()
-return kept
+if #args == 4 then return 0 end
+args[#args + 1] = 'JUSTID'
+return #rcall('XCLAIM', unpack(args))

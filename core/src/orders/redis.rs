@@ -48,7 +48,10 @@ impl crate::script_codes::ScriptCode for Dropped {
 }
 
 /// Drops reservations an event's rebuild made stale, once the rebuild is in Redis,
-/// telling each buyer left with no status `reason`.
+/// telling each buyer left with no status `reason`; [`SETTLE_CHUNK`] per run of the
+/// script. NOT_YET comes from the first run (the epoch only grows). A run failing part
+/// way leaves some dropped: dropping them again changes nothing, so the caller retries
+/// them all.
 pub async fn drop_stale(
     redis: &mut Redis,
     keys: &Keys,
@@ -57,16 +60,26 @@ pub async fn drop_stale(
     reason: &str,
 ) -> anyhow::Result<Dropped> {
     let newest = stale.iter().map(|r| r.epoch).max().unwrap_or(0);
-    let mut call = DROP_STALE.key(keys.order_stream(bucket));
-    call.key(keys.purchase_status(bucket))
-        .key(keys.meta(bucket))
-        .arg(GROUP)
-        .arg(reason)
-        .arg(newest);
-    for r in stale {
-        call.arg(&r.entry_id).arg(r.user_id);
+    let (stream, status, meta) = (
+        keys.order_stream(bucket),
+        keys.purchase_status(bucket),
+        keys.meta(bucket),
+    );
+    for chunk in stale.chunks(SETTLE_CHUNK) {
+        let mut call = DROP_STALE.key(&stream);
+        call.key(&status)
+            .key(&meta)
+            .arg(GROUP)
+            .arg(reason)
+            .arg(newest);
+        for r in chunk {
+            call.arg(&r.entry_id).arg(r.user_id);
+        }
+        if Dropped::from_code(call.invoke_async(redis).await?)? == Dropped::NotYet {
+            return Ok(Dropped::NotYet);
+        }
     }
-    Dropped::from_code(call.invoke_async(redis).await?)
+    Ok(Dropped::Dropped)
 }
 
 /// `refuse.lua`'s answers.
@@ -142,13 +155,15 @@ pub enum Entries {
     OwnPending,
 }
 
-/// The most entries one XREADGROUP asks for, and the most reservations one `settle.lua`
-/// run settles. Redis runs one call at a time, so every purchase that reaches it during
-/// a call waits for the whole of it: during a 200 000-buyer sale (SLOWLOG) a batch's
-/// settle of 1 000 took 8 ms (up to 11) and its read 2 ms (up to 4). In chunks of these
-/// sizes a call takes about a millisecond (README "Measured"), and the purchases run
-/// between them; the work per entry is the same. (Taking over or keeping a batch claimed,
-/// which happen only when a batch is slow or a worker stopped, still go in one call.)
+/// The most entries one call reads or claims (XREADGROUP, `claim_stale.lua`,
+/// `keep_claimed.lua`), and the most reservations one call writes for (`settle.lua`,
+/// `drop_stale.lua`). Redis runs one call at a time, so every purchase that reaches it
+/// during a call waits for the whole of it: during a 200 000-buyer sale (SLOWLOG) a
+/// batch's settle of 1 000 took 8 ms (up to 11) and its read 2 ms (up to 4). In chunks of
+/// these sizes a call takes about a millisecond (README "Measured"), and the purchases
+/// run between them; the work per entry is the same. Taking over, keeping claimed and
+/// dropping happen when a batch is slow, a worker stopped or the keys were rebuilt —
+/// during a sale, when they should hold Redis no longer than a read or a settle.
 const READ_CHUNK: usize = 256;
 const SETTLE_CHUNK: usize = 128;
 
@@ -202,18 +217,32 @@ pub async fn claim_stale(
     idle: Duration,
     count: usize,
 ) -> redis::RedisResult<Claimed> {
-    let (others, reply): (u64, StreamClaimReply) = CLAIM_STALE
-        .key(keys.order_stream(bucket))
-        .arg(GROUP)
-        .arg(consumer)
-        .arg(idle.as_millis() as u64)
-        .arg(count)
-        .invoke_async(redis)
-        .await?;
-    Ok(Claimed {
-        entries: reply.ids,
-        others,
-    })
+    let stream = keys.order_stream(bucket);
+    let mut claimed = Claimed {
+        entries: Vec::new(),
+        others: 0,
+    };
+    // Each run takes the oldest idle entries; what it took is idle no longer, so the
+    // next run finds the ones after them.
+    while claimed.entries.len() < count {
+        let asked = (count - claimed.entries.len()).min(READ_CHUNK);
+        let (others, reply): (u64, StreamClaimReply) = CLAIM_STALE
+            .key(&stream)
+            .arg(GROUP)
+            .arg(consumer)
+            .arg(idle.as_millis() as u64)
+            .arg(asked)
+            .invoke_async(redis)
+            .await?;
+        let got = reply.ids.len();
+        claimed.others += others;
+        claimed.entries.extend(reply.ids);
+        // Fewer than asked: none idle left (or some deleted meanwhile, found next pass).
+        if got < asked {
+            break;
+        }
+    }
+    Ok(claimed)
 }
 
 /// `claim_stale.lua`'s answer: the entries taken, and how many of them another
@@ -240,9 +269,21 @@ pub async fn keep_claimed(
     consumer: &str,
     ids: &[&str],
 ) -> redis::RedisResult<Kept> {
-    let mut call = KEEP_CLAIMED.key(keys.order_stream(bucket));
-    call.arg(GROUP).arg(consumer).arg(ids);
-    Ok(Kept(call.invoke_async(redis).await?))
+    let stream = keys.order_stream(bucket);
+    // In stream order, so that each chunk is one stretch of the stream: the script looks
+    // at this consumer's pending entries from its chunk's first id to its last.
+    let mut ids = ids.to_vec();
+    ids.sort_by_key(|id| {
+        id.split_once('-')
+            .and_then(|(ms, seq)| Some((ms.parse::<u64>().ok()?, seq.parse::<u64>().ok()?)))
+    });
+    let mut kept = 0;
+    for chunk in ids.chunks(READ_CHUNK) {
+        let mut call = KEEP_CLAIMED.key(&stream);
+        call.arg(GROUP).arg(consumer).arg(chunk);
+        kept += call.invoke_async::<u64>(redis).await?;
+    }
+    Ok(Kept(kept))
 }
 
 /// Marks the reservations CREATED and drops their entries, [`SETTLE_CHUNK`] per run of

@@ -690,15 +690,7 @@ async fn a_batch_is_read_and_settled_in_chunks_with_nothing_twice_or_left_out() 
     let (name, status) = (keys.order_stream(bucket), keys.purchase_status(bucket));
     // 700 reservations, each of its own buyer, QUEUED; one buyer has bought again since.
     const N: u64 = 700;
-    for n in 0..N {
-        let (order_no, user) = (9_000_000 + n, 500_000 + n);
-        let v1 = format!("{order_no}|{user}|1|1||0|1|{}|", n + 1);
-        let _: String = r.xadd(&name, "*", &[("v1", v1)]).await.unwrap();
-        let _: () = r
-            .hset(&status, user, format!("QUEUED:{order_no}"))
-            .await
-            .unwrap();
-    }
+    queue_reservations(&mut r, &keys, bucket, N).await;
     let _: () = r.hset(&status, 500_300, "QUEUED:42").await.unwrap();
     let read = stream::read(&mut r, &keys, bucket, "a", 1_000, Entries::New)
         .await
@@ -757,5 +749,129 @@ async fn a_batch_is_read_and_settled_in_chunks_with_nothing_twice_or_left_out() 
         statuses[&500_699], "CREATED:9000699",
         "the last chunk's last one"
     );
+    app.stop().await;
+}
+
+/// `n` reservations in the bucket's stream, order numbers 9 000 000 on, each of its own
+/// buyer (500 000 on), under epoch 1, with their buyers' statuses QUEUED.
+async fn queue_reservations(
+    r: &mut stampede_core::infra::redis::Redis,
+    keys: &stampede_core::keys::Keys,
+    bucket: Bucket,
+    n: u64,
+) {
+    let (name, status) = (keys.order_stream(bucket), keys.purchase_status(bucket));
+    for i in 0..n {
+        let (order_no, user) = (9_000_000 + i, 500_000 + i);
+        let v1 = format!("{order_no}|{user}|1|1||0|1|{}|", i + 1);
+        let _: String = r.xadd(&name, "*", &[("v1", v1)]).await.unwrap();
+        let _: () = r
+            .hset(&status, user, format!("QUEUED:{order_no}"))
+            .await
+            .unwrap();
+    }
+}
+
+/// Taking over a stopped worker's entries and keeping a batch claimed go 256 entries a
+/// run, dropping stale reservations 128 (orders::redis): across the runs' edges every
+/// entry is taken over once, kept once, dropped once, and none left out.
+#[tokio::test]
+async fn taking_over_keeping_and_dropping_a_batch_go_in_chunks_with_nothing_twice_or_left_out() {
+    use stampede_core::orders::redis::{self as stream, Dropped, Entries, Kept};
+    use stampede_core::orders::reservation::Reservation;
+    let app = spawn_app_with(|_| {}).await;
+    let (keys, bucket) = (app.keys(), Bucket::only(1));
+    let mut r = app.redis.clone();
+    stream::ensure_group(&mut r, &keys, bucket).await.unwrap();
+    let (name, status) = (keys.order_stream(bucket), keys.purchase_status(bucket));
+    const N: u64 = 700;
+    queue_reservations(&mut r, &keys, bucket, N).await;
+    // "a" reads them all and stops; "b" takes them over once idle, at most 600 a call.
+    let read = stream::read(&mut r, &keys, bucket, "a", 1_000, Entries::New)
+        .await
+        .unwrap();
+    assert_eq!(read.len(), N as usize);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let idle = Duration::from_millis(100);
+    let first = stream::claim_stale(&mut r, &keys, bucket, "b", idle, 600)
+        .await
+        .unwrap();
+    let rest = stream::claim_stale(&mut r, &keys, bucket, "b", idle, 1_000)
+        .await
+        .unwrap();
+    let taken: Vec<&str> = first
+        .entries
+        .iter()
+        .chain(&rest.entries)
+        .map(|e| e.id.as_str())
+        .collect();
+    let all: Vec<&str> = read.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!((first.entries.len(), taken.len()), (600, all.len()));
+    assert!(taken == all, "every entry taken over once, oldest first");
+    assert_eq!((first.others, rest.others), (600, 100));
+    // "b" keeps them all claimed, given in any order; "a" keeps none of them.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut given = all.clone();
+    given.reverse();
+    given.swap(0, 699); // a chunk of them spans the whole stream
+    let kept = stream::keep_claimed(&mut r, &keys, bucket, "b", &given)
+        .await
+        .unwrap();
+    assert_eq!(kept, Kept(N));
+    let none = stream::keep_claimed(&mut r, &keys, bucket, "a", &given)
+        .await
+        .unwrap();
+    assert_eq!(none, Kept(0));
+    let still_idle = stream::claim_stale(&mut r, &keys, bucket, "c", idle, 1_000)
+        .await
+        .unwrap();
+    assert!(
+        still_idle.entries.is_empty(),
+        "every entry's idle time was reset"
+    );
+    // A rebuild of the keys (epoch 2) makes 300 of them stale: dropped, 128 a run; the
+    // buyers whose status the rebuild did not write are told.
+    let reservations: Vec<Reservation> = rest
+        .entries
+        .iter()
+        .chain(&first.entries)
+        .map(|e| Reservation::from_entry(e).unwrap())
+        .collect();
+    let (stale, left) = reservations.split_at(300);
+    let not_yet = stream::drop_stale(&mut r, &keys, bucket, stale, "reloaded")
+        .await
+        .unwrap();
+    assert_eq!(not_yet, Dropped::NotYet, "the rebuild is not in Redis yet");
+    assert_eq!(r.xlen::<_, u64>(&name).await.unwrap(), N);
+    let _: () = r.hset(keys.meta(bucket), "epoch", 2).await.unwrap();
+    for gone in &stale[..150] {
+        let _: () = r.hdel(&status, gone.user_id).await.unwrap();
+    }
+    let dropped = stream::drop_stale(&mut r, &keys, bucket, stale, "reloaded")
+        .await
+        .unwrap();
+    assert_eq!(dropped, Dropped::Dropped);
+    let entries: redis::streams::StreamRangeReply = r.xrange_all(&name).await.unwrap();
+    let remaining: Vec<u64> = entries
+        .ids
+        .iter()
+        .map(|e| Reservation::from_entry(e).unwrap().order_no.0)
+        .collect();
+    let mut expected: Vec<u64> = left.iter().map(|r| r.order_no.0).collect();
+    expected.sort_unstable();
+    assert_eq!(remaining, expected, "exactly the stale ones are gone");
+    let pending: redis::streams::StreamPendingReply =
+        r.xpending(&name, stream::GROUP).await.unwrap();
+    assert_eq!(pending.count(), left.len(), "and no longer pending");
+    let statuses: HashMap<u64, String> = r.hgetall(&status).await.unwrap();
+    let failed = statuses
+        .values()
+        .filter(|s| *s == "FAILED:reloaded")
+        .count();
+    assert_eq!(
+        failed, 150,
+        "only the buyers left with no status: {statuses:?}"
+    );
+    assert_eq!(statuses.len(), N as usize);
     app.stop().await;
 }
