@@ -114,7 +114,8 @@ impl Metrics {
             Opts::new(
                 "stampede_mysql_sessions_ended_total",
                 "Sessions of cut-off MySQL calls the core tried to end, by outcome: killed, \
-                 restarted (the server restarted since the call began: nothing killed), gone \
+                 restarted (the server restarted since the call began: nothing killed), \
+                 other_server (the address leads to another server now: nothing killed), gone \
                  (ended already), failed, unanswered (the last two end after wait_timeout)",
             ),
             &["outcome"],

@@ -158,8 +158,13 @@ impl CallTimeout {
     }
 
     /// [`end_session`] within this limit, its outcome counted.
-    pub async fn end_session(&self, conn: mysql_async::Conn, since: Instant) -> SessionEnd {
-        let outcome = end_session(conn, since, self.limit).await;
+    pub async fn end_session(
+        &self,
+        conn: mysql_async::Conn,
+        server: &ServerIdentity,
+        since: Instant,
+    ) -> SessionEnd {
+        let outcome = end_session(conn, server, since, self.limit).await;
         self.sessions_ended
             .with_label_values(&[outcome.label()])
             .inc();
@@ -201,6 +206,45 @@ impl CallTimeout {
     }
 }
 
+/// The server a session id was given by, as MariaDB names itself: its host name, port
+/// and `server_id` (which replication requires to differ between a primary and its
+/// replicas). Read on a call's connection before the call, so that [`end_session`] sends
+/// a KILL for that session to that server only — not to whichever server the address
+/// leads to by then (a virtual IP moved to a replica after a failover), where the id
+/// may be anyone's session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerIdentity {
+    pub hostname: String,
+    pub port: u32,
+    pub server_id: u64,
+}
+
+impl ServerIdentity {
+    /// The server `conn` is connected to (one round trip).
+    pub async fn of(conn: &mut mysql_async::Conn) -> Result<ServerIdentity, mysql_async::Error> {
+        let row: Option<(String, u32, u64)> = conn
+            .query_first("SELECT @@hostname, @@port, @@server_id")
+            .await?;
+        let (hostname, port, server_id) =
+            row.ok_or_else(|| mysql_async::Error::Other("no answer to SELECT @@hostname".into()))?;
+        Ok(ServerIdentity {
+            hostname,
+            port,
+            server_id,
+        })
+    }
+}
+
+impl std::fmt::Display for ServerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{} (server_id {})",
+            self.hostname, self.port, self.server_id
+        )
+    }
+}
+
 /// Ends the MariaDB session of `conn`, whose call was cut off: MariaDB never hears that a
 /// client behind a half-open connection is gone, so the session would keep its
 /// transaction and its locks until `wait_timeout` (four call timeouts), and every batch
@@ -210,16 +254,25 @@ impl CallTimeout {
 /// its COMMIT got there first. Bounded by `within`; on failure MariaDB still ends the
 /// session after `wait_timeout`.
 ///
-/// A session id means something only to the server that gave it: one restarted since
-/// `since` (when the cut call began, its connection taken after) numbers its sessions
-/// afresh, and the id may now be another core's. So the KILL is sent only to a server up
-/// for longer than that (after a restart the session is gone anyway). Not covered: an
-/// address that moved to another server (a virtual IP after a failover) while the call
-/// hung.
-pub async fn end_session(conn: mysql_async::Conn, since: Instant, within: Duration) -> SessionEnd {
+/// A session id means something only to the server that gave it. So the KILL is sent
+/// only to `server` (read on `conn` before the call): the new connection may reach
+/// another one (the address moved, a failover), whose session of that id may be another
+/// core's. And only to a server up for longer than since `since` (when the cut call
+/// began, its connection taken after): one restarted since numbers its sessions afresh
+/// (and the cut session went with the restart).
+pub async fn end_session(
+    conn: mysql_async::Conn,
+    server: &ServerIdentity,
+    since: Instant,
+    within: Duration,
+) -> SessionEnd {
     let (id, opts) = (conn.id(), conn.opts().clone());
     let kill = async {
         let mut killer = mysql_async::Conn::new(opts).await?;
+        let here = ServerIdentity::of(&mut killer).await?;
+        if here != *server {
+            return Ok(SessionEnd::OtherServer(here));
+        }
         let uptime: Option<(String, u64)> = killer
             .query_first("SHOW GLOBAL STATUS LIKE 'Uptime'")
             .await?;
@@ -248,6 +301,12 @@ pub async fn end_session(conn: mysql_async::Conn, since: Instant, within: Durati
             uptime_s = up.as_secs(),
             "MariaDB restarted since a cut-off call began: its session is gone, nothing killed"
         ),
+        SessionEnd::OtherServer(here) => tracing::warn!(
+            session = id,
+            was = %server,
+            now = %here,
+            "the address of a cut-off call's MariaDB leads to another server now: nothing killed; the session ends after wait_timeout, if its server still runs"
+        ),
         SessionEnd::Gone => {}
         SessionEnd::Failed(e) => tracing::warn!(
             session = id,
@@ -270,6 +329,9 @@ pub enum SessionEnd {
     Killed,
     /// The server has been up this long: less than the cut call has run. Nothing killed.
     Restarted(Duration),
+    /// The address now leads to this server, not the one that gave the session id.
+    /// Nothing killed.
+    OtherServer(ServerIdentity),
     /// The session had ended already.
     Gone,
     /// The KILL (or the connection for it) failed: the session ends after wait_timeout.
@@ -283,6 +345,7 @@ impl SessionEnd {
         match self {
             SessionEnd::Killed => "killed",
             SessionEnd::Restarted(_) => "restarted",
+            SessionEnd::OtherServer(_) => "other_server",
             SessionEnd::Gone => "gone",
             SessionEnd::Failed(_) => "failed",
             SessionEnd::Unanswered => "unanswered",

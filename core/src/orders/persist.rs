@@ -16,7 +16,7 @@ use super::guards::{self, Declined};
 use super::reservation::{Batch, Reservation};
 use crate::catalog::EventRecord;
 use crate::domain::{EventId, OrderNo};
-use crate::infra::mysql::CallTimeout;
+use crate::infra::mysql::{CallTimeout, ServerIdentity};
 use crate::order_tables::{self, shard_of_order};
 
 /// Why a batch did not commit.
@@ -140,11 +140,15 @@ pub async fn create_orders(
         // The connection is held here, not in the attempt: a cut drops the attempt and
         // keeps the connection out of the pool until its session is ended (handed to
         // another task meanwhile, that task's session would be the one killed).
+        // Which server the connection reached, read before the transaction: a session
+        // is killed on that server only (infra::mysql::end_session).
         let mut held: Option<Conn> = None;
+        let mut server: Option<ServerIdentity> = None;
         let began = std::time::Instant::now();
         let outcome = limit
             .within("a batch's transaction", async {
                 let conn = held.insert(pool.get_conn().await.map_err(classify)?);
+                server = Some(ServerIdentity::of(conn).await.map_err(classify)?);
                 attempt(conn, shards, event, batch, reads).await
             })
             .await;
@@ -152,9 +156,10 @@ pub async fn create_orders(
             Ok(outcome) => outcome,
             Err(cut) => {
                 // Its locks (the orders', the category's row) would hold every later
-                // batch of the category until MariaDB's wait_timeout.
-                if let Some(conn) = held {
-                    limit.end_session(conn, began).await;
+                // batch of the category until MariaDB's wait_timeout. Cut before its
+                // server was known, the session had begun nothing.
+                if let (Some(conn), Some(server)) = (held, &server) {
+                    limit.end_session(conn, server, began).await;
                 }
                 Err(PersistError::Unknown(cut.to_string()))
             }

@@ -1,7 +1,7 @@
 //! The order pipeline with the real broker and MariaDB: reservations become orders
 //! through RocketMQ transactional messages, stock_log and the stock-sync consumer.
 
-use stampede_core::infra::mysql::{SessionEnd, end_session};
+use stampede_core::infra::mysql::{ServerIdentity, SessionEnd, end_session};
 use stampede_core::keys::Bucket;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -496,8 +496,9 @@ async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_calls_session_is_killed_only_on_the_server_that_numbered_it() {
-    // A session id is the server's own count: after a restart it may be another core's
-    // session, which a KILL of the cut-off call's id would end.
+    // A session id is the server's own count: on another server (the address moved, a
+    // failover), or on this one after a restart, it may be another core's session,
+    // which a KILL of the cut-off call's id would end.
     let stack = stampede_e2e::Stack::from_env();
     let server = mysql_async::Pool::new(stack.mysql_url("stampede").as_str());
     let observed = mysql_async::Pool::new(stack.mysql_url("stampede").as_str());
@@ -516,25 +517,50 @@ async fn a_cut_off_calls_session_is_killed_only_on_the_server_that_numbered_it()
     )
     .await;
     let limit = Duration::from_secs(5);
+    let call = || async {
+        let mut conn = observed.get_conn().await.unwrap();
+        let numbered_by = ServerIdentity::of(&mut conn).await.unwrap();
+        let id = conn.id();
+        (conn, numbered_by, id)
+    };
 
     // A call that began before the server last started: its session went with the
     // restart, and the id is left alone.
-    let conn = observed.get_conn().await.unwrap();
-    let id = conn.id();
+    let (conn, numbered_by, id) = call().await;
     let before_start = std::time::Instant::now()
         .checked_sub(Duration::from_secs(uptime as u64 + 5))
         .expect("the machine was up before its MariaDB");
-    let outcome = end_session(conn, before_start, limit).await;
+    let outcome = end_session(conn, &numbered_by, before_start, limit).await;
     assert!(matches!(outcome, SessionEnd::Restarted(_)), "{outcome:?}");
     assert!(
         live(id).await,
         "session {id} killed though the server restarted since"
     );
 
-    // A call that began while the server was up: its session is killed.
-    let conn = observed.get_conn().await.unwrap();
-    let id = conn.id();
-    let outcome = end_session(conn, std::time::Instant::now(), limit).await;
+    // A call whose session another server numbered (its server_id, or its host name,
+    // not this one's): the id here is someone else's, and is left alone.
+    for elsewhere in [
+        ServerIdentity {
+            server_id: numbered_by.server_id + 1,
+            ..numbered_by.clone()
+        },
+        ServerIdentity {
+            hostname: format!("{}-replica", numbered_by.hostname),
+            ..numbered_by.clone()
+        },
+    ] {
+        let (conn, _, id) = call().await;
+        let outcome = end_session(conn, &elsewhere, std::time::Instant::now(), limit).await;
+        assert_eq!(outcome, SessionEnd::OtherServer(numbered_by.clone()));
+        assert!(
+            live(id).await,
+            "session {id} killed on a server that did not number it"
+        );
+    }
+
+    // A call that began while the server was up, on this server: its session is killed.
+    let (conn, numbered_by, id) = call().await;
+    let outcome = end_session(conn, &numbered_by, std::time::Instant::now(), limit).await;
     assert_eq!(outcome, SessionEnd::Killed);
     let gone = eventually(Duration::from_secs(2), || async { !live(id).await }).await;
     assert!(gone, "session {id} is still there");
