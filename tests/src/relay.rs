@@ -1,9 +1,14 @@
 //! A TCP relay on loopback that can leave its connections half-open: the fault a peer
 //! that dies without closing (a host gone, a partition) or a network that drops every
 //! packet makes, which no signal to a local process reproduces (a stopped MariaDB's
-//! kernel still completes handshakes and acknowledges bytes, and SIGCONT ends it).
+//! kernel still completes handshakes and acknowledges bytes, and SIGCONT ends it). Or
+//! that drops a connection at a chosen request: the first time a client sends a given
+//! byte string (an argument only that request carries), as a connection lost mid-work
+//! would be.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -17,9 +22,22 @@ use tokio::sync::watch;
 pub struct StallingRelay {
     pub port: u16,
     stalls: watch::Sender<u64>,
+    cut: Arc<Cut>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// The byte string whose first sending drops its connection, and how many times it was
+/// sent since it was set.
+#[derive(Default)]
+struct Cut {
+    marker: Mutex<Option<Vec<u8>>>,
+    seen: AtomicUsize,
+}
+
+/// The longest marker: each connection keeps this many of its client's last bytes, for
+/// a marker split across two reads.
+const MARKER_MAX: usize = 64;
 
 impl StallingRelay {
     pub async fn start(target: SocketAddr) -> StallingRelay {
@@ -28,6 +46,8 @@ impl StallingRelay {
         let port = listener.local_addr().unwrap().port();
         let (stalls, watch) = watch::channel(0u64);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let cut = Arc::new(Cut::default());
+        let cutting = cut.clone();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -39,7 +59,7 @@ impl StallingRelay {
                 // when the relay is dropped.
                 let accept = async {
                     while let Ok((client, _)) = listener.accept().await {
-                        tokio::spawn(relay(client, target, watch.clone()));
+                        tokio::spawn(relay(client, target, watch.clone(), cutting.clone()));
                     }
                 };
                 tokio::select! {
@@ -51,6 +71,7 @@ impl StallingRelay {
         StallingRelay {
             port,
             stalls,
+            cut,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -60,6 +81,22 @@ impl StallingRelay {
     /// ends wait for an answer that never comes. Connections opened later are relayed.
     pub fn stall_open_connections(&self) {
         self.stalls.send_modify(|n| *n += 1);
+    }
+
+    /// From now on, the first connection to send `marker` (at most 64 bytes) is dropped,
+    /// both ways, before the bytes it came in are relayed; later ones are relayed.
+    pub fn cut_when_sent(&self, marker: &[u8]) {
+        assert!(!marker.is_empty() && marker.len() <= MARKER_MAX);
+        *self.cut.marker.lock().unwrap() = Some(marker.to_vec());
+        self.cut.seen.store(0, Ordering::SeqCst);
+    }
+
+    /// How many times clients sent the marker since [`cut_when_sent`] (the first one
+    /// cut).
+    ///
+    /// [`cut_when_sent`]: StallingRelay::cut_when_sent
+    pub fn marker_sent(&self) -> usize {
+        self.cut.seen.load(Ordering::SeqCst)
     }
 }
 
@@ -74,17 +111,28 @@ impl Drop for StallingRelay {
     }
 }
 
-async fn relay(mut client: TcpStream, target: SocketAddr, mut stalls: watch::Receiver<u64>) {
+async fn relay(
+    mut client: TcpStream,
+    target: SocketAddr,
+    mut stalls: watch::Receiver<u64>,
+    cut: Arc<Cut>,
+) {
     let born = *stalls.borrow_and_update();
     let Ok(mut server) = TcpStream::connect(target).await else {
         return;
     };
     let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    let mut carry: Vec<u8> = Vec::new();
     loop {
         tokio::select! {
             read = client.read(&mut up) => match read {
                 Ok(0) | Err(_) => return,
-                Ok(n) => if server.write_all(&up[..n]).await.is_err() { return },
+                Ok(n) => {
+                    if cut.first_sent_in(&mut carry, &up[..n]) {
+                        return; // both sockets dropped: the connection is lost
+                    }
+                    if server.write_all(&up[..n]).await.is_err() { return }
+                }
             },
             read = server.read(&mut down) => match read {
                 Ok(0) | Err(_) => return,
@@ -97,5 +145,27 @@ async fn relay(mut client: TcpStream, target: SocketAddr, mut stalls: watch::Rec
                 }
             }
         }
+    }
+}
+
+impl Cut {
+    /// Counts the marker's occurrences that end in `bytes` (`carry`: the connection's
+    /// bytes before them, kept to [`MARKER_MAX`]); true if the first one since the
+    /// marker was set is among them.
+    fn first_sent_in(&self, carry: &mut Vec<u8>, bytes: &[u8]) -> bool {
+        let from = carry.len();
+        carry.extend_from_slice(bytes);
+        let mut first = false;
+        if let Some(marker) = self.marker.lock().unwrap().as_deref() {
+            let m = marker.len();
+            for end in (from + 1).max(m)..=carry.len() {
+                if carry[end - m..end] == *marker && self.seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    first = true;
+                }
+            }
+        }
+        let keep = carry.len().saturating_sub(MARKER_MAX - 1);
+        carry.drain(..keep);
+        first
     }
 }

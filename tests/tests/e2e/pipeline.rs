@@ -901,3 +901,134 @@ async fn taking_over_keeping_and_dropping_a_batch_go_in_chunks_with_nothing_twic
     assert_eq!(statuses.len(), N as usize);
     app.stop().await;
 }
+
+/// A settle cut off between its runs (the core's Redis connection lost after the first
+/// 128 of a batch were settled): the orders exist, the first run's buyers see CREATED,
+/// the rest are settled by the replay — and every order gets its order-timeout message,
+/// the first run's at once (a replay never reads their entries again), the rest's with
+/// the replay. So every unpaid order is cancelled when its window closes and its unit
+/// goes back on sale, none left for the overdue sweep 30 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_cut_between_its_runs_still_times_every_order_out() {
+    const BUYERS: u64 = 200;
+    // The core reaches Redis through a relay that can drop its connection at a chosen
+    // request; a batch waits on MySQL for as long as the test holds a table.
+    let stack = stampede_e2e::Stack::from_env();
+    let relay = stampede_e2e::StallingRelay::start(([127, 0, 0, 1], stack.redis_port).into()).await;
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        s.mysql.call_timeout_ms = 30_000;
+        s.redis.url = s.redis.url.replace(
+            &format!(":{}", stack.redis_port),
+            &format!(":{}", relay.port),
+        );
+        assert!(s.redis.url.contains(&relay.port.to_string()));
+    })
+    .await;
+    let mut sale = small_sale(300, 1, 1, 1);
+    sale["pay_timeout_s"] = json!(2);
+    let (event, categories) = app.create_event(sale).await;
+    app.publish(event).await;
+    let buyers = app.buyers(BUYERS).await;
+    // Batches are created with their order-timeout message once the broker's clients
+    // are up (before, through the outbox, the sweep times them out).
+    let broker_up = eventually(Duration::from_secs(20), || async {
+        let ready: serde_json::Value = app
+            .http
+            .get(format!("{}/readyz", app.admin_url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ready["dependencies"]["rocketmq"] == "up"
+    })
+    .await;
+    assert!(broker_up, "the core's broker clients never started");
+
+    // Purchases while stock_batch is locked: the batches wait, the last one of about
+    // 200, so that it is settled in two runs.
+    let mut lock = app.mysql.get_conn().await.unwrap();
+    lock.query_drop("LOCK TABLES stock_batch WRITE")
+        .await
+        .unwrap();
+    let answers = burst(&app, event, categories[0], &buyers).await;
+    assert_eq!(answers.get(&202), Some(&BUYERS), "{answers:?}");
+    let name = app.keys().order_stream(Bucket::only(event));
+    let mut r = app.redis.clone();
+    let read_all = eventually(Duration::from_secs(10), || async {
+        // (NOGROUP until the workers first look at the stream.)
+        let pending: redis::RedisResult<redis::streams::StreamPendingReply> = r
+            .clone()
+            .xpending(&name, stampede_core::orders::redis::GROUP)
+            .await;
+        pending.is_ok_and(|p| p.count() == BUYERS as usize)
+    })
+    .await;
+    assert!(read_all, "the reservations were not all read into batches");
+    // The newest reservation: in the last chunk of its batch, whose settle.lua run is
+    // the only request to carry its order number from now on.
+    let newest: redis::streams::StreamRangeReply =
+        r.xrevrange_count(&name, "+", "-", 1).await.unwrap();
+    let newest =
+        stampede_core::orders::reservation::Reservation::from_entry(&newest.ids[0]).unwrap();
+    relay.cut_when_sent(newest.order_no.0.to_string().as_bytes());
+    lock.query_drop("UNLOCK TABLES").await.unwrap();
+    drop(lock);
+
+    let statuses_key = app.keys().purchase_status(Bucket::only(event));
+    let statuses = || async {
+        let all: HashMap<u64, String> = app.redis.clone().hgetall(&statuses_key).await.unwrap();
+        let mut by_state: HashMap<String, usize> = HashMap::new();
+        for s in all.values() {
+            *by_state
+                .entry(s.split(':').next().unwrap().to_owned())
+                .or_default() += 1;
+        }
+        by_state
+    };
+    let created = eventually(Duration::from_secs(20), || async {
+        ordered_units(&app.mysql, event).await == (BUYERS, BUYERS)
+            && app.stream_len(event).await == 0
+    })
+    .await;
+    assert!(
+        created,
+        "orders {:?}, backlog {}",
+        ordered_units(&app.mysql, event).await,
+        app.stream_len(event).await
+    );
+    assert!(
+        relay.marker_sent() >= 2,
+        "the cut settle was not replayed: its order number sent {} times",
+        relay.marker_sent()
+    );
+    // Every order cancelled at the end of its 2 s window, by its message.
+    let cancelled = eventually(Duration::from_secs(15), || async {
+        statuses().await.get("CANCELLED") == Some(&(BUYERS as usize))
+    })
+    .await;
+    assert!(
+        cancelled,
+        "not every unpaid order was cancelled on time: {:?}",
+        statuses().await
+    );
+    let not_cancelled = scalar(
+        &app.mysql,
+        &format!(
+            "SELECT COUNT(*) FROM ({}) o",
+            stampede_e2e::over_shards(&format!(
+                "SELECT order_no FROM {{orders}} WHERE event_id = {event} AND status <> 'CANCELLED'"
+            ))
+        ),
+    )
+    .await;
+    assert_eq!(not_cancelled, 0, "orders in MySQL not cancelled");
+    assert_eq!(
+        app.stock(event, categories[0]).await,
+        300,
+        "units back on sale"
+    );
+    app.stop().await;
+}
