@@ -116,7 +116,8 @@ impl Metrics {
                 "Sessions of cut-off MySQL calls the core tried to end, by outcome: killed, \
                  restarted (the server restarted since the call began: nothing killed), \
                  other_server (the address leads to another server now: nothing killed), gone \
-                 (ended already), failed, unanswered (the last two end after wait_timeout)",
+                 (ended already), failed, unanswered (other_server, failed and unanswered \
+                 end after wait_timeout)",
             ),
             &["outcome"],
         )

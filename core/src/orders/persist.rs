@@ -46,21 +46,41 @@ pub enum PersistError {
     Duplicate(String),
 }
 
+/// What a MySQL error means for a batch: refused for its rows, or not committed (and
+/// worth another try).
 pub(super) fn classify(e: mysql_async::Error) -> PersistError {
     match &e {
-        // Deadlock and lock wait timeout are worth another try; other server errors are
-        // about the data.
-        // So is a duplicate key: another attempt at the same orders committed first (the
-        // next attempt sees them), or an expiry took an order number's slot, or Redis
-        // handed an admission number out again (the next attempt reads why).
-        // 4031: MySQL 8 closed a session idle past its wait_timeout (the connection's
-        // last answer); nothing of this attempt committed.
-        mysql_async::Error::Server(s) if ![1213, 1205, 1062, 4031].contains(&s.code) => {
+        mysql_async::Error::Server(s) if REFUSES_THE_DATA.contains(&s.code) => {
             PersistError::Rejected(e.to_string())
         }
+        // Anything else did not commit and may go through later: a deadlock or lock wait
+        // timeout; a duplicate key (another attempt at the same orders committed first,
+        // or an expiry took an order number's slot, or Redis handed an admission number
+        // out again: the next attempt reads why); and every error of the server rather
+        // than of the rows — read-only (a virtual IP moved to a replica not yet
+        // promoted), shutting down, too many connections, access denied, a table
+        // missing, the disk full, a statement interrupted, 4031 (MySQL 8 closed a
+        // session idle past its wait_timeout). Such an error refusing the batch would
+        // release reservations already answered 202; retried, they become orders once
+        // the server is back, or are released at orders.deadline_s.
         _ => PersistError::NotCommitted(e.to_string()),
     }
 }
+
+/// Server errors about the rows themselves, which no retry changes: a value out of its
+/// column's range or type, a NULL or missing value, a foreign key, a CHECK constraint
+/// (MariaDB 4025, MySQL 3819).
+const REFUSES_THE_DATA: &[u16] = &[
+    1048, // column cannot be null
+    1216, 1217, 1451, 1452, // foreign key
+    1264, // out of range for the column
+    1265, // data truncated
+    1292, 1366, // incorrect value
+    1364, // no default for a field
+    1406, // too long for the column
+    1690, // out of range in an expression (an UNSIGNED gone below 0)
+    3819, 4025, // CHECK constraint
+];
 
 /// Commits; a connection lost during COMMIT leaves the outcome unknown.
 async fn commit(tx: mysql_async::Transaction<'_>) -> Result<(), PersistError> {
@@ -530,6 +550,42 @@ mod tests {
             seq: None,
             journey: None,
         }
+    }
+
+    fn server_error(code: u16) -> PersistError {
+        classify(mysql_async::Error::Server(mysql_async::ServerError {
+            code,
+            message: format!("error {code}"),
+            state: "HY000".into(),
+        }))
+    }
+
+    #[test]
+    fn only_errors_about_the_rows_refuse_a_batch_the_servers_own_are_retried() {
+        // A CHECK constraint, an UNSIGNED below 0, a value too long: no retry helps.
+        for code in [4025, 3819, 1690, 1406, 1264, 1048, 1452] {
+            assert!(
+                matches!(server_error(code), PersistError::Rejected(_)),
+                "{code}"
+            );
+        }
+        // Read-only (--read-only, a replica behind a moved address), shutting down, too
+        // many connections, access denied, a table missing, the disk full, interrupted,
+        // max_statement_time, a deadlock, a lock wait, a duplicate key, idle timeout.
+        for code in [
+            1290, 1836, 1053, 1040, 1045, 1146, 1021, 1317, 1969, 1213, 1205, 1062, 4031,
+        ] {
+            assert!(
+                matches!(server_error(code), PersistError::NotCommitted(_)),
+                "{code}"
+            );
+        }
+        assert!(matches!(
+            classify(mysql_async::Error::Io(mysql_async::IoError::Io(
+                std::io::ErrorKind::BrokenPipe.into()
+            ))),
+            PersistError::NotCommitted(_)
+        ));
     }
 
     #[test]

@@ -1032,3 +1032,59 @@ async fn a_settle_cut_between_its_runs_still_times_every_order_out() {
     );
     app.stop().await;
 }
+
+/// A batch MySQL refuses for the server's own reasons, not the rows' — here a table gone
+/// (1146); likewise read-only, shutting down, too many connections, access denied —
+/// waits and is created once the server takes it: reservations answered 202 are never
+/// released for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_for_the_servers_own_reasons_waits_and_is_created_later() {
+    const BUYERS: u64 = 10;
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, categories) = app.create_event(small_sale(100, 1, 1, 1)).await;
+    app.publish(event).await;
+    let buyers = app.buyers(BUYERS).await;
+    let mut conn = app.mysql.get_conn().await.unwrap();
+    conn.query_drop("RENAME TABLE stock_batch TO stock_batch_away")
+        .await
+        .unwrap();
+    let answers = burst(&app, event, categories[0], &buyers).await;
+    assert_eq!(answers.get(&202), Some(&BUYERS), "{answers:?}");
+    let statuses_key = app.keys().purchase_status(Bucket::only(event));
+    let states = || async {
+        let all: HashMap<u64, String> = app.redis.clone().hgetall(&statuses_key).await.unwrap();
+        let mut states: Vec<String> = all
+            .values()
+            .map(|s| s.split(':').next().unwrap().to_owned())
+            .collect();
+        states.sort();
+        states.dedup();
+        states
+    };
+    // Every attempt meets the missing table: nothing created, nothing released.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(states().await, ["QUEUED"]);
+    assert_eq!(ordered_units(&app.mysql, event).await, (0, 0));
+    assert_eq!(app.stream_len(event).await, BUYERS);
+    conn.query_drop("RENAME TABLE stock_batch_away TO stock_batch")
+        .await
+        .unwrap();
+    drop(conn);
+    let created = eventually(Duration::from_secs(30), || async {
+        ordered_units(&app.mysql, event).await == (BUYERS, BUYERS) && states().await == ["CREATED"]
+    })
+    .await;
+    assert!(
+        created,
+        "orders {:?}, states {:?}",
+        ordered_units(&app.mysql, event).await,
+        states().await
+    );
+    let released = app
+        .admin_api
+        .counter("stampede_reservations_released_total")
+        .await
+        .unwrap_or(0);
+    assert_eq!(released, 0, "reservations released");
+    app.stop().await;
+}
