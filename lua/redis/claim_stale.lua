@@ -10,14 +10,18 @@
 -- ARGV[3]  the least idle time, ms
 -- ARGV[4]  the most entries to take: at most 256 a run (READ_CHUNK in
 --          core/src/orders/redis.rs, which runs this again for more)
+-- ARGV[5]  where in the pending list to start: "-", or "(<id>" after the last entry
+--          the previous run looked at (a cursor: what a run took is not idle any more
+--          only while the runs are less than the idle time apart)
 --
--- Returns {n, entries} (mirrored by Claimed in core/src/orders/redis.rs): the entries
--- taken, as XCLAIM gives them (entries deleted from the stream meanwhile are left
--- out), n of which another consumer held.
+-- Returns {n, entries, looked, last} (mirrored by Claimed in
+-- core/src/orders/redis.rs): the entries taken, as XCLAIM gives them (entries deleted
+-- from the stream meanwhile are left out), n of which another consumer held; how many
+-- pending entries the run looked at, and the last one's id ("" if none).
 local rcall, unpack = redis.call, unpack
 local consumer = ARGV[2]
-local pending = rcall('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])
-if #pending == 0 then return {0, {}} end
+local pending = rcall('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], ARGV[5], '+', ARGV[4])
+if #pending == 0 then return {0, {}, 0, ''} end
 -- One XCLAIM for them all. It checks each entry's idle time again, and leaves out
 -- entries deleted from the stream (dropping them from the group's pending list; Redis
 -- 6.2 answers such an entry with nil).
@@ -33,4 +37,4 @@ for _, entry in ipairs(rcall('XCLAIM', unpack(args))) do
     if held_by[entry[1]] ~= consumer then others = others + 1 end
   end
 end
-return {others, claimed}
+return {others, claimed, #pending, pending[#pending][1]}

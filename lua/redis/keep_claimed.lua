@@ -7,8 +7,8 @@
 -- KEYS[1]  stream  the bucket's reservations
 -- ARGV[1]  the consumer group
 -- ARGV[2]  this consumer
--- ARGV[3..] the batch's entry ids: at most 256 a run (READ_CHUNK in
---           core/src/orders/redis.rs, which runs this once per chunk of a batch)
+-- ARGV[3..] entry ids of the batch: at most 256 a run, in stream order
+--           (keep_claimed_runs in core/src/orders/redis.rs splits a batch so)
 --
 -- Returns (mirrored by Kept in core/src/orders/redis.rs):
 --   n >= 0  the number of entries kept
@@ -33,14 +33,20 @@ for i = 3, #ARGV do
   if before(id, first) then first = id end
   if before(last, id) then last = id end
 end
--- This consumer's pending entries from the batch's first to its last: the batch, and
--- at most the consumer's few others (a worker works on one batch at a time).
-local pending = rcall('XPENDING', KEYS[1], group, first, last, #ARGV * 2, consumer)
--- One XCLAIM … JUSTID for the batch's entries among them: its arguments built as one
--- table, the ids before JUSTID (unpack in the middle of a list gives one value).
-local args = { KEYS[1], group, consumer, 0 }
-for _, entry in ipairs(pending) do
-  if batch[entry[1]] then args[#args + 1] = entry[1] end
+-- This consumer's pending entries from the run's first to its last, a page at a time
+-- (the consumer may hold others in between: a batch's ids given out of order, or
+-- another batch's), and one XCLAIM … JUSTID for the run's entries among them: its
+-- arguments built as one table, the ids before JUSTID (unpack in the middle of a list
+-- gives one value).
+local PAGE = 512
+local args, from = { KEYS[1], group, consumer, 0 }, first
+while true do
+  local page = rcall('XPENDING', KEYS[1], group, from, last, PAGE, consumer)
+  for _, entry in ipairs(page) do
+    if batch[entry[1]] then args[#args + 1] = entry[1] end
+  end
+  if #page < PAGE then break end
+  from = '(' .. page[#page][1]
 end
 if #args == 4 then return 0 end
 args[#args + 1] = 'JUSTID'

@@ -208,7 +208,10 @@ pub async fn read(
 }
 
 /// Entries held longer than `idle`: another consumer's (it stopped or hangs), or this
-/// one's own left idle.
+/// one's own left idle; at most `count`, [`READ_CHUNK`] a run of `claim_stale.lua`,
+/// each run going on through the pending list from where the last one stopped (so no
+/// entry is taken twice, however long between runs). A run failing after others took
+/// entries ends the call with those (the rest are found on the next pass).
 pub async fn claim_stale(
     redis: &mut Redis,
     keys: &Keys,
@@ -222,25 +225,33 @@ pub async fn claim_stale(
         entries: Vec::new(),
         others: 0,
     };
-    // Each run takes the oldest idle entries; what it took is idle no longer, so the
-    // next run finds the ones after them.
+    let mut from = "-".to_owned();
     while claimed.entries.len() < count {
         let asked = (count - claimed.entries.len()).min(READ_CHUNK);
-        let (others, reply): (u64, StreamClaimReply) = CLAIM_STALE
+        let run: redis::RedisResult<(u64, StreamClaimReply, usize, String)> = CLAIM_STALE
             .key(&stream)
             .arg(GROUP)
             .arg(consumer)
             .arg(idle.as_millis() as u64)
             .arg(asked)
+            .arg(&from)
             .invoke_async(redis)
-            .await?;
-        let got = reply.ids.len();
+            .await;
+        let (others, reply, looked, last) = match run {
+            Ok(run) => run,
+            Err(e) if claimed.entries.is_empty() => return Err(e),
+            Err(e) => {
+                tracing::warn!(event_id = %bucket.event, error = %e, taken = claimed.entries.len(), "claiming idle entries failed part way; going on with those taken");
+                break;
+            }
+        };
         claimed.others += others;
         claimed.entries.extend(reply.ids);
-        // Fewer than asked: none idle left (or some deleted meanwhile, found next pass).
-        if got < asked {
+        // Fewer pending entries than asked: none idle left after them.
+        if looked < asked {
             break;
         }
+        from = format!("({last}");
     }
     Ok(claimed)
 }
@@ -257,33 +268,33 @@ pub struct Claimed {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kept(pub u64);
 
-/// Resets the idle time of the entries `ids` that `consumer` still holds (XCLAIM …
-/// JUSTID, by `keep_claimed.lua`), so that a batch still being worked on (a slow MySQL,
-/// retries, orders created one by one) is not taken over as a stopped worker's by
-/// `claim_stale`. Entries acknowledged meanwhile or taken over by another consumer are
-/// left alone.
-pub async fn keep_claimed(
-    redis: &mut Redis,
-    keys: &Keys,
-    bucket: Bucket,
-    consumer: &str,
-    ids: &[&str],
-) -> redis::RedisResult<Kept> {
-    let stream = keys.order_stream(bucket);
-    // In stream order, so that each chunk is one stretch of the stream: the script looks
-    // at this consumer's pending entries from its chunk's first id to its last.
+/// A batch's entry ids in stream order, in runs of at most [`READ_CHUNK`]: what
+/// [`keep_claimed`] takes per call (each run one stretch of the stream, which the script
+/// reads this consumer's pending entries over).
+pub fn keep_claimed_runs<'a>(ids: &[&'a str]) -> Vec<Vec<&'a str>> {
     let mut ids = ids.to_vec();
     ids.sort_by_key(|id| {
         id.split_once('-')
             .and_then(|(ms, seq)| Some((ms.parse::<u64>().ok()?, seq.parse::<u64>().ok()?)))
     });
-    let mut kept = 0;
-    for chunk in ids.chunks(READ_CHUNK) {
-        let mut call = KEEP_CLAIMED.key(&stream);
-        call.arg(GROUP).arg(consumer).arg(chunk);
-        kept += call.invoke_async::<u64>(redis).await?;
-    }
-    Ok(Kept(kept))
+    ids.chunks(READ_CHUNK).map(<[&str]>::to_vec).collect()
+}
+
+/// Resets the idle time of the entries `run` (one of [`keep_claimed_runs`]) that
+/// `consumer` still holds (XCLAIM … JUSTID, by `keep_claimed.lua`), so that a batch still
+/// being worked on (a slow MySQL, retries, orders created one by one) is not taken over
+/// as a stopped worker's by `claim_stale`. Entries acknowledged meanwhile or taken over
+/// by another consumer are left alone.
+pub async fn keep_claimed(
+    redis: &mut Redis,
+    keys: &Keys,
+    bucket: Bucket,
+    consumer: &str,
+    run: &[&str],
+) -> redis::RedisResult<Kept> {
+    let mut call = KEEP_CLAIMED.key(keys.order_stream(bucket));
+    call.arg(GROUP).arg(consumer).arg(run);
+    Ok(Kept(call.invoke_async(redis).await?))
 }
 
 /// Marks the reservations CREATED and drops their entries, [`SETTLE_CHUNK`] per run of

@@ -267,8 +267,13 @@ impl Pipeline {
             .filter_map(|id| id.split_once('-')?.0.parse::<i64>().ok())
             .max();
         let deadline_ms = (self.settings.deadline_s * 1000) as i64;
+        // One pass every third of claim_idle_ms, each within that third, each going on
+        // from the run the last one stopped at (a pass cut short by a slow Redis leaves
+        // no run never kept).
+        let runs = redis::keep_claimed_runs(&ids);
         let keep_claimed = async {
             let mut redis = self.redis.clone();
+            let mut next = 0;
             loop {
                 tokio::time::sleep(every).await;
                 let now_ms = chrono::Utc::now().timestamp_millis();
@@ -276,20 +281,29 @@ impl Pipeline {
                     tracing::warn!(event_id = %bucket.event, entries = ids.len(), "a batch past orders.deadline_s is still being created; its entries are no longer kept claimed");
                     break;
                 }
-                let kept = tokio::time::timeout(
-                    every,
-                    redis::keep_claimed(&mut redis, &self.keys, bucket, consumer, &ids),
-                )
-                .await;
-                match kept {
-                    Ok(Ok(redis::Kept(0))) => break, // none left of this consumer's
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(event_id = %bucket.event, error = %e, "cannot keep a batch's reservations claimed");
+                let pass_ends = tokio::time::Instant::now() + every;
+                let (mut kept, mut done) = (0, 0);
+                while done < runs.len() {
+                    let run = &runs[next];
+                    let call = redis::keep_claimed(&mut redis, &self.keys, bucket, consumer, run);
+                    match tokio::time::timeout_at(pass_ends, call).await {
+                        Ok(Ok(redis::Kept(n))) => {
+                            kept += n;
+                            done += 1;
+                            next = (next + 1) % runs.len();
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(event_id = %bucket.event, error = %e, "cannot keep a batch's reservations claimed");
+                            break;
+                        }
+                        Err(_) => {
+                            tracing::warn!(event_id = %bucket.event, "keeping a batch's reservations claimed timed out");
+                            break;
+                        }
                     }
-                    Err(_) => {
-                        tracing::warn!(event_id = %bucket.event, "keeping a batch's reservations claimed timed out");
-                    }
+                }
+                if done == runs.len() && kept == 0 {
+                    break; // none left of this consumer's
                 }
             }
             // Nothing more to keep: the batch goes on without it.

@@ -817,38 +817,58 @@ async fn taking_over_keeping_and_dropping_a_batch_go_in_chunks_with_nothing_twic
         .await
         .unwrap();
     assert_eq!(read.len(), N as usize);
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let idle = Duration::from_millis(100);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let idle = Duration::from_secs(1);
     let first = stream::claim_stale(&mut r, &keys, bucket, "b", idle, 600)
         .await
         .unwrap();
     let rest = stream::claim_stale(&mut r, &keys, bucket, "b", idle, 1_000)
         .await
         .unwrap();
-    let taken: Vec<&str> = first
-        .entries
-        .iter()
-        .chain(&rest.entries)
-        .map(|e| e.id.as_str())
-        .collect();
-    let all: Vec<&str> = read.iter().map(|e| e.id.as_str()).collect();
+    let ids = |claimed: &[&stream::Claimed]| -> Vec<String> {
+        claimed
+            .iter()
+            .flat_map(|c| c.entries.iter().map(|e| e.id.clone()))
+            .collect()
+    };
+    let all: Vec<String> = read.iter().map(|e| e.id.clone()).collect();
+    let taken = ids(&[&first, &rest]);
     assert_eq!((first.entries.len(), taken.len()), (600, all.len()));
     assert!(taken == all, "every entry taken over once, oldest first");
     assert_eq!((first.others, rest.others), (600, 100));
-    // "b" keeps them all claimed, given in any order; "a" keeps none of them.
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let mut given = all.clone();
+    // With no least idle time every entry stays idle enough after its run took it: the
+    // runs go on through the pending list, so none is taken twice.
+    let again = stream::claim_stale(&mut r, &keys, bucket, "c", Duration::ZERO, 1_000)
+        .await
+        .unwrap();
+    assert_eq!((again.entries.len(), again.others), (N as usize, N));
+    assert!(ids(&[&again]) == all, "each once, oldest first");
+    // "c" keeps them all claimed, given in any order (in runs of one stretch of the
+    // stream each); "b" keeps none of them.
+    let mut given: Vec<&str> = all.iter().map(String::as_str).collect();
     given.reverse();
-    given.swap(0, 699); // a chunk of them spans the whole stream
-    let kept = stream::keep_claimed(&mut r, &keys, bucket, "b", &given)
+    given.swap(0, 699);
+    let keep = async |consumer: &str| {
+        let mut kept = 0;
+        for run in stream::keep_claimed_runs(&given) {
+            assert!(run.len() <= 256);
+            kept += stream::keep_claimed(&mut r.clone(), &keys, bucket, consumer, &run)
+                .await
+                .unwrap()
+                .0;
+        }
+        Kept(kept)
+    };
+    assert_eq!(keep("c").await, Kept(N));
+    assert_eq!(keep("b").await, Kept(0));
+    // A run's first and last entry with 698 of the consumer's others between them: the
+    // script pages through them all.
+    let ends = [all[0].as_str(), all[699].as_str()];
+    let kept = stream::keep_claimed(&mut r, &keys, bucket, "c", &ends)
         .await
         .unwrap();
-    assert_eq!(kept, Kept(N));
-    let none = stream::keep_claimed(&mut r, &keys, bucket, "a", &given)
-        .await
-        .unwrap();
-    assert_eq!(none, Kept(0));
-    let still_idle = stream::claim_stale(&mut r, &keys, bucket, "c", idle, 1_000)
+    assert_eq!(kept, Kept(2));
+    let still_idle = stream::claim_stale(&mut r, &keys, bucket, "d", idle, 1_000)
         .await
         .unwrap();
     assert!(
