@@ -28,6 +28,12 @@ pub enum PersistError {
     /// Certainly not committed (down, deadlock, timeout before COMMIT): retry later.
     #[error("not committed: {0}")]
     NotCommitted(String),
+    /// The server refused a statement for reasons of its own, not the rows' (read-only,
+    /// a table missing, access denied, shutting down, the disk full): not committed,
+    /// retried. A batch refused so several times in a row is tried order by order, so
+    /// that the orders the cause does not touch (another shard's table) are created.
+    #[error("MySQL refused the batch for reasons of its own: {0}")]
+    ServerRefused(String),
     /// The connection failed during COMMIT: it may or may not have committed.
     #[error("commit outcome unknown: {0}")]
     Unknown(String),
@@ -53,16 +59,21 @@ pub(super) fn classify(e: mysql_async::Error) -> PersistError {
         mysql_async::Error::Server(s) if REFUSES_THE_DATA.contains(&s.code) => {
             PersistError::Rejected(e.to_string())
         }
-        // Anything else did not commit and may go through later: a deadlock or lock wait
-        // timeout; a duplicate key (another attempt at the same orders committed first,
-        // or an expiry took an order number's slot, or Redis handed an admission number
-        // out again: the next attempt reads why); and every error of the server rather
-        // than of the rows — read-only (a virtual IP moved to a replica not yet
-        // promoted), shutting down, too many connections, access denied, a table
-        // missing, the disk full, a statement interrupted, 4031 (MySQL 8 closed a
-        // session idle past its wait_timeout). Such an error refusing the batch would
-        // release reservations already answered 202; retried, they become orders once
-        // the server is back, or are released at orders.deadline_s.
+        // Worth another try as it is: a deadlock or lock wait timeout; a duplicate key
+        // (another attempt at the same orders committed first, or an expiry took an
+        // order number's slot, or Redis handed an admission number out again: the next
+        // attempt reads why); 4031, MySQL 8 closing a session idle past its
+        // wait_timeout.
+        mysql_async::Error::Server(s) if [1213, 1205, 1062, 4031].contains(&s.code) => {
+            PersistError::NotCommitted(e.to_string())
+        }
+        // Every other error of the server's is its own, not the rows': read-only (a
+        // virtual IP moved to a replica not yet promoted), shutting down, too many
+        // connections, access denied, a table missing, the disk full, a statement
+        // interrupted. Taken as refusing the rows, it would release reservations already
+        // answered 202; retried, they become orders once the server takes them, or are
+        // released at orders.deadline_s.
+        mysql_async::Error::Server(_) => PersistError::ServerRefused(e.to_string()),
         _ => PersistError::NotCommitted(e.to_string()),
     }
 }
@@ -85,7 +96,7 @@ const REFUSES_THE_DATA: &[u16] = &[
 /// Commits; a connection lost during COMMIT leaves the outcome unknown.
 async fn commit(tx: mysql_async::Transaction<'_>) -> Result<(), PersistError> {
     tx.commit().await.map_err(|e| match classify(e) {
-        PersistError::NotCommitted(m) => PersistError::Unknown(m),
+        PersistError::NotCommitted(m) | PersistError::ServerRefused(m) => PersistError::Unknown(m),
         other => other,
     })
 }
@@ -571,10 +582,15 @@ mod tests {
         }
         // Read-only (--read-only, a replica behind a moved address), shutting down, too
         // many connections, access denied, a table missing, the disk full, interrupted,
-        // max_statement_time, a deadlock, a lock wait, a duplicate key, idle timeout.
-        for code in [
-            1290, 1836, 1053, 1040, 1045, 1146, 1021, 1317, 1969, 1213, 1205, 1062, 4031,
-        ] {
+        // max_statement_time: the server's own.
+        for code in [1290, 1836, 1053, 1040, 1045, 1146, 1021, 1317, 1969] {
+            assert!(
+                matches!(server_error(code), PersistError::ServerRefused(_)),
+                "{code}"
+            );
+        }
+        // A deadlock, a lock wait, a duplicate key, an idle timeout: another try.
+        for code in [1213, 1205, 1062, 4031] {
             assert!(
                 matches!(server_error(code), PersistError::NotCommitted(_)),
                 "{code}"

@@ -95,6 +95,7 @@ impl TransactionListener for OrdersTxListener {
             Err(
                 PersistError::Rejected(_)
                 | PersistError::NotCommitted(_)
+                | PersistError::ServerRefused(_)
                 | PersistError::Stale(_)
                 | PersistError::Rewound(_)
                 | PersistError::Duplicate(_),

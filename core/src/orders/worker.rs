@@ -22,6 +22,10 @@ use crate::shutdown::Shutdown;
 /// back). One attempt per worker every 1–2 s is nothing to a MySQL that is down.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
+/// A batch MySQL refuses this many times in a row for reasons of its own (not the
+/// rows') is tried order by order: the cause may touch only some of its orders.
+const SPLIT_AFTER_REFUSALS: u32 = 3;
+
 /// The longest a stream found empty waits before this core reads it again, and the
 /// first wait (doubled while it stays empty).
 const IDLE_MAX: Duration = Duration::from_millis(200);
@@ -349,6 +353,7 @@ impl Pipeline {
             .with_jitter()
             .build();
         let mut delay = backoff.next().unwrap_or(MAX_BACKOFF);
+        let mut refused_in_a_row = 0;
         while !reservations.is_empty() {
             reservations = self.expire_overdue(bucket, reservations).await;
             if reservations.is_empty() {
@@ -398,7 +403,31 @@ impl Pipeline {
                         return;
                     }
                 }
+                Err(PersistError::ServerRefused(why))
+                    if reservations.len() > 1 && refused_in_a_row + 1 >= SPLIT_AFTER_REFUSALS =>
+                {
+                    // The same cause may not touch every order (one shard's table): those
+                    // it does not are created, the others stay for the next attempts.
+                    // Order by order, nothing is released for a refusal of the server's.
+                    refused_in_a_row = 0;
+                    self.set_blocked(Some(format!("order creation waits for MySQL: {why}")));
+                    tracing::warn!(
+                        event_id = %bucket.event,
+                        why,
+                        "MySQL refused a batch for reasons of its own again; creating its orders one by one"
+                    );
+                    reservations = self.create_one_by_one(bucket, reservations).await;
+                    if reservations.is_empty() {
+                        self.set_blocked(None);
+                        return;
+                    }
+                }
                 Err(e) => {
+                    if matches!(e, PersistError::ServerRefused(_)) {
+                        refused_in_a_row += 1;
+                    } else {
+                        refused_in_a_row = 0;
+                    }
                     self.set_blocked(Some(format!("order creation waits for MySQL: {e}")));
                     tracing::warn!(event_id = %bucket.event, error = %e, retry_in_ms = delay.as_millis() as u64, "batch not created; retrying");
                 }
