@@ -354,10 +354,30 @@ impl Pipeline {
             .build();
         let mut delay = backoff.next().unwrap_or(MAX_BACKOFF);
         let mut refused_in_a_row = 0;
+        // When every reservation left was past orders.deadline_s and still here: MySQL
+        // neither created them nor could tell they have no order (down, or refusing
+        // for reasons of its own). After claim_idle_ms more they are left pending, for
+        // a worker to take over later, so that they do not hold this worker — and, taken
+        // over one after another, every worker — from every other sale meanwhile.
+        let mut all_overdue_since: Option<Instant> = None;
+        let claim_idle = Duration::from_millis(self.settings.claim_idle_ms);
         while !reservations.is_empty() {
             reservations = self.expire_overdue(bucket, reservations).await;
             if reservations.is_empty() {
                 return;
+            }
+            let cutoff =
+                chrono::Utc::now().timestamp_millis() - (self.settings.deadline_s * 1000) as i64;
+            if reservations.iter().all(|r| r.admitted_ms < cutoff) {
+                let since = *all_overdue_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > claim_idle {
+                    tracing::warn!(
+                        event_id = %bucket.event,
+                        reservations = reservations.len(),
+                        "reservations past orders.deadline_s that MySQL can neither create nor release; left pending for later"
+                    );
+                    return;
+                }
             }
             let outcome = match self.events.get(bucket.event.0).await {
                 Ok(Some(event)) => {

@@ -1150,3 +1150,120 @@ async fn a_batch_refused_for_the_servers_own_reasons_waits_and_is_created_later(
     assert_eq!(released, 0, "reservations released");
     app.stop().await;
 }
+
+/// Reservations past orders.deadline_s that MySQL can neither create nor release (one
+/// order shard's table gone, so neither the batch nor the expiry goes through) do not
+/// hold the core's only worker: it leaves them pending after claim_idle_ms and serves
+/// another sale meanwhile; once the table is back they are released as overdue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overdue_reservations_mysql_cannot_settle_do_not_hold_a_worker_from_other_sales() {
+    use stampede_core::domain::OrderNo;
+    use stampede_core::order_tables::shard_of_order;
+    const BUYERS: u64 = 30;
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        s.orders.workers = 1;
+        s.orders.deadline_s = 2;
+        s.orders.claim_idle_ms = 1_000;
+    })
+    .await;
+    let shards = app.settings.mysql.order_shards;
+    let mut sales = Vec::new();
+    for _ in 0..2 {
+        let (event, categories) = app.create_event(small_sale(100, 1, 1, 1)).await;
+        app.publish(event).await;
+        sales.push((event, categories[0], app.buyers(BUYERS).await));
+    }
+    // Each purchase of `event`: its state, and whether its order is in the missing shard.
+    let states = |event: u64| {
+        let key = app.keys().purchase_status(Bucket::only(event));
+        let r = app.redis.clone();
+        async move {
+            let all: HashMap<u64, String> = r.clone().hgetall(&key).await.unwrap();
+            let mut states: HashMap<(String, bool), usize> = HashMap::new();
+            for s in all.values() {
+                let (state, order) = s.split_once(':').unwrap();
+                let order = order.split(':').next().unwrap_or(order);
+                let missing = order
+                    .parse()
+                    .is_ok_and(|n| shard_of_order(OrderNo(n), shards) == 1);
+                *states.entry((state.to_owned(), missing)).or_default() += 1;
+            }
+            states
+        }
+    };
+    let mut conn = app.mysql.get_conn().await.unwrap();
+    conn.query_drop("RENAME TABLE order_1 TO order_1_away")
+        .await
+        .unwrap();
+    let (a, a_category, a_buyers) = &sales[0];
+    let answers = burst(&app, *a, *a_category, a_buyers).await;
+    assert_eq!(answers.get(&202), Some(&BUYERS), "{answers:?}");
+    // The first sale's orders in shard 1 are past their deadline and stuck; then
+    // purchases of the second sale, which the only worker must still get to.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (b, b_category, b_buyers) = &sales[1];
+    let answers = burst(&app, *b, *b_category, b_buyers).await;
+    assert_eq!(answers.get(&202), Some(&BUYERS), "{answers:?}");
+    let served = eventually(Duration::from_secs(20), || async {
+        let states = states(*b).await;
+        states
+            .get(&("CREATED".to_owned(), false))
+            .copied()
+            .unwrap_or(0)
+            > 0
+            && !states.contains_key(&("QUEUED".to_owned(), false))
+    })
+    .await;
+    assert!(
+        served,
+        "the second sale's orders outside the missing shard were not created: {:?}",
+        states(*b).await
+    );
+    // Meanwhile every order outside shard 1 was created, every one in it waits.
+    let mut stuck = Vec::new();
+    for (event, _, _) in &sales {
+        let states = states(*event).await;
+        let waiting = states
+            .get(&("QUEUED".to_owned(), true))
+            .copied()
+            .unwrap_or(0);
+        let created = states
+            .get(&("CREATED".to_owned(), false))
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(
+            waiting + created,
+            BUYERS as usize,
+            "event {event}: {states:?}"
+        );
+        assert!(
+            waiting > 0,
+            "event {event}: no order in shard 1 to test with"
+        );
+        stuck.push(waiting);
+    }
+    conn.query_drop("RENAME TABLE order_1_away TO order_1")
+        .await
+        .unwrap();
+    drop(conn);
+    // Back: the overdue ones of shard 1 are released, as overdue; nothing is left.
+    for ((event, _, _), waiting) in sales.iter().zip(stuck) {
+        let done = eventually(Duration::from_secs(30), || async {
+            let states = states(*event).await;
+            states
+                .get(&("FAILED".to_owned(), false))
+                .copied()
+                .unwrap_or(0)
+                == waiting
+                && states
+                    .get(&("CREATED".to_owned(), false))
+                    .copied()
+                    .unwrap_or(0)
+                    == BUYERS as usize - waiting
+        })
+        .await;
+        assert!(done, "event {event}: {:?}", states(*event).await);
+    }
+    app.stop().await;
+}
