@@ -16,6 +16,10 @@ use crate::domain::OrderNo;
 use crate::keys::Bucket;
 use crate::messaging::BatchMessage;
 
+/// A pass of [`Pipeline::create_one_by_one`] stops after this many orders in a row that
+/// were neither created nor refused for their rows.
+const ONE_BY_ONE_GIVE_UP: usize = 5;
+
 /// What a buyer whose reservation a rebuild of the event's keys dropped is told.
 const STALE_REASON: &str = "the sale was reloaded and this purchase not kept; try again";
 
@@ -68,23 +72,29 @@ impl Pipeline {
     }
 
     /// Releases the reservations past `orders.deadline_s` whose orders do not exist, so
-    /// that none is created silently late; returns the others. Needs MySQL to decide:
-    /// while it is down, overdue reservations wait with the rest.
+    /// that none is created silently late; returns the others, and how many of them are
+    /// overdue with their orders created (to be settled). Needs MySQL to decide: while it
+    /// is down, overdue reservations wait with the rest.
     pub(super) async fn expire_overdue(
         &self,
         bucket: Bucket,
         reservations: Vec<Reservation>,
-    ) -> Vec<Reservation> {
+    ) -> (Vec<Reservation>, usize) {
         let cutoff =
             chrono::Utc::now().timestamp_millis() - (self.settings.deadline_s * 1000) as i64;
         let (overdue, mut keep): (Vec<_>, Vec<_>) = reservations
             .into_iter()
             .partition(|r| r.admitted_ms < cutoff);
         let reason = format!("not persisted within {} s", self.settings.deadline_s);
-        for r in overdue {
+        let mut left = overdue.into_iter();
+        let mut created = 0;
+        for r in left.by_ref() {
             let expiry = persist::expire(&self.mysql, self.shards, bucket.event, &r);
             match self.call_timeout.within("an expiry", expiry).await {
-                Ok(Ok(persist::Expiry::Created)) => keep.push(r),
+                Ok(Ok(persist::Expiry::Created)) => {
+                    created += 1;
+                    keep.push(r);
+                }
                 Ok(Ok(persist::Expiry::Stale)) => {
                     let order_no = r.order_no;
                     keep.extend(self.drop_stale(bucket, vec![r], &[order_no]).await.0);
@@ -95,10 +105,16 @@ impl Pipeline {
                         keep.push(r);
                     }
                 }
-                Ok(Err(_)) | Err(_) => keep.push(r),
+                Ok(Err(_)) => keep.push(r),
+                Err(_) => {
+                    // MySQL hangs: the rest would wait a call timeout each.
+                    keep.push(r);
+                    keep.extend(left);
+                    break;
+                }
             }
         }
-        keep
+        (keep, created)
     }
 
     /// Gives the reservation back in Redis with `reason`; false if Redis did not answer.
@@ -275,20 +291,24 @@ impl Pipeline {
         }
     }
 
-    /// After MySQL refused a batch: each order alone; the refused ones are released.
-    /// Returns the reservations still to retry (MySQL unavailable meanwhile).
+    /// After MySQL refused a batch: each order alone; the ones refused for their rows are
+    /// released. `event`: the event's record, or None if MySQL does not have the event
+    /// (then every order is refused). Returns the reservations still to retry (MySQL
+    /// unavailable, or refusing for reasons of its own): a pass stops after
+    /// [`ONE_BY_ONE_GIVE_UP`] orders in a row neither created nor refused, the rest
+    /// returned untried (first, so the next pass goes on from there), so that a server
+    /// refusing everything costs a few transactions, not a batch's worth.
     pub(super) async fn create_one_by_one(
         &self,
         bucket: Bucket,
+        event: Option<&Arc<EventRecord>>,
         reservations: Vec<Reservation>,
     ) -> Vec<Reservation> {
         let mut retry = Vec::new();
-        let event = match self.events.get(bucket.event.0).await {
-            Ok(Some(event)) => Some(event),
-            _ => None,
-        };
-        for r in reservations {
-            let outcome = match &event {
+        let mut unsettled_in_a_row = 0;
+        let mut left = reservations.into_iter();
+        for r in left.by_ref() {
+            let outcome = match event {
                 Some(event) => {
                     self.create(event, bucket, std::slice::from_ref(&r), false)
                         .await
@@ -298,6 +318,7 @@ impl Pipeline {
                     bucket.event
                 ))),
             };
+            let decided = matches!(outcome, Ok(()) | Err(PersistError::Rejected(_)));
             match outcome {
                 Ok(()) => {}
                 Err(PersistError::Stale(stale)) => {
@@ -322,7 +343,14 @@ impl Pipeline {
                 }
                 Err(_) => retry.push(r),
             }
+            unsettled_in_a_row = if decided { 0 } else { unsettled_in_a_row + 1 };
+            if unsettled_in_a_row >= ONE_BY_ONE_GIVE_UP {
+                break;
+            }
         }
-        retry
+        // The untried first: the next pass starts where this one stopped.
+        let mut rest: Vec<Reservation> = left.collect();
+        rest.extend(retry);
+        rest
     }
 }

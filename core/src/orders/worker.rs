@@ -19,7 +19,9 @@ use crate::shutdown::Shutdown;
 /// The longest a worker waits between retries of a batch MySQL (or Redis) did not take,
 /// before the jitter (up to as much again): a worker notices the part is back within
 /// 2 s (was 5 s: chaos `redis-kill` settled up to 5 s after the core's connection was
-/// back). One attempt per worker every 1–2 s is nothing to a MySQL that is down.
+/// back). One attempt per worker every 1–2 s is nothing to a MySQL that is down (and
+/// every third one refused for the server's own reasons, a few single-order attempts:
+/// `create_one_by_one` stops after a handful neither created nor refused).
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// A batch MySQL refuses this many times in a row for reasons of its own (not the
@@ -362,15 +364,18 @@ impl Pipeline {
         let mut all_overdue_since: Option<Instant> = None;
         let claim_idle = Duration::from_millis(self.settings.claim_idle_ms);
         while !reservations.is_empty() {
-            reservations = self.expire_overdue(bucket, reservations).await;
+            let created;
+            (reservations, created) = self.expire_overdue(bucket, reservations).await;
             if reservations.is_empty() {
                 return;
             }
             let cutoff =
                 chrono::Utc::now().timestamp_millis() - (self.settings.deadline_s * 1000) as i64;
             if reservations.iter().all(|r| r.admitted_ms < cutoff) {
+                // (Not while any has its order created: it is to be settled, which the
+                // attempts below do, order by order if the batch keeps being refused.)
                 let since = *all_overdue_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > claim_idle {
+                if since.elapsed() > claim_idle && created == 0 {
                     tracing::warn!(
                         event_id = %bucket.event,
                         reservations = reservations.len(),
@@ -379,10 +384,11 @@ impl Pipeline {
                     return;
                 }
             }
-            let outcome = match self.events.get(bucket.event.0).await {
+            let event = self.events.get(bucket.event.0).await;
+            let outcome = match &event {
                 Ok(Some(event)) => {
                     self.create(
-                        &event,
+                        event,
                         bucket,
                         &reservations,
                         std::mem::take(&mut first_delivery),
@@ -395,6 +401,7 @@ impl Pipeline {
                 ))),
                 Err(e) => Err(PersistError::NotCommitted(format!("{e:#}"))),
             };
+            let event = event.ok().flatten();
             match outcome {
                 Ok(()) => {
                     self.set_blocked(None);
@@ -418,7 +425,9 @@ impl Pipeline {
                         why,
                         "MySQL refused a batch; creating its orders one by one"
                     );
-                    reservations = self.create_one_by_one(bucket, reservations).await;
+                    reservations = self
+                        .create_one_by_one(bucket, event.as_ref(), reservations)
+                        .await;
                     if reservations.is_empty() {
                         return;
                     }
@@ -436,7 +445,9 @@ impl Pipeline {
                         why,
                         "MySQL refused a batch for reasons of its own again; creating its orders one by one"
                     );
-                    reservations = self.create_one_by_one(bucket, reservations).await;
+                    reservations = self
+                        .create_one_by_one(bucket, event.as_ref(), reservations)
+                        .await;
                     if reservations.is_empty() {
                         self.set_blocked(None);
                         return;
