@@ -16,8 +16,9 @@ use crate::domain::OrderNo;
 use crate::keys::Bucket;
 use crate::messaging::BatchMessage;
 
-/// A pass of [`Pipeline::create_one_by_one`] stops after this many orders in a row that
-/// were neither created nor refused for their rows.
+/// A pass of [`Pipeline::create_one_by_one`] stops after its first this many orders were
+/// neither created nor refused for their rows (a server refusing everything); once one
+/// was, it goes through the batch (a cause that touches only some orders).
 const ONE_BY_ONE_GIVE_UP: usize = 5;
 
 /// What a buyer whose reservation a rebuild of the event's keys dropped is told.
@@ -107,9 +108,10 @@ impl Pipeline {
                 }
                 Ok(Err(_)) => keep.push(r),
                 Err(_) => {
-                    // MySQL hangs: the rest would wait a call timeout each.
-                    keep.push(r);
+                    // MySQL hangs: the rest would wait a call timeout each. This one
+                    // goes last, so the next pass starts with the others.
                     keep.extend(left);
+                    keep.push(r);
                     break;
                 }
             }
@@ -294,8 +296,8 @@ impl Pipeline {
     /// After MySQL refused a batch: each order alone; the ones refused for their rows are
     /// released. `event`: the event's record, or None if MySQL does not have the event
     /// (then every order is refused). Returns the reservations still to retry (MySQL
-    /// unavailable, or refusing for reasons of its own): a pass stops after
-    /// [`ONE_BY_ONE_GIVE_UP`] orders in a row neither created nor refused, the rest
+    /// unavailable, or refusing for reasons of its own): a pass whose first
+    /// [`ONE_BY_ONE_GIVE_UP`] orders were neither created nor refused stops, the rest
     /// returned untried (first, so the next pass goes on from there), so that a server
     /// refusing everything costs a few transactions, not a batch's worth.
     pub(super) async fn create_one_by_one(
@@ -305,7 +307,7 @@ impl Pipeline {
         reservations: Vec<Reservation>,
     ) -> Vec<Reservation> {
         let mut retry = Vec::new();
-        let mut unsettled_in_a_row = 0;
+        let (mut unsettled_in_a_row, mut decided_any) = (0, false);
         let mut left = reservations.into_iter();
         for r in left.by_ref() {
             let outcome = match event {
@@ -343,8 +345,9 @@ impl Pipeline {
                 }
                 Err(_) => retry.push(r),
             }
+            decided_any |= decided;
             unsettled_in_a_row = if decided { 0 } else { unsettled_in_a_row + 1 };
-            if unsettled_in_a_row >= ONE_BY_ONE_GIVE_UP {
+            if !decided_any && unsettled_in_a_row >= ONE_BY_ONE_GIVE_UP {
                 break;
             }
         }

@@ -21,7 +21,7 @@ use crate::shutdown::Shutdown;
 /// 2 s (was 5 s: chaos `redis-kill` settled up to 5 s after the core's connection was
 /// back). One attempt per worker every 1–2 s is nothing to a MySQL that is down (and
 /// every third one refused for the server's own reasons, a few single-order attempts:
-/// `create_one_by_one` stops after a handful neither created nor refused).
+/// `create_one_by_one` stops when its first handful are neither created nor refused).
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// A batch MySQL refuses this many times in a row for reasons of its own (not the
