@@ -21,6 +21,14 @@ use crate::messaging::BatchMessage;
 /// was, it goes through the batch (a cause that touches only some orders).
 const ONE_BY_ONE_GIVE_UP: usize = 5;
 
+/// The overdue reservations [`Pipeline::expire_overdue`] kept.
+pub(super) struct OverdueKept {
+    /// Every reservation kept is overdue (and there is one).
+    pub all: bool,
+    /// How many of them have their orders created (to be settled).
+    pub created: usize,
+}
+
 /// What a buyer whose reservation a rebuild of the event's keys dropped is told.
 const STALE_REASON: &str = "the sale was reloaded and this purchase not kept; try again";
 
@@ -73,20 +81,21 @@ impl Pipeline {
     }
 
     /// Releases the reservations past `orders.deadline_s` whose orders do not exist, so
-    /// that none is created silently late; returns the others, and how many of them are
-    /// overdue with their orders created (to be settled). Needs MySQL to decide: while it
-    /// is down, overdue reservations wait with the rest.
+    /// that none is created silently late; returns the others, and what became of the
+    /// overdue ones among them. Needs MySQL to decide: while it is down, overdue
+    /// reservations wait with the rest.
     pub(super) async fn expire_overdue(
         &self,
         bucket: Bucket,
         reservations: Vec<Reservation>,
-    ) -> (Vec<Reservation>, usize) {
+    ) -> (Vec<Reservation>, OverdueKept) {
         let cutoff =
             chrono::Utc::now().timestamp_millis() - (self.settings.deadline_s * 1000) as i64;
         let (overdue, mut keep): (Vec<_>, Vec<_>) = reservations
             .into_iter()
             .partition(|r| r.admitted_ms < cutoff);
         let reason = format!("not persisted within {} s", self.settings.deadline_s);
+        let on_time = keep.len();
         let mut left = overdue.into_iter();
         let mut created = 0;
         for r in left.by_ref() {
@@ -116,7 +125,11 @@ impl Pipeline {
                 }
             }
         }
-        (keep, created)
+        let kept = OverdueKept {
+            all: on_time == 0 && !keep.is_empty(),
+            created,
+        };
+        (keep, kept)
     }
 
     /// Gives the reservation back in Redis with `reason`; false if Redis did not answer.

@@ -364,18 +364,16 @@ impl Pipeline {
         let mut all_overdue_since: Option<Instant> = None;
         let claim_idle = Duration::from_millis(self.settings.claim_idle_ms);
         while !reservations.is_empty() {
-            let created;
-            (reservations, created) = self.expire_overdue(bucket, reservations).await;
+            let overdue;
+            (reservations, overdue) = self.expire_overdue(bucket, reservations).await;
             if reservations.is_empty() {
                 return;
             }
-            let cutoff =
-                chrono::Utc::now().timestamp_millis() - (self.settings.deadline_s * 1000) as i64;
-            if reservations.iter().all(|r| r.admitted_ms < cutoff) {
+            if overdue.all {
                 // (Not while any has its order created: it is to be settled, which the
                 // attempts below do, order by order if the batch keeps being refused.)
                 let since = *all_overdue_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > claim_idle && created == 0 {
+                if since.elapsed() > claim_idle && overdue.created == 0 {
                     tracing::warn!(
                         event_id = %bucket.event,
                         reservations = reservations.len(),

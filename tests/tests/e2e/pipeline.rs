@@ -1081,8 +1081,6 @@ async fn a_settle_cut_between_its_runs_still_times_every_order_out() {
 /// reservation answered 202 is never released for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_refused_for_the_servers_own_reasons_waits_and_is_created_later() {
-    use stampede_core::domain::OrderNo;
-    use stampede_core::order_tables::shard_of_order;
     const BUYERS: u64 = 40;
     let app = spawn_app_with(|s| s.orders.enabled = true).await;
     let shards = app.settings.mysql.order_shards;
@@ -1096,18 +1094,8 @@ async fn a_batch_refused_for_the_servers_own_reasons_waits_and_is_created_later(
         .unwrap();
     let answers = burst(&app, event, categories[0], &buyers).await;
     assert_eq!(answers.get(&202), Some(&BUYERS), "{answers:?}");
-    let statuses_key = app.keys().purchase_status(Bucket::only(event));
     // Each purchase's state, and whether its order's shard is the missing one's.
-    let states = || async {
-        let all: HashMap<u64, String> = app.redis.clone().hgetall(&statuses_key).await.unwrap();
-        let mut states: HashMap<(String, bool), usize> = HashMap::new();
-        for s in all.values() {
-            let (state, order) = s.split_once(':').unwrap();
-            let in_missing = shard_of_order(OrderNo(order.parse().unwrap()), shards) == 1;
-            *states.entry((state.to_owned(), in_missing)).or_default() += 1;
-        }
-        states
-    };
+    let states = || states_by_shard(&app, event, 1);
     let waiting = |states: &HashMap<(String, bool), usize>| {
         states.keys().all(|(state, in_missing)| {
             (state == "QUEUED" && *in_missing) || (state == "CREATED" && !*in_missing)
@@ -1157,8 +1145,6 @@ async fn a_batch_refused_for_the_servers_own_reasons_waits_and_is_created_later(
 /// another sale meanwhile; once the table is back they are released as overdue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overdue_reservations_mysql_cannot_settle_do_not_hold_a_worker_from_other_sales() {
-    use stampede_core::domain::OrderNo;
-    use stampede_core::order_tables::shard_of_order;
     const BUYERS: u64 = 30;
     let app = spawn_app_with(|s| {
         s.orders.enabled = true;
@@ -1167,7 +1153,6 @@ async fn overdue_reservations_mysql_cannot_settle_do_not_hold_a_worker_from_othe
         s.orders.claim_idle_ms = 1_000;
     })
     .await;
-    let shards = app.settings.mysql.order_shards;
     let mut sales = Vec::new();
     for _ in 0..2 {
         let (event, categories) = app.create_event(small_sale(100, 1, 1, 1)).await;
@@ -1175,23 +1160,7 @@ async fn overdue_reservations_mysql_cannot_settle_do_not_hold_a_worker_from_othe
         sales.push((event, categories[0], app.buyers(BUYERS).await));
     }
     // Each purchase of `event`: its state, and whether its order is in the missing shard.
-    let states = |event: u64| {
-        let key = app.keys().purchase_status(Bucket::only(event));
-        let r = app.redis.clone();
-        async move {
-            let all: HashMap<u64, String> = r.clone().hgetall(&key).await.unwrap();
-            let mut states: HashMap<(String, bool), usize> = HashMap::new();
-            for s in all.values() {
-                let (state, order) = s.split_once(':').unwrap();
-                let order = order.split(':').next().unwrap_or(order);
-                let missing = order
-                    .parse()
-                    .is_ok_and(|n| shard_of_order(OrderNo(n), shards) == 1);
-                *states.entry((state.to_owned(), missing)).or_default() += 1;
-            }
-            states
-        }
-    };
+    let states = |event: u64| states_by_shard(&app, event, 1);
     let mut conn = app.mysql.get_conn().await.unwrap();
     conn.query_drop("RENAME TABLE order_1 TO order_1_away")
         .await
@@ -1267,4 +1236,24 @@ async fn overdue_reservations_mysql_cannot_settle_do_not_hold_a_worker_from_othe
         assert!(done, "event {event}: {:?}", states(*event).await);
     }
     app.stop().await;
+}
+
+/// The purchases of `event` by state ("QUEUED", "CREATED", "FAILED", ...) and by whether
+/// their order is in order shard `shard` (false for a status naming no order: a FAILED
+/// one says why instead).
+async fn states_by_shard(app: &TestApp, event: u64, shard: u32) -> HashMap<(String, bool), usize> {
+    use stampede_core::domain::OrderNo;
+    use stampede_core::order_tables::shard_of_order;
+    let shards = app.settings.mysql.order_shards;
+    let key = app.keys().purchase_status(Bucket::only(event));
+    let all: HashMap<u64, String> = app.redis.clone().hgetall(&key).await.unwrap();
+    let mut states = HashMap::new();
+    for s in all.values() {
+        let (state, rest) = s.split_once(':').unwrap();
+        let in_shard = rest
+            .parse()
+            .is_ok_and(|n| shard_of_order(OrderNo(n), shards) == shard);
+        *states.entry((state.to_owned(), in_shard)).or_default() += 1;
+    }
+    states
 }
