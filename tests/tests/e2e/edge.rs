@@ -28,7 +28,10 @@ pub(crate) async fn core_answers(app: &StackApp, status: u16) -> u64 {
 
 /// Whether, `within` this long, `buyer` (a fresh Idempotency-Key each try, `late-<n>`)
 /// hears SOLD_OUT from the edge itself for `body`: the core's count of 409 answers stays
-/// put.
+/// put. The answer came from one worker (one connection); once it has, this also waits
+/// for the other workers to adopt the flag, so the caller may go on over fresh
+/// connections (a test that did not wait met a worker still without it on a loaded
+/// machine).
 pub(crate) async fn the_edge_says_sold_out(
     app: &StackApp,
     event: u64,
@@ -37,7 +40,7 @@ pub(crate) async fn the_edge_says_sold_out(
     within: Duration,
 ) -> bool {
     let mut n = 0;
-    eventually(within, || {
+    let said = eventually(within, || {
         n += 1;
         let key = format!("late-{n}");
         let body = body.clone();
@@ -49,7 +52,11 @@ pub(crate) async fn the_edge_says_sold_out(
                 && core_answers(app, 409).await == before
         }
     })
-    .await
+    .await;
+    if said {
+        stampede_e2e::edge_workers_catch_up().await;
+    }
+    said
 }
 
 /// Creates and publishes a sale, then waits until the edge knows it is open.
