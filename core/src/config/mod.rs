@@ -249,8 +249,29 @@ pub enum LogFormat {
 pub struct ConfigError(pub String);
 
 impl Settings {
-    /// Reads the layers. `file` is the operator's file, if any.
+    /// Reads the layers. `file` is the operator's file, if any; then the process's
+    /// environment ([`Settings::load_with`]).
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        Settings::load_with(file, std::env::vars())
+    }
+
+    /// Reads the layers with `env` as the environment. Only variables of the form
+    /// `STAMPEDE_<SECTION>__<KEY>` are configuration (every key lives in a section):
+    /// other `STAMPEDE_*` names — `STAMPEDE_CONFIG`, the edge's `STAMPEDE_TOKEN_SECRET`,
+    /// Compose's `STAMPEDE_ADMIN_TOKEN` — are not this file's and stopped the core with
+    /// "unknown field" when they were read as keys. A misspelt key of that form
+    /// (`STAMPEDE_SERVER__PORTT`) is still refused.
+    pub fn load_with(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        let env: config::Map<String, String> = env
+            .into_iter()
+            .filter(|(name, _)| {
+                name.strip_prefix("STAMPEDE_")
+                    .is_some_and(|rest| rest.contains("__"))
+            })
+            .collect();
         let mut builder = config::Config::builder()
             .add_source(config::File::from_str(DEFAULTS, config::FileFormat::Toml));
         if let Some(file) = file {
@@ -269,7 +290,8 @@ impl Settings {
                     .separator("__")
                     .try_parsing(true)
                     .list_separator(",")
-                    .with_list_parse_key("redis.nodes"),
+                    .with_list_parse_key("redis.nodes")
+                    .source(Some(env)),
             )
             .build()
             .and_then(|c| c.try_deserialize())
@@ -283,5 +305,49 @@ impl Settings {
             .build()
             .and_then(|c| c.try_deserialize())
             .expect("built-in defaults are valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        vars.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn only_section_keys_in_the_environment_are_configuration() {
+        let s = Settings::load_with(
+            None,
+            env(&[
+                ("STAMPEDE_CONFIG", "/etc/stampede.toml"),
+                ("STAMPEDE_TOKEN_SECRET", "for the edge"),
+                ("STAMPEDE_TOKEN_SECRET_FILE", "/run/secret"),
+                ("STAMPEDE_ADMIN_TOKEN", "for compose"),
+                ("STAMPEDE_BIN", "/usr/bin/stampede"),
+                ("STAMPEDE_SERVER__ADMIN_ADDR", "127.0.0.1:9999"),
+                ("STAMPEDE_ORDERS__BATCH_SIZE", "250"),
+                ("OTHER__THING", "x"),
+            ]),
+        )
+        .expect("the other STAMPEDE_* names are not keys");
+        assert_eq!(s.server.admin_addr, "127.0.0.1:9999");
+        assert_eq!(s.orders.batch_size, 250);
+    }
+
+    #[test]
+    fn a_misspelt_key_in_the_environment_is_still_refused() {
+        for (name, value) in [
+            ("STAMPEDE_SERVER__ADMIN_ADRR", "127.0.0.1:9999"),
+            ("STAMPEDE_SERVRE__ADMIN_ADDR", "127.0.0.1:9999"),
+            ("STAMPEDE_ORDERS__BATCH_SIZE", "many"),
+        ] {
+            let e = Settings::load_with(None, env(&[(name, value)]))
+                .expect_err(&format!("{name}={value} accepted"));
+            assert!(!e.0.is_empty(), "{name}");
+        }
     }
 }

@@ -35,6 +35,24 @@ impl Settings {
                 "server.max_body_bytes must be at least 1024".into(),
             ));
         }
+        // Zero here is never what an operator meant: no connection ever accepted (the
+        // core would log "serving" and answer nothing), every request timed out or
+        // cut off at once.
+        if self.server.max_connections == 0 {
+            return Err(ConfigError(
+                "server.max_connections must be positive".into(),
+            ));
+        }
+        if self.server.read_timeout_ms < 100 || self.server.request_timeout_ms < 100 {
+            return Err(ConfigError(
+                "server.read_timeout_ms and server.request_timeout_ms must be at least 100".into(),
+            ));
+        }
+        if self.login.max_concurrent_checks == 0 {
+            return Err(ConfigError(
+                "login.max_concurrent_checks must be positive".into(),
+            ));
+        }
         if self.server.worker_threads > super::MAX_WORKER_THREADS {
             return Err(ConfigError(format!(
                 "server.worker_threads must be 0 (one per CPU) … {}",
@@ -93,6 +111,10 @@ impl Settings {
                 "orders.workers, batch_size, batches_per_stream and max_stream_depth must be positive, claim_idle_ms ≥ 1000"
                     .into(),
             ));
+        }
+        // 0 would release every reservation as overdue: each 202 answered FAILED.
+        if o.deadline_s == 0 {
+            return Err(ConfigError("orders.deadline_s must be positive".into()));
         }
         // A batch is one MySQL transaction (its orders' rows in a few statements, their
         // locks held until it commits), one stream read and one order-timeout message
@@ -357,6 +379,32 @@ mod tests {
         let mut s = with_secrets();
         s.orders.batches_per_stream = 0;
         assert!(s.resolve().unwrap_err().0.contains("batches_per_stream"));
+    }
+
+    #[test]
+    fn zero_limits_and_timeouts_are_refused() {
+        let refused = |change: &dyn Fn(&mut Settings), key: &str| {
+            let mut s = with_secrets();
+            change(&mut s);
+            let e = s.resolve().map(|_| ()).expect_err(key);
+            assert!(e.0.contains(key), "{key}: {e}");
+        };
+        refused(&|s| s.server.max_connections = 0, "server.max_connections");
+        refused(&|s| s.server.read_timeout_ms = 0, "server.read_timeout_ms");
+        refused(
+            &|s| s.server.request_timeout_ms = 99,
+            "server.request_timeout_ms",
+        );
+        refused(
+            &|s| s.login.max_concurrent_checks = 0,
+            "login.max_concurrent_checks",
+        );
+        refused(&|s| s.orders.deadline_s = 0, "orders.deadline_s");
+        let mut s = with_secrets();
+        (s.server.max_connections, s.server.read_timeout_ms) = (1, 100);
+        (s.server.request_timeout_ms, s.orders.deadline_s) = (100, 1);
+        s.login.max_concurrent_checks = 1;
+        assert!(s.resolve().is_ok(), "the smallest allowed values");
     }
 
     #[test]
