@@ -142,6 +142,12 @@ pub(crate) async fn load_in<Q: Queryable>(
     }))
 }
 
+/// Whether `order_no` may be an order of `owner`'s: an order number carries its buyer's
+/// gene (`ids`), so one without it is nobody's to look up for this caller.
+fn could_be_of(order_no: OrderNo, owner: UserId) -> bool {
+    crate::ids::gene(order_no.0) == crate::ids::gene(owner.0)
+}
+
 /// What a cancellation did.
 #[derive(Debug)]
 pub enum Cancelled {
@@ -181,6 +187,9 @@ impl Lifecycle {
             .get_conn()
             .await
             .context("Failed to get a MySQL connection")?;
+        if !could_be_of(order_no, owner) {
+            return Ok(None);
+        }
         Ok(load_in(&mut conn, self.shards, order_no, false)
             .await?
             .filter(|o| o.user_id == owner.0))
@@ -194,6 +203,29 @@ impl Lifecycle {
             .get_conn()
             .await
             .context("Failed to get a MySQL connection")?;
+        if let Canceller::Owner(owner) = by {
+            // Nothing is locked before the order is known to be the caller's: a locking
+            // read of another buyer's order held their row (their payment waited), and
+            // of a number with no order the index gap where it would go — past every
+            // order, the gap each new order is inserted into, so a stream of cancels of
+            // made-up numbers held order creation back (review). A number that cannot
+            // be the caller's (not their gene) costs no query at all.
+            if !could_be_of(order_no, owner) {
+                return Ok(Cancelled::NotFound);
+            }
+            let buyer: Option<u64> = conn
+                .exec_first(
+                    format!(
+                        "SELECT user_id FROM {} WHERE order_no = ?",
+                        order_tables::orders(shard_of_order(order_no, self.shards))
+                    ),
+                    (order_no,),
+                )
+                .await?;
+            if buyer != Some(owner.0) {
+                return Ok(Cancelled::NotFound);
+            }
+        }
         let mut tx = conn.start_transaction(TxOpts::default()).await?;
         let Some(mut order) = load_in(&mut tx, self.shards, order_no, true).await? else {
             return Ok(Cancelled::NotFound);

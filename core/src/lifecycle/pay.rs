@@ -178,8 +178,22 @@ async fn apply_once(
         )
         .await
         .context("Failed to read the payment")?;
-    if seen.is_some() {
+    if let Some(seen) = seen {
         tx.commit().await.context("commit")?;
+        if seen == "APPLIED" && order.status == OrderStatus::Paid {
+            // The first delivery's answer may have been lost after its commit, or its
+            // core stopped, before the seats and the buyer's status were marked in
+            // Redis (review: nothing else marks them; the buyer read CREATED — go and
+            // pay — for a paid order). The provider delivers again: mark them now;
+            // sold.lua changes only what is still locked or CREATED for this order.
+            if let Err(e) = sold(redis, keys, &order).await {
+                tracing::warn!(
+                    %order_no,
+                    error = format!("{e:#}"),
+                    "paid before, seats still not marked sold in Redis"
+                );
+            }
+        }
         return Ok((Applied::Duplicate, order_no));
     }
     if cb.amount_cents != order.amount_cents {

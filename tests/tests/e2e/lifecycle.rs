@@ -182,6 +182,84 @@ async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
     app.stop().await;
 }
 
+/// A cancel locks nothing before the order is known to be the caller's: not another
+/// buyer's order row (their payment would wait), not the gap where a made-up number
+/// would go (new orders are inserted there). Here the victim's order row is held by
+/// another session: a cancel of it by someone else still answers 404 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_an_order_not_the_callers_locks_nothing() {
+    use mysql_async::prelude::Queryable;
+    use stampede_core::ids::gene;
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 1, 4)).await;
+    app.publish(event).await;
+    // 65 buyers: two of them share a gene (64 genes), so the victim's order number is
+    // one the attacker's gene could have.
+    let buyers = app.buyers(65).await;
+    let (victim, attacker) = buyers
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| {
+            buyers[i + 1..]
+                .iter()
+                .find(|b| gene(b.user_id) == gene(a.user_id))
+                .map(|b| (a, b))
+        })
+        .expect("two buyers of one gene");
+    let stranger = buyers
+        .iter()
+        .find(|b| gene(b.user_id) != gene(victim.user_id))
+        .unwrap();
+    let ga = json!({"category_id": categories[0], "quantity": 1});
+    assert_eq!(app.buy(event, victim, "v", ga).await.0, 202);
+    let order_no = created(&app, event, victim).await;
+    let table = stampede_core::order_tables::orders(stampede_core::order_tables::shard_of(
+        order_no,
+        app.settings.mysql.order_shards,
+    ));
+
+    let mut holder = app.mysql.get_conn().await.unwrap();
+    holder.query_drop("START TRANSACTION").await.unwrap();
+    let held: Option<u64> = holder
+        .exec_first(
+            format!("SELECT order_no FROM {table} WHERE order_no = ? FOR UPDATE"),
+            (order_no,),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held, Some(order_no));
+    for (who, number) in [
+        (attacker, order_no),
+        (stranger, order_no),
+        // Past every order of the attacker's gene: the gap new orders go into.
+        (attacker, u64::MAX - 63 + gene(attacker.user_id)),
+    ] {
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(12), cancel(&app, number, who)).await;
+        let (status, body) = answer.expect("the cancel waited on a lock it should never take");
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (404, Some("NOT_FOUND")),
+            "{body}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a cancel of order {number} by user {} waited {:?} on the victim's lock",
+            who.user_id,
+            started.elapsed()
+        );
+    }
+    holder.query_drop("ROLLBACK").await.unwrap();
+    drop(holder);
+    let (status, body) = cancel(&app, order_no, victim).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("CANCELLED")),
+        "{body}"
+    );
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_unpaid_past_its_window_is_cancelled_and_its_unit_sold_again() {
     let app = spawn_app_with(|s| s.orders.enabled = true).await;

@@ -177,6 +177,51 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
     )
     .await;
     assert_eq!(status["status"], "PAID");
+    // The first delivery committed but Redis never heard (its answer lost, its core
+    // stopped before marking): the provider's next delivery marks the seats and the
+    // status, and still answers DUPLICATE, changing nothing in MySQL.
+    let mut r = app.redis.clone();
+    let b = Bucket::only(event);
+    let () = r
+        .hset(app.keys().seats(b, seated), "2:1", format!("L:{order_no}"))
+        .await
+        .unwrap();
+    let () = r
+        .hset(
+            app.keys().purchase_status(b),
+            buyer.user_id,
+            format!("CREATED:{order_no}"),
+        )
+        .await
+        .unwrap();
+    let (status, body) = callback(&app, &secret, "txn-1", order_no, 18_000).await;
+    assert_eq!(
+        (status, body["result"].as_str()),
+        (200, Some("DUPLICATE")),
+        "{body}"
+    );
+    let seat: String = r.hget(app.keys().seats(b, seated), "2:1").await.unwrap();
+    assert_eq!(
+        SeatState::parse(&seat),
+        Some(SeatState::Sold(stampede_core::domain::OrderNo(order_no))),
+        "the replayed delivery marked the seat sold"
+    );
+    let (_, status) = call(
+        &app,
+        reqwest::Method::GET,
+        &format!("/api/events/{event}/orders/status"),
+        buyer,
+    )
+    .await;
+    assert_eq!(status["status"], "PAID", "{status}");
+    assert_eq!(
+        scalar(
+            &app.mysql,
+            &format!("SELECT COUNT(*) FROM payment WHERE order_no = {order_no}")
+        )
+        .await,
+        1
+    );
     let (status, again) = call(
         &app,
         reqwest::Method::POST,

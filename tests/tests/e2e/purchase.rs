@@ -262,6 +262,41 @@ async fn invalid_purchases_get_400_and_change_nothing() {
             "{why}: {answer}"
         );
     }
+    // A key named twice, in any spelling: the edge reads the first, serde_json would
+    // keep the last — one body, two categories. Refused whole.
+    for (n, text) in [
+        format!(r#"{{"category_id":{seated},"quantity":1,"category_id":{ga}}}"#),
+        format!(r#"{{"category_id":{seated},"quantity":1,"\u0063ategory_id":{ga}}}"#),
+        format!(r#"{{"category_id":{ga},"quantity":1,"quantity":2}}"#),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let resp = app
+            .http
+            .post(format!("{}/api/events/{event}/orders", app.public_url))
+            .bearer_auth(&buyer.token)
+            .header("Idempotency-Key", format!("twice-{n}"))
+            .header("Content-Type", "application/json")
+            .body(text.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let answer: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (400, Some("INVALID")),
+            "{text}: {answer}"
+        );
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("duplicate field"),
+            "{answer}"
+        );
+    }
     let no_key = app
         .http
         .post(format!("{}/api/events/{event}/orders", app.public_url))
