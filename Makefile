@@ -21,7 +21,7 @@ install:
 bench-tools:
 	scripts/stack.sh install-bench-tools
 
-# `make up`, then a demo event, published, and (once the hot path lands) a short sale.
+# `make up`, then a demo event, published, and a short sale through the edge (scripts/demo.sh).
 demo: up
 	scripts/demo.sh
 

@@ -64,6 +64,7 @@ ready() {
     sleep 1
   done
   echo "chaos: the core is not ready after a minute" >&2
+  return 1
 }
 
 # One table row from a sale's JSON report; fails if an invariant broke.
@@ -121,16 +122,22 @@ for name in "${wanted[@]}"; do
     if [ -n "$setup" ] && ! sh -c "$setup" >>"$out/$name.err" 2>&1; then
       # No sale: a set-up that failed (no second core) would make the row prove nothing.
       echo "chaos: $name: its set-up failed: $setup" >>"$out/$name.err"
+    elif ! ready 2>>"$out/$name.err"; then
+      # No sale on a core that never became ready: the row says why, not "no sale".
+      echo "chaos: $name: the core was not ready; no sale" >>"$out/$name.err"
     else
-      ready
       "$BENCH" sale --buyers 3000 --units 400 --categories 2 --seats 5x10 --per-user-limit 2 \
         --connections 64 --max-seconds 90 --settle-timeout-s "${SETTLE_TIMEOUT_S:-120}" --json "${args[@]}" \
         >"$out/$name.json" 2>>"$out/$name.err" || true
     fi
     # The stack as it was before the experiment, whatever the fault left down (a second
     # core stopped, the edge back to one upstream).
+    # (CORES=1: the stack remembers the CORES it was last started with.)
     "$STACK" down core2 >/dev/null 2>&1 || true
-    "$STACK" up >/dev/null 2>&1 || true
+    if ! CORES=1 "$STACK" up >"$out/$name.restore" 2>&1; then
+      echo "chaos: $name: the stack did not come back after the experiment:" >&2
+      tail -n 15 "$out/$name.restore" | sed 's/^/    /' >&2
+    fi
     # A sale that never ran (the bench could not set it up) is run again, once; a sale
     # that ran is judged as it is.
     if [ -s "$out/$name.json" ] || [ $attempt = 2 ]; then break; fi

@@ -181,6 +181,19 @@ check_install() {
     fail "a failing install step (apt-get exits 100) must be named by the ERR trap:"$'\n'"  stack: failed while \"<step>\" (exit $status, <script> line <n>: <the command on line n>)"$'\n'"got exit $status:"$'\n'"$out"
   fi
   ok "a failing install step is named: ${out##*$'\n'}"
+
+  # A Rust toolchain older than the workspace's rust-version: refused by name before
+  # apt-get runs (it used to fail, after the packages, in the build).
+  mkdir -p "$fresh/oldrust"
+  printf '#!/bin/sh\necho "rustc 1.0.0 (check.sh)"\n' >"$fresh/oldrust/rustc"
+  chmod +x "$fresh/oldrust/rustc"
+  status=0
+  out=$(on_fresh_machine env PATH="$fresh/oldrust:$fresh/root:$GUARD:$GUARD_CARGO:$PATH" \
+    STACK_APT_PACKAGES=$absent scripts/stack.sh install 2>&1) || status=$?
+  if [ "$status" -eq 0 ] || ! grep -q 'rustc is 1.0.0' <<<"$out" || grep -q 'apt-get refused' <<<"$out"; then
+    fail "install with rustc 1.0.0 must stop before apt-get, naming the version; got exit $status:"$'\n'"$out"
+  fi
+  ok "install with rustc 1.0.0: refused before apt-get, exit $status"
 }
 
 # ---------------------------------------------------------------- compose

@@ -44,7 +44,10 @@ OPS_PORT=${OPS_PORT:-8082}
 PAYSIM_PORT=${PAYSIM_PORT:-8090}
 # Cores serving the sales: 1, or 2 (the second, part core2, on CORE2_PORT and ADMIN2_PORT,
 # with the same Redis, MariaDB and broker; the edge spreads the public API over both).
-CORES=${CORES:-1}
+# Remembered like STACK_MODE (state dir's `cores`), so `make status` and a restart of one
+# part speak of the second core too.
+CORES_FILE=$STACK_DIR/cores
+CORES=${CORES:-$(cat "$CORES_FILE" 2>/dev/null || echo 1)}
 CORE2_PORT=${CORE2_PORT:-$((CORE_PORT + 2))}
 ADMIN2_PORT=${ADMIN2_PORT:-$((ADMIN_PORT + 2))}
 REDIS_PORT=${REDIS_PORT:-6379}
@@ -69,7 +72,11 @@ BROKER_HEALTH_PORT=$((BROKER_PORT + 3))
 
 ROCKETMQ_VERSION=1.0.0
 # STACK_APT_PACKAGES replaces the list (scripts/check.sh adds one no machine has).
-APT_PACKAGES=${STACK_APT_PACKAGES:-redis-server mariadb-server mariadb-client nginx libnginx-mod-http-lua lua-resty-core lua-nginx-redis lua-cjson curl openssl python3}
+# gcc and libc6-dev: the workspace builds C (mimalloc, ring) through the `cc` crate.
+APT_PACKAGES=${STACK_APT_PACKAGES:-redis-server mariadb-server mariadb-client nginx libnginx-mod-http-lua lua-resty-core lua-nginx-redis lua-cjson curl openssl python3 gcc libc6-dev}
+# The Rust toolchain is the one thing the scripts do not install (rustup's, not Debian's
+# older cargo): as new as the workspace's rust-version.
+RUST_MIN=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml")
 # cargo install keeps its build here, so a second install or upgrade reuses it.
 ROCKETMQ_BUILD_DIR=${ROCKETMQ_BUILD_DIR:-$HOME/.cache/stampede/rocketmq-target}
 CARGO_BIN=${CARGO_HOME:-$HOME/.cargo}/bin
@@ -132,11 +139,24 @@ any_alive() { # any part of this state dir running
   return 1
 }
 
-# wait_for PART SECONDS: until PART's health check passes.
+# wait_for PART SECONDS: until PART's health check passes. A part this script started
+# itself (its pid file holds the process, `$!`) that exits meanwhile will not come up:
+# that ends the wait at once, with the log's last lines, instead of after all of it (a
+# core refusing its configuration exits 64 at once; the wait was 90 s).
 wait_for() {
-  local part=$1 secs=$2 i
+  local part=$1 secs=$2 i log
   for ((i = 0; i < secs * 10; i++)); do
     if "health_$part" >/dev/null 2>&1; then return 0; fi
+    case $part in
+      namesrv | broker | core | core2 | paysim)
+        if ! alive "$part"; then
+          say "  $part: exited while starting" >&2
+          log=$LOGS/$part.log
+          [ -s "$log" ] && tail -n 5 "$log" | sed 's/^/    /' >&2
+          return 1
+        fi
+        ;;
+    esac
     sleep 0.1
   done
   return 1
@@ -366,6 +386,7 @@ case $cmd in
     install
     mkdir -p "$PIDS" "$LOGS"
     printf '%s\n' "$STACK_MODE" >"$MODE_FILE"
+    printf '%s\n' "$CORES" >"$CORES_FILE"
     say "starting the stack (state in $STACK_DIR)"
     for part in $parts; do
       step="start $part"

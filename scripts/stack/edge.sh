@@ -42,6 +42,17 @@ reload_edge() {
   # and the master keeps the old workers.
   return 1
 }
+# Started as root, nginx's workers run as nobody and read the app, the dashboard and the
+# Lua from the checkout: one under a private directory (/root is 0700 on Debian) would
+# answer 404 for the app while /edge/health passes. Said now, with the way out.
+workers_can_read() {
+  [ "$(id -u)" = 0 ] && command -v runuser >/dev/null 2>&1 || return 0
+  local f
+  for f in openresty/html/index.html openresty/ops/index.html lua/edge/stampede/access.lua; do
+    runuser -u nobody -- test -r "$ROOT/$f" ||
+      die "nginx's workers (user nobody) cannot read $ROOT/$f: a directory above it is private to its owner. Put the checkout where others may read it (e.g. /opt or /srv), or give the directories above it o+x"
+  done
+}
 start_edge() { start_an_edge edge "$EDGE_PREFIX" "$EDGE_PORT" "$OPS_PORT" EDGE_PORT; }
 start_edge2() { start_an_edge edge2 "$STACK_DIR/nginx2" "$EDGE2_PORT" "$OPS2_PORT" EDGE2_PORT; }
 # start_an_edge PART PREFIX EDGE_PORT OPS_PORT (and the name of the port's variable)
@@ -68,6 +79,7 @@ start_an_edge() {
     return 0
   fi
   before_start "$part" "$port" "$5" || return 0
+  workers_can_read
   secret_file token.secret >/dev/null
   mkdir -p "$prefix/logs" "$prefix/temp"
   chmod 0777 "$prefix/temp" # workers run as nobody and buffer request bodies here

@@ -22,6 +22,26 @@ rocketmq_missing() { # 0 = the name server or the broker must be built
   listed=$(cargo install --list 2>/dev/null || true)
   [ "$(grep -cE "^rocketmq-(namesrv|broker) v$ROCKETMQ_VERSION:" <<<"$listed" || true)" -lt 2 ]
 }
+# Why the Rust toolchain cannot build the workspace, or nothing: cargo not on PATH, or
+# rustc older than the workspace's rust-version.
+rust_problem() {
+  command -v cargo >/dev/null 2>&1 || { printf 'cargo is not on PATH'; return; }
+  local have
+  have=$(rustc --version 2>/dev/null | awk '{print $2}')
+  if [ -z "$have" ]; then printf 'rustc does not run'; return; fi
+  [ "$(printf '%s\n%s\n' "$RUST_MIN" "${have%%-*}" | sort -V | head -n 1)" = "$RUST_MIN" ] ||
+    printf 'rustc is %s' "$have"
+}
+# The distro's Redis service, started by apt-get when it installed redis-server, would
+# answer on REDIS_PORT in place of the stack's own (without its AOF settings, and
+# unknown to `make down`): stopped and disabled, once, when this install put it there.
+quiet_distro_redis() {
+  command -v systemctl >/dev/null 2>&1 || return 0
+  systemctl is-active --quiet redis-server 2>/dev/null || return 0
+  say "  stopping and disabling Debian's redis-server service (the stack runs its own Redis)"
+  systemctl disable --now redis-server >/dev/null 2>&1 ||
+    say "  note: could not stop it; set REDIS_PORT to another port if it answers on $REDIS_PORT"
+}
 install() {
   local dry=${1:-} missing
   missing=$(missing_packages | tr '\n' ' ')
@@ -34,9 +54,16 @@ install() {
     else
       say "  cargo install: nothing to build (RocketMQ $ROCKETMQ_VERSION in $CARGO_BIN)"
     fi
-    command -v cargo >/dev/null 2>&1 || say "  note: cargo is not on PATH; install a Rust toolchain first"
+    local rust
+    rust=$(rust_problem)
+    [ -z "$rust" ] || say "  note: $rust; install a Rust toolchain $RUST_MIN or later first (rustup)"
     return 0
   fi
+  # Checked before anything is installed: a machine without the toolchain learns it now,
+  # not after the packages, from a failed build.
+  local rust
+  rust=$(rust_problem)
+  [ -z "$rust" ] || die "$rust: install a Rust toolchain $RUST_MIN or later (rustup, https://rustup.rs), then run this again"
   if [ -n "$missing" ]; then
     step="apt-get install $missing"
     say "installing Debian packages: $missing"
@@ -45,10 +72,11 @@ install() {
     apt-get update -qq
     # shellcheck disable=SC2086 # one word per package
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    case " $missing " in *" redis-server "*) quiet_distro_redis ;; esac
   fi
   if rocketmq_missing; then
     step="cargo install rocketmq $ROCKETMQ_VERSION"
-    say "building the RocketMQ name server and broker $ROCKETMQ_VERSION (cargo install, ~16 min on 2 cores the first time)"
+    say "building the RocketMQ name server and broker $ROCKETMQ_VERSION (cargo install, about 16 min on 2 cores the first time)"
     mkdir -p "$ROCKETMQ_BUILD_DIR"
     CARGO_TARGET_DIR=$ROCKETMQ_BUILD_DIR cargo install --locked --quiet \
       "rocketmq-namesrv@$ROCKETMQ_VERSION" "rocketmq-broker@$ROCKETMQ_VERSION"
