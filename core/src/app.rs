@@ -214,6 +214,7 @@ impl App {
             admission,
             lifecycle,
             pipeline,
+            seat_maps: crate::public::SeatMaps::new(),
         });
         Ok(App {
             state,

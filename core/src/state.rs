@@ -42,6 +42,8 @@ pub struct AppState {
     pub room: crate::room::WaitingRoom,
     /// The order pipeline, when `orders.enabled`.
     pub pipeline: Option<Arc<Pipeline>>,
+    /// Seat maps as answered, for a moment (`public::events::SeatMaps`).
+    pub seat_maps: crate::public::SeatMaps,
 }
 
 impl AppState {

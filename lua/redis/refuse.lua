@@ -1,15 +1,19 @@
 -- refuse.lua: a reservation MySQL turned away (Redis admitted more than MySQL holds:
 -- its state was behind). Marks it FAILED with the reason and drops its entry, and gives
--- nothing back: Redis had offered what was not there, so its units, seats and the
--- buyer's share stay taken (Redis shows less, never more; the reconciler or a rebuild
--- puts them right). With a cap, the category's stock is lowered to at most the cap,
+-- no stock back: Redis had offered what was not there, so its units and seats stay
+-- taken (Redis shows less, never more; the reconciler or a rebuild puts them right).
+-- The buyer's share is given back unless the refusal was the buyer's limit (ARGV[8]):
+-- the buyer holds nothing of a refused reservation, and a share left behind told them
+-- LIMIT_REACHED for units they never got; over the limit, Redis was behind on what
+-- they hold, and the share brings it closer. With a cap, the category's stock is lowered to at most the cap,
 -- the units MySQL has left. Runs at most once per reservation: the entry's
 -- acknowledgement is the guard.
 --
--- KEYS[1] stream   KEYS[2] status   KEYS[3] stock   KEYS[4] soldout
+-- KEYS[1] stream   KEYS[2] status   KEYS[3] stock   KEYS[4] soldout   KEYS[5] held
 -- ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] request id
 -- ARGV[4] user id          ARGV[5] category id       ARGV[6] reason
 -- ARGV[7] cap on the category's stock, or -1 for none
+-- ARGV[8] the buyer's share to give back (the reservation's quantity), or 0
 --
 -- Returns (mirrored by Refused in core/src/orders/redis.rs):
 --    1 REFUSED       refused now
@@ -23,6 +27,8 @@ if cap >= 0 and tonumber(rcall('HGET', KEYS[3], cid) or '0') > cap then
   rcall('HSET', KEYS[3], cid, cap)
   if cap == 0 then rcall('HSET', KEYS[4], cid, 1) end
 end
+local share = tonumber(ARGV[8])
+if share > 0 and rcall('HINCRBY', KEYS[5], user, -share) <= 0 then rcall('HDEL', KEYS[5], user) end
 if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then
   rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[6])
 end

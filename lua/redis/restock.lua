@@ -23,7 +23,9 @@ if rcall('SADD', KEYS[1], order) == 0 then return 0 end
 local back = seats_give_back(KEYS[6], KEYS[7], KEYS[3], cid, ARGV[5], ARGV[7], 'L:' .. order) or tonumber(ARGV[6])
 if back > 0 and rcall('HINCRBY', KEYS[2], cid, back) > 0 then rcall('HDEL', KEYS[3], cid) end
 if rcall('HINCRBY', KEYS[4], user, -qty) <= 0 then rcall('HDEL', KEYS[4], user) end
-if rcall('HGET', KEYS[5], user) == 'CREATED:' .. order then
+-- QUEUED too: cancelled before its batch's settle marked it CREATED (sold.lua says why).
+local status = rcall('HGET', KEYS[5], user)
+if status == 'CREATED:' .. order or status == 'QUEUED:' .. order then
   rcall('HSET', KEYS[5], user, 'CANCELLED:' .. order)
 end
 return 1

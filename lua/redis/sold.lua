@@ -18,7 +18,11 @@ for seat in string.gmatch(ARGV[3], '[^,]+') do
     moved = moved + 1
   end
 end
-if rcall('HGET', KEYS[2], ARGV[2]) == 'CREATED:' .. order then
+-- QUEUED too: the order (its number is the request id) may be paid before its batch's
+-- settle marked it CREATED (a settle that failed and waits to be replayed), and the
+-- settle then leaves a status that no longer says QUEUED alone.
+local status = rcall('HGET', KEYS[2], ARGV[2])
+if status == 'CREATED:' .. order or status == 'QUEUED:' .. order then
   rcall('HSET', KEYS[2], ARGV[2], 'PAID:' .. order)
 end
 return moved

@@ -19,7 +19,12 @@ pub type Request = http::Request<hyper::body::Incoming>;
 /// A JSON answer with the given status.
 pub fn json<T: Serialize + ?Sized>(status: StatusCode, value: &T) -> Response {
     let body = serde_json::to_vec(value).expect("serialising plain data cannot fail");
-    let mut resp = http::Response::new(Full::new(Bytes::from(body)));
+    json_bytes(status, Bytes::from(body))
+}
+
+/// A JSON answer already written (a cached one).
+pub fn json_bytes(status: StatusCode, body: Bytes) -> Response {
+    let mut resp = http::Response::new(Full::new(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -109,6 +109,24 @@ impl Pipeline {
                     let order_no = r.order_no;
                     keep.extend(self.drop_stale(bucket, vec![r], &[order_no]).await.0);
                 }
+                Ok(Ok(persist::Expiry::Refused)) => {
+                    let refused = redis::refuse(
+                        &mut self.redis.clone(),
+                        &self.keys,
+                        bucket,
+                        &r,
+                        Declined::Before.reason(),
+                        None,
+                        // Why it was refused is not known: the share stays (Redis may
+                        // have been behind on the buyer's holds).
+                        true,
+                    )
+                    .await;
+                    if let Err(e) = refused {
+                        tracing::warn!(order_no = %r.order_no, error = format!("{e:#}"), "refusal not recorded in Redis; will replay");
+                        keep.push(r);
+                    }
+                }
                 Ok(Ok(persist::Expiry::Expired)) => {
                     // Expired in MySQL already; a retry releases it (release is idempotent).
                     if !self.release(bucket, &r, &reason).await {
@@ -276,6 +294,9 @@ impl Pipeline {
                         r,
                         why.reason(),
                         cap,
+                        // Over the limit, or refused before for a reason not known: the
+                        // buyer's share in Redis stays (it may have been behind).
+                        matches!(why, Declined::OverLimit | Declined::Before),
                     )
                     .await
                     .map(drop)

@@ -481,6 +481,9 @@ pub enum Expiry {
     Expired,
     /// Taken before the event's keys were rebuilt: drop it, never release it.
     Stale,
+    /// MySQL turned it away before (a REFUSED row: the worker that committed it never
+    /// told Redis): refuse it, giving nothing back, as a replay of its batch would.
+    Refused,
 }
 
 /// Expires a reservation unless its order exists. The EXPIRED stock_log row takes the
@@ -519,6 +522,24 @@ pub async fn expire(
     if exists.is_some() {
         tx.commit().await.map_err(classify)?;
         return Ok(Expiry::Created);
+    }
+    // A row of its own already: REFUSED by the guards (Redis had offered what MySQL did
+    // not hold — releasing it would give back units that were never there, and a seat
+    // another live order holds), or EXPIRED by an earlier pass.
+    let logged: Option<String> = tx
+        .exec_first(
+            "SELECT status FROM stock_log WHERE order_no = ? FOR UPDATE",
+            (r.order_no,),
+        )
+        .await
+        .map_err(classify)?;
+    if let Some(status) = logged {
+        tx.commit().await.map_err(classify)?;
+        return Ok(if status == "REFUSED" {
+            Expiry::Refused
+        } else {
+            Expiry::Expired
+        });
     }
     tx.exec_drop(
         "INSERT IGNORE INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status) \

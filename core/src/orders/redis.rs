@@ -418,8 +418,9 @@ pub async fn release(
     Released::from_code(code)
 }
 
-/// Marks a reservation MySQL turned away FAILED with `reason`, giving nothing back;
-/// lowers the category's stock to `cap` when given.
+/// Marks a reservation MySQL turned away FAILED with `reason`, giving no stock back;
+/// lowers the category's stock to `cap` when given. The buyer's share in Redis is given
+/// back unless `over_limit` (refuse.lua says why).
 pub async fn refuse(
     redis: &mut Redis,
     keys: &Keys,
@@ -427,12 +428,14 @@ pub async fn refuse(
     r: &Reservation,
     reason: &str,
     cap: Option<i64>,
+    over_limit: bool,
 ) -> anyhow::Result<Refused> {
     let code: i64 = REFUSE
         .key(keys.order_stream(bucket))
         .key(keys.purchase_status(bucket))
         .key(keys.stock(bucket))
         .key(keys.dry(bucket))
+        .key(keys.held(bucket))
         .arg(GROUP)
         .arg(&r.entry_id)
         .arg(r.order_no)
@@ -440,6 +443,7 @@ pub async fn refuse(
         .arg(r.category_id)
         .arg(reason)
         .arg(cap.map_or(-1, |c| c.max(0)))
+        .arg(if over_limit { 0 } else { r.quantity })
         .invoke_async(redis)
         .await?;
     Refused::from_code(code)

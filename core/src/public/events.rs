@@ -7,9 +7,11 @@ use chrono::Utc;
 use http::StatusCode;
 use serde_json::json;
 
-use crate::catalog::{EventRecord, EventStatus};
+use bytes::Bytes;
+
+use crate::catalog::{EventRecord, EventStatus, SeatGrid};
 use crate::domain::{CategoryId, EventId};
-use crate::http::{ApiError, Request, Response, json, query_numbers};
+use crate::http::{ApiError, Request, Response, json, json_bytes, query_numbers};
 use crate::keys::{Bucket, SeatState};
 use crate::state::AppState;
 use crate::trains::{self, Journey};
@@ -117,6 +119,40 @@ pub async fn availability(state: &AppState, id: u64, req: &Request) -> Result<Re
     ))
 }
 
+/// Seat maps as last answered, kept [`SEAT_MAP_TTL`]: a map is one HGETALL of the whole
+/// seat hash (up to 100 000 seats, a megabyte or two of answer) on the Redis that admits
+/// the purchases, and every viewer's app asks for it every 2 s — so did anyone with a
+/// token, as often as the edge let them (review). Concurrent asks for one map make one
+/// read; the answer is kept as its bytes. Up to [`SEAT_MAPS_MAX_BYTES`] of them.
+#[derive(Clone)]
+pub struct SeatMaps(moka::future::Cache<SeatMapKey, Bytes>);
+
+/// Event, category, and a train's journey (from, to; 0, 0 for a concert's map).
+type SeatMapKey = (u64, u64, u16, u16);
+
+/// How long a seat map is answered again before it is read anew: a quarter of the buyer
+/// app's poll, so a viewer sees a change within one poll.
+pub const SEAT_MAP_TTL: std::time::Duration = std::time::Duration::from_millis(250);
+const SEAT_MAPS_MAX_BYTES: u64 = 64 << 20;
+
+impl SeatMaps {
+    pub fn new() -> SeatMaps {
+        SeatMaps(
+            moka::future::Cache::builder()
+                .weigher(|_, body: &Bytes| u32::try_from(body.len()).unwrap_or(u32::MAX))
+                .max_capacity(SEAT_MAPS_MAX_BYTES)
+                .time_to_live(SEAT_MAP_TTL)
+                .build(),
+        )
+    }
+}
+
+impl Default for SeatMaps {
+    fn default() -> SeatMaps {
+        SeatMaps::new()
+    }
+}
+
 /// `GET /api/events/{id}/seats?category={cid}`: one string per row, a letter per seat:
 /// `F` free, `L` locked (held by a purchase), `S` sold. A train's class needs the
 /// journey too (`&from=&to=`): a seat is `F` when free on every segment of it, else `S`.
@@ -145,6 +181,38 @@ pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response,
     } else {
         None
     };
+    let cached = (
+        event.id,
+        category_id,
+        journey.map_or(0, |j| j.from),
+        journey.map_or(0, |j| j.to),
+    );
+    let body = state
+        .seat_maps
+        .0
+        .try_get_with(cached, seat_map(state, &event, category_id, grid, journey))
+        .await
+        .map_err(shared)?;
+    Ok(json_bytes(StatusCode::OK, body))
+}
+
+/// The error of a read that several asks waited for: its own when this was the only
+/// one, else the same answer (503 for a part down, 500 otherwise).
+fn shared(e: std::sync::Arc<ApiError>) -> ApiError {
+    std::sync::Arc::try_unwrap(e).unwrap_or_else(|e| match &*e {
+        ApiError::Unavailable(m) => ApiError::Unavailable(m.clone()),
+        other => ApiError::Unexpected(anyhow::anyhow!("{other}")),
+    })
+}
+
+/// One seat map read from Redis and written as its answer's bytes.
+async fn seat_map(
+    state: &AppState,
+    event: &EventRecord,
+    category_id: u64,
+    grid: SeatGrid,
+    journey: Option<Journey>,
+) -> Result<Bytes, ApiError> {
     let key = match journey {
         Some(_) => state.keys.segments(Bucket::only(event.id), category_id),
         None => state.keys.seats(Bucket::only(event.id), category_id),
@@ -177,5 +245,7 @@ pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response,
         body["from"] = j.from.into();
         body["to"] = j.to.into();
     }
-    Ok(json(StatusCode::OK, &body))
+    Ok(Bytes::from(
+        serde_json::to_vec(&body).expect("serialising plain data cannot fail"),
+    ))
 }

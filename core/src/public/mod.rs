@@ -8,6 +8,8 @@ mod login;
 mod orders;
 mod queue;
 
+pub use events::SeatMaps;
+
 use std::sync::Arc;
 
 use chrono::Utc;

@@ -73,6 +73,12 @@ async fn mysql_refuses_units_redis_should_not_have_offered_and_redis_is_correcte
         let status = app.purchase_status(event, b).await;
         assert_eq!(status["status"], "FAILED", "{status}");
         assert_eq!(status["reason"], "sold out", "{status}");
+        // They hold nothing: no share left behind to count against their limit.
+        let held: Option<i64> = redis
+            .hget(app.keys().held(Bucket::only(event)), b.user_id)
+            .await
+            .unwrap();
+        assert_eq!(held, None, "buyer {} refused sold out", b.user_id);
     }
     let refused = scalar(
         &app.mysql,
@@ -146,6 +152,14 @@ async fn mysql_refuses_a_seat_in_two_live_orders_and_a_buyer_over_the_limit() {
     let over = app.purchase_status(event, owner).await;
     assert_eq!(over["status"], "FAILED", "{over}");
     assert_eq!(over["reason"], "over the per-user limit", "{over}");
+    // The refused seat's buyer holds nothing; over the limit, Redis was behind on what
+    // the owner holds (1, in MySQL), and the refused share stands in for it.
+    let held_key = app.keys().held(Bucket::only(event));
+    let held: (Option<i64>, Option<i64>) = (
+        redis.hget(&held_key, other.user_id).await.unwrap(),
+        redis.hget(&held_key, owner.user_id).await.unwrap(),
+    );
+    assert_eq!(held, (None, Some(1)));
     assert_eq!(
         ordered_units(&app.mysql, event).await,
         (1, 1),

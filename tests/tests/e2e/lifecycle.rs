@@ -111,6 +111,18 @@ async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
         404
     );
 
+    // Cancelled before its batch's settle marked it CREATED (a settle waiting to be
+    // replayed): the status still says QUEUED for this order, and the cancel moves it.
+    let () = app
+        .redis
+        .clone()
+        .hset(
+            app.keys().purchase_status(Bucket::only(event)),
+            owner.user_id,
+            format!("QUEUED:{order_no}"),
+        )
+        .await
+        .unwrap();
     let (status, cancelled) = call(
         &app,
         reqwest::Method::POST,
@@ -122,6 +134,18 @@ async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
         (status, cancelled["status"].as_str()),
         (200, Some("CANCELLED")),
         "{cancelled}"
+    );
+    let (_, purchase) = call(
+        &app,
+        reqwest::Method::GET,
+        &format!("/api/events/{event}/orders/status"),
+        owner,
+    )
+    .await;
+    assert_eq!(
+        (purchase["status"].as_str(), purchase["order_no"].as_str()),
+        (Some("CANCELLED"), Some(order_no.to_string().as_str())),
+        "{purchase}"
     );
     let (status, again) = call(
         &app,

@@ -92,6 +92,18 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
         (409, Some("AMOUNT_MISMATCH"))
     );
 
+    // Paid before its batch's settle marked it CREATED (a settle waiting to be
+    // replayed): the status still says QUEUED for this order, and the payment moves it.
+    let () = app
+        .redis
+        .clone()
+        .hset(
+            app.keys().purchase_status(Bucket::only(event)),
+            buyer.user_id,
+            format!("QUEUED:{order_no}"),
+        )
+        .await
+        .unwrap();
     // stampede-paysim plays the provider, posting the same callback twice.
     let secret_file = std::env::temp_dir().join(format!("{}.provider", app.database));
     std::fs::write(&secret_file, &secret).unwrap();

@@ -265,6 +265,73 @@ async fn a_reservation_past_its_deadline_is_released_not_created_late() {
     app.stop().await;
 }
 
+/// A reservation MySQL refused before (its REFUSED row committed, Redis never told: the
+/// worker stopped) that is found past its deadline is refused, not released: releasing
+/// gave back units MySQL never held (Redis showing more than MySQL).
+#[tokio::test]
+async fn an_overdue_reservation_mysql_refused_before_is_refused_not_given_back() {
+    use mysql_async::prelude::Queryable;
+    let stack = stampede_e2e::Stack::from_env();
+    let (settings, database, prefix) = stampede_e2e::test_settings(&stack).await;
+    let admitting =
+        stampede_e2e::spawn_app_on(settings.clone(), database.clone(), prefix.clone()).await;
+    let (event, categories) = admitting.create_event(small_sale(10, 1, 1, 2)).await;
+    admitting.publish(event).await;
+    let buyers = admitting.buyers(2).await;
+    for b in &buyers {
+        let body = json!({"category_id": categories[0], "quantity": 2});
+        assert_eq!(admitting.buy(event, b, "k", body).await.0, 202);
+    }
+    let refused = admitting.purchase_status(event, &buyers[0]).await;
+    let refused_no: u64 = refused["request_id"].as_str().unwrap().parse().unwrap();
+    admitting
+        .mysql
+        .get_conn()
+        .await
+        .unwrap()
+        .exec_drop(
+            "INSERT INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status, seq) \
+             VALUES (?, ?, ?, 0, 'an-earlier-attempt', 'REFUSED', NULL)",
+            (refused_no, event, categories[0]),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    admitting.halt().await;
+
+    let mut late = settings;
+    late.orders.enabled = true;
+    late.orders.deadline_s = 1;
+    let app = stampede_e2e::spawn_app_on(late, database, prefix).await;
+    let statuses_key = app.keys().purchase_status(Bucket::only(event));
+    let read = || async {
+        let statuses: HashMap<u64, String> =
+            app.redis.clone().hgetall(&statuses_key).await.unwrap();
+        statuses
+    };
+    let decided = eventually(Duration::from_secs(15), || async {
+        read().await.values().all(|s| s.starts_with("FAILED:"))
+    })
+    .await;
+    let statuses = read().await;
+    assert!(decided, "{statuses:?}");
+    assert_eq!(
+        (
+            statuses[&buyers[0].user_id].as_str(),
+            statuses[&buyers[1].user_id].as_str()
+        ),
+        ("FAILED:refused", "FAILED:not persisted within 1 s")
+    );
+    let stock: i64 = app.stock(event, categories[0]).await;
+    assert_eq!(
+        stock, 8,
+        "the expired reservation's 2 units back, the refused one's not"
+    );
+    assert_eq!(ordered_units(&app.mysql, event).await, (0, 0));
+    assert_eq!(app.stream_len(event).await, 0);
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn admission_pauses_with_503_sale_busy_while_the_backlog_is_full() {
     let app = spawn_app_with(|s| s.orders.max_stream_depth = 3).await;

@@ -487,3 +487,78 @@ async fn a_redis_that_lost_the_scripts_gets_them_again_and_the_purchase_goes_thr
     assert_eq!(stock, 8, "both purchases took their unit");
     app.stop().await;
 }
+
+/// A seat map is one HGETALL of the category's seat hash on the Redis that admits the
+/// purchases: many viewers (or one client asking as fast as the edge lets it) asking at
+/// once make one read, kept a moment, and a change still shows within that moment.
+#[tokio::test]
+async fn many_asks_for_a_seat_map_make_one_read_of_redis_and_it_follows_the_seats() {
+    let redis_server = stampede_e2e::OwnRedis::start();
+    let app = stampede_e2e::spawn_app_with(|s| redis_server.use_in(s)).await;
+    let (event, _, seated) = sale(&app, 5, 2, 2, 2).await;
+    let buyers = app.buyers(1).await;
+    let url = format!(
+        "{}/api/events/{event}/seats?category={seated}",
+        app.public_url
+    );
+    let map = || async {
+        let resp = app
+            .http
+            .get(&url)
+            .bearer_auth(&buyers[0].token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.json::<serde_json::Value>().await.unwrap()
+    };
+    let mut own = redis_server.connection().await.unwrap();
+    let hgetall_calls = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_hgetall:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    let before: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut own)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut asks = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let (http, url, token) = (app.http.clone(), url.clone(), buyers[0].token.clone());
+        asks.spawn(async move {
+            let resp = http.get(&url).bearer_auth(&token).send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.json::<serde_json::Value>().await.unwrap()
+        });
+    }
+    let answers = asks.join_all().await;
+    let elapsed = started.elapsed();
+    let after: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut own)
+        .await
+        .unwrap();
+    assert!(
+        answers.iter().all(|a| a["seats"] == json!(["FF", "FF"])),
+        "{:?}",
+        answers[0]
+    );
+    let reads = hgetall_calls(after) - hgetall_calls(before);
+    // One read per 250 ms at most (and none of anything else's: this Redis is the test's).
+    let most = 1 + elapsed.as_millis() as u64 / 250;
+    assert!(
+        reads <= most,
+        "40 asks in {elapsed:?} read the seat hash {reads} times (at most {most})"
+    );
+    let seat = json!({"category_id": seated, "seat_ids": ["2:1"]});
+    assert_eq!(app.buy(event, &buyers[0], "s", seat).await.0, 202);
+    let shown = stampede_e2e::eventually(std::time::Duration::from_secs(2), || async {
+        map().await["seats"] == json!(["FF", "LF"])
+    })
+    .await;
+    assert!(shown, "the map never showed the seat locked");
+    app.stop().await;
+}
