@@ -386,7 +386,8 @@ case $cmd in
     install
     mkdir -p "$PIDS" "$LOGS"
     printf '%s\n' "$STACK_MODE" >"$MODE_FILE"
-    printf '%s\n' "$CORES" >"$CORES_FILE"
+    # (A cluster always runs two: not remembered as a choice of the single stack's.)
+    if [ "$STACK_MODE" = single ]; then printf '%s\n' "$CORES" >"$CORES_FILE"; fi
     say "starting the stack (state in $STACK_DIR)"
     for part in $parts; do
       step="start $part"
@@ -401,7 +402,7 @@ case $cmd in
       step="stop $part"
       stop_part "$part"
     done
-    [ -n "$*" ] || rm -f "$MODE_FILE"
+    [ -n "$*" ] || rm -f "$MODE_FILE" "$CORES_FILE"
     ;;
   status)
     # A part down is an answer, not a failure of this script: exit 1 without the

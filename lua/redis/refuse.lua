@@ -10,10 +10,14 @@
 -- acknowledgement is the guard.
 --
 -- KEYS[1] stream   KEYS[2] status   KEYS[3] stock   KEYS[4] soldout   KEYS[5] held
+-- KEYS[6] meta (its epoch: a share is given back only under the keys that took it)
 -- ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] request id
 -- ARGV[4] user id          ARGV[5] category id       ARGV[6] reason
 -- ARGV[7] cap on the category's stock, or -1 for none
 -- ARGV[8] the buyer's share to give back (the reservation's quantity), or 0
+-- ARGV[9] the reservation's epoch: a rebuild since (a newer epoch, or meta gone while
+--         one is due) wrote every share from MySQL, without this one — given back
+--         again, the buyer would read less than they hold
 --
 -- Returns (mirrored by Refused in core/src/orders/redis.rs):
 --    1 REFUSED       refused now
@@ -28,7 +32,13 @@ if cap >= 0 and tonumber(rcall('HGET', KEYS[3], cid) or '0') > cap then
   if cap == 0 then rcall('HSET', KEYS[4], cid, 1) end
 end
 local share = tonumber(ARGV[8])
-if share > 0 and rcall('HINCRBY', KEYS[5], user, -share) <= 0 then rcall('HDEL', KEYS[5], user) end
+if share > 0 then
+  -- Loaded (a status) and of the reservation's epoch (absent: 0, as reserve.lua writes).
+  local meta = rcall('HMGET', KEYS[6], 'status', 'epoch')
+  if meta[1] and tonumber(meta[2] or '0') == tonumber(ARGV[9]) then
+    if rcall('HINCRBY', KEYS[5], user, -share) <= 0 then rcall('HDEL', KEYS[5], user) end
+  end
+end
 if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then
   rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[6])
 end

@@ -252,7 +252,12 @@ impl Settings {
     /// Reads the layers. `file` is the operator's file, if any; then the process's
     /// environment ([`Settings::load_with`]).
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
-        Settings::load_with(file, std::env::vars())
+        // vars_os: a variable that is not Unicode (anyone's, in the environment) must
+        // not stop the core; none of ours can be one.
+        let env = std::env::vars_os().filter_map(|(name, value)| {
+            Some((name.into_string().ok()?, value.into_string().ok()?))
+        });
+        Settings::load_with(file, env)
     }
 
     /// Reads the layers with `env` as the environment. Only variables of the form
@@ -260,18 +265,36 @@ impl Settings {
     /// other `STAMPEDE_*` names — `STAMPEDE_CONFIG`, the edge's `STAMPEDE_TOKEN_SECRET`,
     /// Compose's `STAMPEDE_ADMIN_TOKEN` — are not this file's and stopped the core with
     /// "unknown field" when they were read as keys. A misspelt key of that form
-    /// (`STAMPEDE_SERVER__PORTT`) is still refused.
+    /// (`STAMPEDE_SERVER__PORTT`) is still refused, and so is a section's key written
+    /// with one underscore (`STAMPEDE_REDIS_URL`), naming the spelling meant: ignored,
+    /// it left the default in place without a word.
     pub fn load_with(
         file: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, ConfigError> {
-        let env: config::Map<String, String> = env
-            .into_iter()
-            .filter(|(name, _)| {
-                name.strip_prefix("STAMPEDE_")
-                    .is_some_and(|rest| rest.contains("__"))
-            })
-            .collect();
+        let mut keys = config::Map::new();
+        for (name, value) in env {
+            let Some(rest) = name.strip_prefix("STAMPEDE_") else {
+                continue;
+            };
+            if rest.contains("__") {
+                keys.insert(name, value);
+                continue;
+            }
+            let lower = rest.to_ascii_lowercase();
+            if let Some(section) = SECTIONS
+                .iter()
+                .find(|s| lower.strip_prefix(**s).is_some_and(|k| k.starts_with('_')))
+            {
+                return Err(ConfigError(format!(
+                    "environment variable {name} is not configuration: a key of [{section}] \
+                     is STAMPEDE_{}__{}",
+                    section.to_ascii_uppercase(),
+                    &rest[section.len() + 1..]
+                )));
+            }
+        }
+        let env = keys;
         let mut builder = config::Config::builder()
             .add_source(config::File::from_str(DEFAULTS, config::FileFormat::Toml));
         if let Some(file) = file {
@@ -307,6 +330,24 @@ impl Settings {
             .expect("built-in defaults are valid")
     }
 }
+
+/// The configuration's sections, as `STAMPEDE_<SECTION>__<KEY>` names them.
+const SECTIONS: [&str; 14] = [
+    "server",
+    "redis",
+    "mysql",
+    "rocketmq",
+    "auth",
+    "payments",
+    "admission",
+    "login",
+    "orders",
+    "ids",
+    "startup",
+    "preload",
+    "reconcile",
+    "log",
+];
 
 #[cfg(test)]
 mod tests {
@@ -344,10 +385,15 @@ mod tests {
             ("STAMPEDE_SERVER__ADMIN_ADRR", "127.0.0.1:9999"),
             ("STAMPEDE_SERVRE__ADMIN_ADDR", "127.0.0.1:9999"),
             ("STAMPEDE_ORDERS__BATCH_SIZE", "many"),
+            ("STAMPEDE_REDIS_URL", "redis://elsewhere:6379/"),
+            ("STAMPEDE_MYSQL_PASSWORD_FILE", "/run/pw"),
         ] {
             let e = Settings::load_with(None, env(&[(name, value)]))
                 .expect_err(&format!("{name}={value} accepted"));
             assert!(!e.0.is_empty(), "{name}");
         }
+        let e =
+            Settings::load_with(None, env(&[("STAMPEDE_REDIS_URL", "redis://x/")])).unwrap_err();
+        assert!(e.0.contains("STAMPEDE_REDIS__URL"), "{}", e.0);
     }
 }

@@ -182,14 +182,14 @@ impl Lifecycle {
         order_no: OrderNo,
         owner: UserId,
     ) -> anyhow::Result<Option<OrderView>> {
+        if !could_be_of(order_no, owner) {
+            return Ok(None);
+        }
         let mut conn = self
             .mysql
             .get_conn()
             .await
             .context("Failed to get a MySQL connection")?;
-        if !could_be_of(order_no, owner) {
-            return Ok(None);
-        }
         Ok(load_in(&mut conn, self.shards, order_no, false)
             .await?
             .filter(|o| o.user_id == owner.0))
@@ -198,6 +198,10 @@ impl Lifecycle {
     /// Cancels an UNPAID order: in MySQL (order, remain or its batch's unsynced units,
     /// seats) in one transaction, then in Redis (units, seats, the buyer's limit), once.
     pub async fn cancel(&self, order_no: OrderNo, by: Canceller) -> anyhow::Result<Cancelled> {
+        if matches!(by, Canceller::Owner(owner) if !could_be_of(order_no, owner)) {
+            // Not the caller's gene: nobody's to cancel for them, no connection taken.
+            return Ok(Cancelled::NotFound);
+        }
         let mut conn = self
             .mysql
             .get_conn()
@@ -209,10 +213,7 @@ impl Lifecycle {
             // of a number with no order the index gap where it would go — past every
             // order, the gap each new order is inserted into, so a stream of cancels of
             // made-up numbers held order creation back (review). A number that cannot
-            // be the caller's (not their gene) costs no query at all.
-            if !could_be_of(order_no, owner) {
-                return Ok(Cancelled::NotFound);
-            }
+            // be the caller's (not their gene) cost no query at all (above).
             let buyer: Option<u64> = conn
                 .exec_first(
                     format!(

@@ -171,15 +171,31 @@ async fn apply_once(
     let Some(order) = load_in(&mut tx, shards, order_no, true).await? else {
         return Err(Refused::NoSuchOrder(order_no));
     };
-    let seen: Option<String> = tx
+    let seen: Option<(String, u64, u64)> = tx
         .exec_first(
-            "SELECT status FROM payment WHERE provider_txn_id = ?",
+            "SELECT status, order_no, amount_cents FROM payment WHERE provider_txn_id = ?",
             (&cb.provider_txn_id,),
         )
         .await
         .context("Failed to read the payment")?;
-    if let Some(seen) = seen {
+    if let Some((seen, paid_order, paid_cents)) = seen {
         tx.commit().await.context("commit")?;
+        if paid_order != order_no.0 {
+            tracing::error!(
+                %order_no,
+                recorded_for = paid_order,
+                txn = cb.provider_txn_id,
+                "a provider transaction id already recorded for another order: nothing applied"
+            );
+            return Ok((Applied::Duplicate, order_no));
+        }
+        if paid_cents != order.amount_cents {
+            // The wrong amount, recorded for refund the first time: the same answer.
+            return Err(Refused::AmountMismatch {
+                got: paid_cents,
+                expected: order.amount_cents,
+            });
+        }
         if seen == "APPLIED" && order.status == OrderStatus::Paid {
             // The first delivery's answer may have been lost after its commit, or its
             // core stopped, before the seats and the buyer's status were marked in
@@ -197,6 +213,22 @@ async fn apply_once(
         return Ok((Applied::Duplicate, order_no));
     }
     if cb.amount_cents != order.amount_cents {
+        // Money the provider took that pays for nothing: recorded for refund (counted in
+        // `refunds_pending`), the order unchanged. Before, nothing was written and the
+        // money had no trace here (review).
+        tx.exec_drop(
+            "INSERT INTO payment (provider_txn_id, order_no, amount_cents, status) VALUES (?, ?, ?, 'REFUND_PENDING')",
+            (&cb.provider_txn_id, order_no, cb.amount_cents),
+        )
+        .await
+        .context("Failed to record the payment")?;
+        tx.commit().await.context("Failed to commit the payment")?;
+        tracing::warn!(
+            %order_no,
+            got = cb.amount_cents,
+            expected = order.amount_cents,
+            "payment of the wrong amount: recorded for refund"
+        );
         return Err(Refused::AmountMismatch {
             got: cb.amount_cents,
             expected: order.amount_cents,

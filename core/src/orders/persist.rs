@@ -523,24 +523,6 @@ pub async fn expire(
         tx.commit().await.map_err(classify)?;
         return Ok(Expiry::Created);
     }
-    // A row of its own already: REFUSED by the guards (Redis had offered what MySQL did
-    // not hold — releasing it would give back units that were never there, and a seat
-    // another live order holds), or EXPIRED by an earlier pass.
-    let logged: Option<String> = tx
-        .exec_first(
-            "SELECT status FROM stock_log WHERE order_no = ? FOR UPDATE",
-            (r.order_no,),
-        )
-        .await
-        .map_err(classify)?;
-    if let Some(status) = logged {
-        tx.commit().await.map_err(classify)?;
-        return Ok(if status == "REFUSED" {
-            Expiry::Refused
-        } else {
-            Expiry::Expired
-        });
-    }
     tx.exec_drop(
         "INSERT IGNORE INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status) \
          VALUES (?, ?, ?, 0, 'expired', 'EXPIRED')",
@@ -548,6 +530,24 @@ pub async fn expire(
     )
     .await
     .map_err(classify)?;
+    if tx.affected_rows() == 0 {
+        // A row of its own already: REFUSED by the guards (Redis had offered what MySQL
+        // did not hold — releasing it would give back units that were never there, and
+        // a seat another live order holds), or EXPIRED by an earlier pass. Read after
+        // the insert, so the read locks that row, not a gap (a locking read of a missing
+        // row first took a gap lock two expiries' inserts deadlocked on: review).
+        let logged: Option<String> = tx
+            .exec_first(
+                "SELECT status FROM stock_log WHERE order_no = ? FOR UPDATE",
+                (r.order_no,),
+            )
+            .await
+            .map_err(classify)?;
+        if logged.as_deref() == Some("REFUSED") {
+            tx.commit().await.map_err(classify)?;
+            return Ok(Expiry::Refused);
+        }
+    }
     commit(tx).await?;
     Ok(Expiry::Expired)
 }

@@ -436,6 +436,7 @@ pub async fn refuse(
         .key(keys.stock(bucket))
         .key(keys.dry(bucket))
         .key(keys.held(bucket))
+        .key(keys.meta(bucket))
         .arg(GROUP)
         .arg(&r.entry_id)
         .arg(r.order_no)
@@ -444,6 +445,7 @@ pub async fn refuse(
         .arg(reason)
         .arg(cap.map_or(-1, |c| c.max(0)))
         .arg(if over_limit { 0 } else { r.quantity })
+        .arg(r.epoch)
         .invoke_async(redis)
         .await?;
     Refused::from_code(code)

@@ -86,10 +86,26 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
         (401, Some("UNAUTHORIZED")),
         "forged"
     );
-    let (status, body) = callback(&app, &secret, "short", order_no, 100).await;
+    // The wrong amount: refused, the order unchanged, the money recorded for refund;
+    // delivered again, the same answer.
+    for _ in 0..2 {
+        let (status, body) = callback(&app, &secret, "short", order_no, 100).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (409, Some("AMOUNT_MISMATCH")),
+            "{body}"
+        );
+    }
     assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (409, Some("AMOUNT_MISMATCH"))
+        scalar(
+            &app.mysql,
+            &format!(
+                "SELECT COUNT(*) FROM payment WHERE provider_txn_id = 'short' \
+                 AND order_no = {order_no} AND amount_cents = 100 AND status = 'REFUND_PENDING'"
+            )
+        )
+        .await,
+        1
     );
 
     // Paid before its batch's settle marked it CREATED (a settle waiting to be
@@ -166,7 +182,9 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
     assert_eq!(
         scalar(
             &app.mysql,
-            &format!("SELECT COUNT(*) FROM payment WHERE order_no = {order_no}")
+            &format!(
+                "SELECT COUNT(*) FROM payment WHERE order_no = {order_no} AND status = 'APPLIED'"
+            )
         )
         .await,
         1
@@ -229,11 +247,15 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
     assert_eq!(
         scalar(
             &app.mysql,
-            &format!("SELECT COUNT(*) FROM payment WHERE order_no = {order_no}")
+            &format!(
+                "SELECT COUNT(*) FROM payment WHERE order_no = {order_no} AND status = 'APPLIED'"
+            )
         )
         .await,
         1
     );
+    let (_, stats) = app.get(&format!("/admin/events/{event}/stats")).await;
+    assert_eq!(stats["refunds_pending"], 1, "the wrong amount's: {stats}");
     let (status, again) = call(
         &app,
         reqwest::Method::POST,
