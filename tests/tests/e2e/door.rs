@@ -455,3 +455,34 @@ async fn a_purchase_to_a_stopped_core_is_unavailable_and_its_key_forgotten() {
     assert_eq!(live_units(&app.mysql, &filter(other.user_id)).await, 1);
     assert_eq!(live_units(&app.mysql, &filter(sold_out.user_id)).await, 0);
 }
+
+/// The edge sends the core the headers it reads, no others: a request carrying 150 of
+/// its own still gets the core's answer (hyper refuses over 100 with a bare 431), and a
+/// purchase's headers still arrive.
+#[tokio::test]
+async fn the_core_gets_the_headers_it_reads_and_no_others() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, small_sale(5, 1, 1, 2)).await;
+    let buyer = app.admin.buyers(1).await.remove(0);
+    let auth = format!("Bearer {}", buyer.token);
+    let names: Vec<String> = (0..150).map(|i| format!("X-Noise-{i}")).collect();
+    let mut headers: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
+    headers.push(("Authorization", &auth));
+    let port = Stack::from_env().edge_port;
+    let a = raw_request(port, "GET", &format!("/api/events/{event}"), &headers, "").await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.json()["id"], event, "{a:?}");
+    // A purchase with them: Authorization and Idempotency-Key reach the core.
+    headers.push(("Idempotency-Key", "noisy"));
+    headers.push(("Content-Type", "application/json"));
+    let body = json!({"category_id": categories[0], "quantity": 1}).to_string();
+    let path = format!("/api/events/{event}/orders");
+    let a = raw_request(port, "POST", &path, &headers, &body).await;
+    assert_eq!(a.status, 202, "{a:?}");
+    let again = raw_request(port, "POST", &path, &headers, &body).await;
+    assert_eq!(
+        (again.status, again.json()["request_id"].clone()),
+        (202, a.json()["request_id"].clone()),
+        "the same key, the first answer"
+    );
+}
