@@ -46,6 +46,11 @@ pub enum ApiError {
     Unexpected(anyhow::Error),
 }
 
+/// Set on the 503s that certainly admitted nothing (UNAVAILABLE, SALE_BUSY), unlike
+/// OUTCOME_UNKNOWN: the edge remembers a purchase's key after any other 5xx
+/// (lua/edge/stampede/access.lua `purchase_answered`).
+pub const NOTHING_ADMITTED: &str = "x-stampede-admitted";
+
 impl From<anyhow::Error> for ApiError {
     /// A part down or too slow is 503 naming it, never a 500.
     fn from(e: anyhow::Error) -> Self {
@@ -128,6 +133,12 @@ impl ApiError {
                     http::header::RETRY_AFTER,
                     http::HeaderValue::from_static("1"),
                 );
+                if !matches!(self, ApiError::OutcomeUnknown { .. }) {
+                    // For the edge (which strips it): a 5xx that admitted nothing, so a
+                    // purchase's Idempotency-Key need not be let past its checks again.
+                    resp.headers_mut()
+                        .insert(NOTHING_ADMITTED, http::HeaderValue::from_static("none"));
+                }
             }
             ApiError::MethodNotAllowed(allow) => {
                 resp.headers_mut()

@@ -178,13 +178,23 @@ end
 -- nginx's 503 when not a byte reached a core (refused connections), so an outage
 -- does not fill the dict for passed_ttl_s with keys no core ever saw. Keys of nginx's
 -- own 4xx on the way lapse within PENDING_TTL_S.
-function _M.purchase_answered()
+function _M.purchase_answered(from_core)
   local key = ngx.var.stampede_purchase
   if not key or key == "" then return end
   local status = ngx.status
-  -- $upstream_bytes_sent: per core tried, the bytes sent to it ("0", "0, 517", ...).
+  -- The core's own 503s that admitted nothing (UNAVAILABLE, SALE_BUSY) say so in a
+  -- header of theirs for this filter alone: such a key is a refused one, not one a core
+  -- may have taken, and is not let past the flags for an hour (review).
+  local nothing = ngx.header["X-Stampede-Admitted"] == "none"
+  if nothing then ngx.header["X-Stampede-Admitted"] = nil end
+  -- A core that answered had the request (from_core: @purchase, where the answer is the
+  -- core's own); for nginx's own 503 (@core_unavailable), $upstream_bytes_sent says
+  -- whether a core had some of it, per core tried ("0", "0, 517", ...). That variable
+  -- is written when the upstream request ends: while the core's own answer's header
+  -- passes here it is still empty, so a core's OUTCOME_UNKNOWN forgot the key before.
   local may_be_queued = status == 202
-    or (status >= 500 and find(ngx.var.upstream_bytes_sent or "", "[1-9]") ~= nil)
+    or (status >= 500 and not nothing
+      and (from_core or find(ngx.var.upstream_bytes_sent or "", "[1-9]") ~= nil))
   if may_be_queued then
     local ok, err = passed:safe_set(key, QUEUED, passed_ttl_s)
     if not ok then ngx.log(ngx.WARN, "idempotency-key dict: ", err) end

@@ -486,3 +486,51 @@ async fn the_core_gets_the_headers_it_reads_and_no_others() {
         "the same key, the first answer"
     );
 }
+
+/// A purchase the core refused with a 503 that admitted nothing (SALE_BUSY: the sale's
+/// keys are being rebuilt) is a refused one to the edge: its Idempotency-Key, retried
+/// after the sell-out, hears the flags' SOLD_OUT from the edge — not let through to the
+/// core as a key a core may have taken (as after OUTCOME_UNKNOWN or no answer).
+#[tokio::test]
+async fn a_key_the_core_refused_with_nothing_admitted_is_not_let_past_the_flags_again() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, small_sale(1, 1, 1, 1)).await;
+    let body = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.admin.buyers(3).await;
+    let (refused, other, late) = (&buyers[0], &buyers[1], &buyers[2]);
+    // The sale's metadata gone, as when the event is fenced: admission answers SALE_BUSY
+    // until the preloader has rebuilt the keys.
+    let _: () = app
+        .redis
+        .clone()
+        .del(app.keys().meta(Bucket::only(event)))
+        .await
+        .unwrap();
+    let (status, answer) = app.buy(event, refused, "busy", body.clone()).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (503, Some("SALE_BUSY")),
+        "{answer}"
+    );
+    let bought = eventually(Duration::from_secs(20), || async {
+        app.buy(event, other, "other", body.clone()).await.0 == 202
+    })
+    .await;
+    assert!(bought, "the rebuilt sale never admitted the other buyer");
+    assert!(
+        the_edge_says_sold_out(&app, event, late, &body, Duration::from_secs(10)).await,
+        "the edge never answered SOLD_OUT itself"
+    );
+    let before = core_answers(&app, 409).await;
+    let (status, answer) = app.buy(event, refused, "busy", body).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (409, Some("SOLD_OUT")),
+        "{answer}"
+    );
+    assert_eq!(
+        core_answers(&app, 409).await,
+        before,
+        "the edge let a refused key through to the core again"
+    );
+}
