@@ -28,6 +28,8 @@ on_err() { # on_err STATUS LINE COMMAND FILE
 trap 'on_err $? $LINENO "$BASH_COMMAND" "${BASH_SOURCE[0]}"' ERR
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# mariadbd and nginx are in /usr/sbin, not on an ordinary user's PATH on Debian.
+case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH=$PATH:/usr/sbin:/sbin ;; esac
 STACK_DIR=${STACK_DIR:-$ROOT/.stack}
 PARTS_DEFAULT="redis mysql namesrv broker core paysim edge"
 # single (one Redis) or cluster (a Redis Cluster, two cores, two edges).

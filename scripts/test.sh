@@ -22,6 +22,8 @@ step "cargo clippy (warnings denied)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "unit tests"
 cargo test --workspace --lib --bins --quiet
+step "the stack's stores start as a user that is not root (scripts/check-unprivileged.sh)"
+scripts/check-unprivileged.sh
 
 step "test stack (state in $STACK_DIR)"
 teardown() {

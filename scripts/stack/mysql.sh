@@ -3,7 +3,9 @@
 
 # ---------------------------------------------------------------- mysql
 MYSQL_SOCK=$STACK_DIR/mysql.sock
-mysql_root() { mariadb --no-defaults --socket="$MYSQL_SOCK" -uroot "$@"; }
+# The datadir's administrator: the OS user that made it (mariadb-install-db --user gives
+# that account, like root, socket authentication), so the stack starts as any user.
+mysql_root() { mariadb --no-defaults --socket="$MYSQL_SOCK" -u"$(id -un)" "$@"; }
 health_mysql() {
   MYSQL_PWD=$(cat "$STACK_DIR/mysql.password" 2>/dev/null) mariadb --no-defaults -h127.0.0.1 \
     -P"$MYSQL_PORT" -u"$MYSQL_USER" -e 'SELECT 1' "$MYSQL_DATABASE" >/dev/null 2>&1
@@ -32,13 +34,13 @@ start_mysql() {
     --pid-file="$PIDS/mysql.pid" --log-error="$LOGS/mysql.log" --skip-name-resolve \
     --innodb-buffer-pool-size=512M --innodb-log-file-size=256M --max-connections=1000 \
     --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
-    >/dev/null 2>&1 &
+    >>"$LOGS/mysql.out" 2>&1 &
   local i
   for ((i = 0; i < 300; i++)); do
     mysql_root -e 'SELECT 1' >/dev/null 2>&1 && break
     sleep 0.1
   done
-  provision_mysql mysql_root || die "MariaDB did not come up; see $LOGS/mysql.log"
+  provision_mysql mysql_root || die "MariaDB did not come up; see $LOGS/mysql.log and $LOGS/mysql.out"
   wait_for mysql 10 || die "MariaDB answers but not for $MYSQL_USER; see $LOGS/mysql.log"
   say "  mysql: started on 127.0.0.1:$MYSQL_PORT (database $MYSQL_DATABASE)"
 }
