@@ -9,6 +9,14 @@ pub const MAX_CATEGORIES: usize = 64;
 pub const MAX_SEAT_SIDE: u32 = 1_000;
 pub const MAX_SEATS_PER_CATEGORY: u32 = 100_000;
 pub const MAX_UNITS_PER_CATEGORY: u32 = 10_000_000;
+/// A ticket's price, at most (10 000 000 000.00): an order's amount — the price times up
+/// to 1 000 tickets times up to 63 segments of a journey — then stays far inside u64
+/// (review: an unbounded price wrapped an order's amount round to 0).
+pub const MAX_PRICE_CENTS: u64 = 1_000_000_000_000;
+/// Seats of all an event's categories, at most: a seat is a MySQL row and a Redis
+/// field, all written when the event is created (64 categories of 100 000 were 6.4 M
+/// rows from a 5 KB request, past the request's timeout).
+pub const MAX_SEATS_PER_EVENT: u32 = 1_000_000;
 /// Most Redis buckets one event's stock may be split over (docs/scaling.md).
 pub const MAX_BUCKETS: u32 = 16;
 
@@ -126,7 +134,11 @@ impl TryFrom<EventRequest> for NewEvent {
                 return Err(format!("categories[{i}].name {name:?} is used twice"));
             }
             let price_cents = u64::try_from(c.price_cents)
-                .map_err(|_| format!("categories[{i}].price_cents must not be negative"))?;
+                .ok()
+                .filter(|p| *p <= MAX_PRICE_CENTS)
+                .ok_or_else(|| {
+                    format!("categories[{i}].price_cents must be 0 … {MAX_PRICE_CENTS}")
+                })?;
             let stock = match (c.quantity, c.seats) {
                 (Some(q), None) => Stock::Units(within(
                     &format!("categories[{i}].quantity"),
@@ -166,6 +178,18 @@ impl TryFrom<EventRequest> for NewEvent {
                 price_cents,
                 stock,
             });
+        }
+        let seats: u32 = categories
+            .iter()
+            .map(|c| match c.stock {
+                Stock::Seats { rows, cols } => rows * cols,
+                Stock::Units(_) => 0,
+            })
+            .sum();
+        if seats > MAX_SEATS_PER_EVENT {
+            return Err(format!(
+                "the categories have {seats} seats; at most {MAX_SEATS_PER_EVENT} an event"
+            ));
         }
         let stations = match (r.kind.as_deref(), r.stations) {
             (None | Some("sale"), None) => Vec::new(),
@@ -370,11 +394,22 @@ mod tests {
                 serde_json::json!([{"name": "A", "price_cents": 1, "quantity": 1}, {"name": "A", "price_cents": 1, "quantity": 1}]),
                 "used twice",
             ),
+            (
+                serde_json::json!([{"name": "GA", "price_cents": 4_611_686_018_427_387_904u64, "quantity": 10}]),
+                "price_cents must be 0 … 1000000000000",
+            ),
+            (
+                serde_json::json!((0..11).map(|i| serde_json::json!({"name": format!("S{i}"), "price_cents": 1, "seats": {"rows": 1000, "cols": 100}})).collect::<Vec<_>>()),
+                "1100000 seats; at most 1000000 an event",
+            ),
         ];
         for (cats, expected) in cases {
             let err = NewEvent::try_from(request(cats)).unwrap_err();
             assert!(err.contains(expected), "{err} should mention {expected}");
         }
+        let at_most =
+            serde_json::json!([{"name": "GA", "price_cents": MAX_PRICE_CENTS, "quantity": 1}]);
+        assert!(NewEvent::try_from(request(at_most)).is_ok());
     }
 
     #[test]

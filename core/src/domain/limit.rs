@@ -54,8 +54,19 @@ impl LimitSpec {
             ),
         };
         for (field, value) in needed {
+            // A count (a window's `limit`, a bucket's `burst`) under 1 lets no request
+            // through at all — every route of the limit 429, the payment callback's too
+            // (review): at least 1. A rate or a window only positive.
+            let least = if matches!(field, "limit" | "burst") {
+                1.0
+            } else {
+                f64::MIN_POSITIVE
+            };
             match value {
-                Some(v) if v.is_finite() && v > 0.0 => {}
+                Some(v) if v.is_finite() && v >= least => {}
+                Some(v) if least == 1.0 => {
+                    return Err(format!("{name}.{field} must be at least 1, got {v}"));
+                }
                 Some(v) => return Err(format!("{name}.{field} must be positive, got {v}")),
                 None => return Err(format!("{name}.{field} is required for {:?}", self.algo)),
             }
@@ -73,6 +84,25 @@ mod tests {
 
     fn spec(v: serde_json::Value) -> LimitSpec {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_count_under_one_would_refuse_everything_and_is_refused() {
+        for bad in [
+            serde_json::json!({"algo": "fixed_window", "limit": 0.5, "window_s": 1}),
+            serde_json::json!({"algo": "sliding_window", "limit": 0.99, "window_s": 1}),
+            serde_json::json!({"algo": "token_bucket", "rate": 5, "burst": 0.9}),
+            serde_json::json!({"algo": "leaky_bucket", "rate": 5, "burst": 0.1}),
+        ] {
+            let e = spec(bad.clone()).validate("api_ip").unwrap_err();
+            assert!(e.contains("at least 1"), "{bad}: {e}");
+        }
+        assert!(
+            spec(serde_json::json!({"algo": "token_bucket", "rate": 0.5, "burst": 1}))
+                .validate("api_ip")
+                .is_ok(),
+            "a slow rate with a burst of one lets a request through"
+        );
     }
 
     #[test]
