@@ -83,8 +83,13 @@ function _M.more_cmds(prefix, id, room, cmds, now_ms, end_ms)
       else
         ok, err = dict:safe_add(base .. line[i], 0, keep)
       end
-      -- A full dict: stop here and copy the rest later (meanwhile the core answers them).
-      if not ok and err == "no memory" then break end
+      -- A full dict: this one is not copied (the core answers it) and the copy goes on,
+      -- so the ones after it that are in the dict already (joined early: 0) get their
+      -- positions. It stopped here before, for good: every later early joiner stayed 0
+      -- and was told "waiting" through their turn (review).
+      if not ok and err ~= "no memory" then
+        ngx.log(ngx.WARN, "waiting room copy: ", err)
+      end
       last = score
     end
     if last ~= from then dict:safe_set(pkey, last, keep) end
@@ -156,7 +161,9 @@ function _M.serve(state)
   end
   if not key then return ngx.exec("/_core" .. ngx.var.uri) end
   local pos = dict:get(key)
-  if pos then
+  -- 0 is "joined, not drawn": once the room is drawn, a 0 is a position the copy has not
+  -- written (yet, or ever: a full dict), which only the core knows.
+  if pos and not (pos == 0 and room.drawn) then
     local now_ms = floor(ngx.now() * 1000)
     return answer(cjson.encode(status(ev, room, event_id, uid, pos, now_ms)), "edge")
   end
