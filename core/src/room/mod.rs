@@ -49,6 +49,9 @@ pub struct WaitingRoom {
     pub tokens: TokenSigner,
     /// The fairness answer of each drawn room (it never changes after the draw).
     fairness: Mutex<HashMap<u64, Bytes>>,
+    /// Held while one is built: at the draw every poller's first ask misses at once, and
+    /// each read the whole line (a ZRANGE of every early joiner) and encoded it (review).
+    building_fairness: tokio::sync::Mutex<()>,
 }
 
 fn no_room(id: u64) -> ApiError {
@@ -77,6 +80,7 @@ impl WaitingRoom {
             store,
             tokens,
             fairness: Mutex::default(),
+            building_fairness: tokio::sync::Mutex::default(),
         }
     }
 
@@ -216,13 +220,15 @@ impl WaitingRoom {
             .as_ref()
             .filter(|r| r.enabled)
             .ok_or_else(|| no_room(event.id))?;
-        if let Some(kept) = self
-            .fairness
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&event.id)
-        {
-            return Ok(kept.clone());
+        let kept = || {
+            self.fairness
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&event.id)
+                .cloned()
+        };
+        if let Some(body) = kept() {
+            return Ok(body);
         }
         let event_id = EventId(event.id);
         let Some(seed) = self.store.revealed_seed(event_id).await? else {
@@ -230,6 +236,11 @@ impl WaitingRoom {
                 json!({"commitment": room.commitment, "rule": lottery::RULE, "drawn": false});
             return Ok(Bytes::from(body.to_string()));
         };
+        // Drawn: one build at a time; those who waited find it built.
+        let _building = self.building_fairness.lock().await;
+        if let Some(body) = kept() {
+            return Ok(body);
+        }
         let mut joined = self.store.early(event_id).await?;
         joined.sort_unstable();
         let body = Bytes::from(
