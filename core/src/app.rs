@@ -147,6 +147,7 @@ impl App {
             mysql.clone(),
             Duration::from_millis(s.admission.event_cache_ttl_ms),
             call_timeout.clone(),
+            metrics.event_reads.clone(),
         ));
         let preloader = Preloader::new(
             redis.clone(),

@@ -20,13 +20,29 @@ pub struct EventCache {
     call_timeout: CallTimeout,
     events: moka::future::Cache<u64, Option<std::sync::Arc<EventRecord>>>,
     listing: moka::future::Cache<(), std::sync::Arc<Vec<EventRecord>>>,
+    /// The largest event id MySQL had when last asked, and when: an id above it is no
+    /// event, told without a query (review: every made-up id was one read of MySQL, on
+    /// the pool order creation uses, at whatever rate the edge let a token ask).
+    highest: tokio::sync::Mutex<(u64, Option<std::time::Instant>)>,
+    reads: prometheus::IntCounter,
 }
 
+/// How often an id above the largest known sends MySQL a look for a newer largest: an
+/// event created on another core is seen at most this late.
+const HIGHEST_FRESH: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl EventCache {
-    pub fn new(pool: Pool, ttl: std::time::Duration, call_timeout: CallTimeout) -> EventCache {
+    pub fn new(
+        pool: Pool,
+        ttl: std::time::Duration,
+        call_timeout: CallTimeout,
+        reads: prometheus::IntCounter,
+    ) -> EventCache {
         EventCache {
             pool,
             call_timeout,
+            highest: tokio::sync::Mutex::new((0, None)),
+            reads,
             events: moka::future::Cache::builder()
                 .max_capacity(10_000)
                 .time_to_live(ttl)
@@ -39,8 +55,16 @@ impl EventCache {
     }
 
     pub async fn get(&self, event_id: u64) -> anyhow::Result<Option<std::sync::Arc<EventRecord>>> {
+        if let Some(hit) = self.events.get(&event_id).await {
+            return Ok(hit);
+        }
+        // Not cached as missing: an event created since is found at the next look.
+        if !self.may_exist(event_id).await? {
+            return Ok(None);
+        }
         self.events
             .try_get_with(event_id, async {
+                self.reads.inc();
                 let read = load(&self.pool, event_id);
                 let event = self
                     .call_timeout
@@ -50,6 +74,39 @@ impl EventCache {
             })
             .await
             .map_err(|e| anyhow::Error::new(Shared(e)))
+    }
+
+    /// Whether an event of this id may exist: not above the largest id MySQL has, read
+    /// again when asked past it, at most every [`HIGHEST_FRESH`] (one read at a time).
+    async fn may_exist(&self, event_id: u64) -> anyhow::Result<bool> {
+        let mut highest = self.highest.lock().await;
+        if event_id <= highest.0 {
+            return Ok(true);
+        }
+        if highest.1.is_some_and(|at| at.elapsed() < HIGHEST_FRESH) {
+            return Ok(false);
+        }
+        self.reads.inc();
+        let pool = self.pool.clone();
+        let read = async move {
+            let mut conn = pool.get_conn().await?;
+            let max: Option<u64> = conn
+                .query_first("SELECT COALESCE(MAX(id), 0) FROM event")
+                .await?;
+            anyhow::Ok(max.unwrap_or(0))
+        };
+        let max = self
+            .call_timeout
+            .try_within("the largest event id", read)
+            .await?;
+        *highest = (max, Some(std::time::Instant::now()));
+        Ok(event_id <= max)
+    }
+
+    /// An event this instance has just created: its id is no longer above the largest.
+    pub async fn created(&self, event_id: u64) {
+        let mut highest = self.highest.lock().await;
+        highest.0 = highest.0.max(event_id);
     }
 
     /// Drops the event from this instance's cache (others see a change within the ttl).

@@ -11,6 +11,8 @@ pub struct Metrics {
     /// Preloads by outcome (ok, busy, error).
     pub preloads: IntCounterVec,
     pub users_created: IntCounter,
+    /// Reads of one event from MySQL (the event cache's misses), and of the largest id.
+    pub event_reads: IntCounter,
     /// Transaction check-backs answered, by answer (commit, rollback, unknown).
     pub checkbacks: IntCounterVec,
     /// Orders the pipeline created, and reservations it released as FAILED.
@@ -70,6 +72,11 @@ impl Metrics {
         let users_created = IntCounter::new(
             "stampede_users_created_total",
             "Users created through the admin API",
+        )
+        .expect("valid metric");
+        let event_reads = IntCounter::new(
+            "stampede_event_reads_total",
+            "Reads of an event (or of the largest event id) from MySQL: the event cache's misses",
         )
         .expect("valid metric");
         let checkbacks = IntCounterVec::new(
@@ -159,6 +166,7 @@ impl Metrics {
             Box::new(dependency_up.clone()),
             Box::new(preloads.clone()),
             Box::new(users_created.clone()),
+            Box::new(event_reads.clone()),
             Box::new(checkbacks.clone()),
             Box::new(orders_created.clone()),
             Box::new(reservations_released.clone()),
@@ -180,6 +188,7 @@ impl Metrics {
             dependency_up,
             preloads,
             users_created,
+            event_reads,
             checkbacks,
             orders_created,
             reservations_released,
