@@ -12,7 +12,8 @@ use crate::infra::mysql::CallTimeout;
 
 /// Events as the hot path reads them: from MySQL at most once per `ttl` per event, with
 /// concurrent misses coalesced, so a cold cache in a stampede costs one query, not one
-/// per buyer. Missing events are cached too (as None), so bogus ids cannot hammer MySQL.
+/// per buyer. Missing events are cached too (as None), and an id above the largest MySQL
+/// has is not read at all, so bogus ids cannot hammer MySQL.
 pub struct EventCache {
     pool: Pool,
     /// A read that takes longer fails (every caller waiting on it told so), and the
