@@ -148,7 +148,20 @@ pub async fn set_waiting_room(
         ));
     }
     let saved = crate::room::config::save(&state.mysql, id, &wanted).await?;
-    state.room.store.publish(&event, &saved).await?;
+    if let Err(e) = state.room.store.publish(&event, &saved).await {
+        // Not half-applied: MySQL back to the room as it was, so the answer (5xx, nothing
+        // changed) is true, and no room the edge never heard of later asks buyers for
+        // passes nobody can get (review).
+        if let Err(undo) = crate::room::config::save(&state.mysql, id, &current).await {
+            tracing::error!(
+                event_id = id,
+                error = format!("{undo:#}"),
+                "waiting room saved in MySQL but not in Redis, and not undone: set it again"
+            );
+        }
+        state.events.forget(id).await;
+        return Err(e.into());
+    }
     state.events.forget(id).await;
     tracing::info!(event_id = id, room = ?saved, "waiting room set");
     Ok(json(

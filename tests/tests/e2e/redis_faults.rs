@@ -460,3 +460,30 @@ async fn a_purchase_redis_never_answered_is_outcome_unknown_and_then_known() {
     assert!(both, "{:?}", ordered_units(&app.mysql, event).await);
     app.stop().await;
 }
+
+/// Setting a waiting room while Redis does not answer is refused whole: MySQL keeps the
+/// room as it was (it kept the new one, which the next rebuild then put in force with no
+/// edge or core ever having announced it: buyers asked for passes nobody could get).
+#[tokio::test]
+async fn a_waiting_room_redis_never_heard_of_is_not_kept_in_mysql() {
+    let redis_server = OwnRedis::start();
+    let (app, event, _, _, _) = a_sale_bought_once(&redis_server, |_| {}).await;
+    redis_server.hang(true);
+    let (status, answer) = app
+        .admin_api
+        .call(
+            reqwest::Method::PUT,
+            &format!("/admin/events/{event}/waiting-room"),
+            Some(json!({"enabled": true})),
+        )
+        .await;
+    redis_server.hang(false);
+    assert_eq!(status, 503, "{answer}");
+    let enabled = scalar(
+        &app.mysql,
+        &format!("SELECT COUNT(*) FROM waiting_room WHERE event_id = {event} AND enabled = 1"),
+    )
+    .await;
+    assert_eq!(enabled, 0, "the room Redis never heard of is in MySQL");
+    app.stop().await;
+}
