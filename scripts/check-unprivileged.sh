@@ -16,6 +16,13 @@ if [ "$(id -u)" != 0 ]; then
 fi
 command -v setpriv >/dev/null || { echo "check-unprivileged: setpriv (util-linux) is missing" >&2; exit 1; }
 
+# nobody must reach the checkout: one under a private directory (/root is 0700) cannot
+# run the stack as anyone but its owner (the edge says so too: scripts/stack/edge.sh).
+if ! setpriv --reuid=nobody --regid=nogroup --clear-groups test -r "$ROOT/scripts/stack.sh"; then
+  echo "check-unprivileged: user nobody cannot read $ROOT/scripts/stack.sh: a directory above the checkout is private; put it where others may read it (e.g. /opt or /srv)" >&2
+  exit 1
+fi
+
 dir=$(mktemp -d)
 chmod 0755 "$dir"
 as_nobody() {
@@ -43,6 +50,10 @@ chown nobody "$dir/home" "$dir/stack"
 
 if ! out=$(as_nobody scripts/stack.sh up redis mysql 2>&1); then
   printf 'check-unprivileged: the stack did not start as nobody:\n%s\n' "$out" >&2
+  # The logs go with the state dir on the way out: their last lines now.
+  for log in "$dir"/stack/logs/*; do
+    [ -f "$log" ] && { printf '\n==> %s\n' "${log##*/}"; tail -n 20 "$log"; } >&2
+  done
   exit 1
 fi
 printf '%s\n' "$out" | sed 's/^/  /'

@@ -22,8 +22,6 @@ step "cargo clippy (warnings denied)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "unit tests"
 cargo test --workspace --lib --bins --quiet
-step "the stack's stores start as a user that is not root (scripts/check-unprivileged.sh)"
-scripts/check-unprivileged.sh
 
 step "test stack (state in $STACK_DIR)"
 teardown() {
@@ -35,6 +33,10 @@ teardown # whatever an interrupted run left behind
 STACK_DIR=$ROOT/.stack-cluster-test STACK_MODE=cluster scripts/stack.sh down >/dev/null 2>&1 || true
 trap teardown EXIT
 scripts/stack.sh up
+
+# After the test stack's `up`, which installed what a fresh machine lacked (as root).
+step "the stack's stores start as a user that is not root (scripts/check-unprivileged.sh)"
+scripts/check-unprivileged.sh
 
 step "end-to-end tests"
 cargo build --quiet -p stampede-bench # run by the bench test

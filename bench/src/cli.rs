@@ -195,11 +195,11 @@ pub struct SaleArgs {
     /// The room's release rate: positions per second (1 … 100 000), or auto.
     #[arg(long, default_value = "auto", value_parser = parse_admit, requires = "waiting_room")]
     pub admit_per_s: String,
-    /// Leading zero bits of each join's proof of work (0 … 24; 0: none).
+    /// Leading zero bits of each join's proof of work (0 … 20, the core's most; 0: none).
     #[arg(
         long,
         default_value_t = 0,
-        value_parser = clap::value_parser!(u8).range(0..=24),
+        value_parser = clap::value_parser!(u8).range(0..=20),
         requires = "waiting_room"
     )]
     pub challenge_bits: u8,

@@ -24,7 +24,9 @@ pub struct EventCache {
     /// The largest event id MySQL had when last asked, and when: an id above it is no
     /// event, told without a query (review: every made-up id was one read of MySQL, on
     /// the pool order creation uses, at whatever rate the edge let a token ask).
-    highest: tokio::sync::Mutex<(u64, Option<std::time::Instant>)>,
+    highest: std::sync::atomic::AtomicU64,
+    /// When `highest` was last read; held while it is read again (one read at a time).
+    highest_read: tokio::sync::Mutex<Option<std::time::Instant>>,
     reads: prometheus::IntCounter,
 }
 
@@ -42,7 +44,8 @@ impl EventCache {
         EventCache {
             pool,
             call_timeout,
-            highest: tokio::sync::Mutex::new((0, None)),
+            highest: std::sync::atomic::AtomicU64::new(0),
+            highest_read: tokio::sync::Mutex::new(None),
             reads,
             events: moka::future::Cache::builder()
                 .max_capacity(10_000)
@@ -55,7 +58,15 @@ impl EventCache {
         }
     }
 
-    pub async fn get(&self, event_id: u64) -> anyhow::Result<Option<std::sync::Arc<EventRecord>>> {
+    /// For a buyer's ask by id (the event's page, its seat map, a queue, a status): an id
+    /// above the largest MySQL had at the last look (at most [`HIGHEST_FRESH`] old) is
+    /// no event, told without a read. Never for the order pipeline, which must not take
+    /// an event another core created a moment ago for a missing one (review: it would
+    /// release the event's admitted reservations).
+    pub async fn get_public(
+        &self,
+        event_id: u64,
+    ) -> anyhow::Result<Option<std::sync::Arc<EventRecord>>> {
         if let Some(hit) = self.events.get(&event_id).await {
             return Ok(hit);
         }
@@ -63,6 +74,10 @@ impl EventCache {
         if !self.may_exist(event_id).await? {
             return Ok(None);
         }
+        self.get(event_id).await
+    }
+
+    pub async fn get(&self, event_id: u64) -> anyhow::Result<Option<std::sync::Arc<EventRecord>>> {
         self.events
             .try_get_with(event_id, async {
                 self.reads.inc();
@@ -80,13 +95,20 @@ impl EventCache {
     /// Whether an event of this id may exist: not above the largest id MySQL has, read
     /// again when asked past it, at most every [`HIGHEST_FRESH`] (one read at a time).
     async fn may_exist(&self, event_id: u64) -> anyhow::Result<bool> {
-        let mut highest = self.highest.lock().await;
-        if event_id <= highest.0 {
+        use std::sync::atomic::Ordering::Relaxed;
+        if event_id <= self.highest.load(Relaxed) {
             return Ok(true);
         }
-        if highest.1.is_some_and(|at| at.elapsed() < HIGHEST_FRESH) {
+        let mut read_at = self.highest_read.lock().await;
+        if event_id <= self.highest.load(Relaxed) {
+            return Ok(true); // read meanwhile
+        }
+        if read_at.is_some_and(|at| at.elapsed() < HIGHEST_FRESH) {
             return Ok(false);
         }
+        // Counted as a try whatever comes of it: a failing read is not retried by each
+        // waiter in turn, but after HIGHEST_FRESH.
+        *read_at = Some(std::time::Instant::now());
         self.reads.inc();
         let pool = self.pool.clone();
         let read = async move {
@@ -100,14 +122,14 @@ impl EventCache {
             .call_timeout
             .try_within("the largest event id", read)
             .await?;
-        *highest = (max, Some(std::time::Instant::now()));
+        self.highest.fetch_max(max, Relaxed);
         Ok(event_id <= max)
     }
 
     /// An event this instance has just created: its id is no longer above the largest.
-    pub async fn created(&self, event_id: u64) {
-        let mut highest = self.highest.lock().await;
-        highest.0 = highest.0.max(event_id);
+    pub fn created(&self, event_id: u64) {
+        self.highest
+            .fetch_max(event_id, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Drops the event from this instance's cache (others see a change within the ttl).

@@ -14,7 +14,7 @@ pub async fn create(state: &AppState, req: Request, limit: usize) -> Result<Resp
     let request: EventRequest = read_json(req, limit).await?;
     let event = NewEvent::try_from(request).map_err(ApiError::Invalid)?;
     let id = catalog::insert(&state.mysql, &event).await?;
-    state.events.created(id).await;
+    state.events.created(id);
     let created = load(state, id).await?;
     tracing::info!(
         event_id = id,

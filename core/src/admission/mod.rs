@@ -48,6 +48,10 @@ pub enum Refusal {
     /// Published, but its keys are not in Redis (lost, being rebuilt from MySQL).
     #[error("the sale is being reloaded; try again in a moment")]
     Loading,
+    /// Another request of this purchase holds it (its seats being locked): that one may
+    /// be admitted.
+    #[error("another request of this purchase is being decided; try again in a moment")]
+    InFlight,
 }
 
 /// What a buyer asked for, after validation.
@@ -262,7 +266,7 @@ impl Admission {
                         return Ok(first);
                     }
                 }
-                seat_lock::Lock::InFlight => return Ok(Err(Refusal::Busy)),
+                seat_lock::Lock::InFlight => return Ok(Err(Refusal::InFlight)),
             }
         };
         let outcome = reserve::reserve(

@@ -54,7 +54,7 @@ impl Admission {
         event_id: EventId,
         user_id: UserId,
     ) -> anyhow::Result<Option<PurchaseStatus>> {
-        let event = self.events.get(event_id.0).await?;
+        let event = self.events.get_public(event_id.0).await?;
         let buckets = event.as_ref().map_or(1, |e| e.buckets);
         let bucket = crate::keys::Bucket::of_buyer(event_id, buckets, user_id);
         let mut redis = self.redis.clone();

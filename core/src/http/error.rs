@@ -36,8 +36,13 @@ pub enum ApiError {
     #[error("{0}")]
     Unavailable(String),
     /// The order workers are behind: admission pauses rather than promise too much.
+    /// Nothing was admitted (the edge is told so: [`NOTHING_ADMITTED`]).
     #[error("{0}")]
     Busy(String),
+    /// Another request of the same purchase (its Idempotency-Key, its pass) is being
+    /// decided: SALE_BUSY to the buyer, but that one may be admitted.
+    #[error("{0}")]
+    Pending(String),
     /// A purchase was sent to Redis and no answer came: it may have been admitted. The
     /// buyer polls `status_url`; the same Idempotency-Key answers what happened.
     #[error("{message}")]
@@ -46,8 +51,10 @@ pub enum ApiError {
     Unexpected(anyhow::Error),
 }
 
-/// Set on the 503s that certainly admitted nothing (UNAVAILABLE, SALE_BUSY), unlike
-/// OUTCOME_UNKNOWN: the edge remembers a purchase's key after any other 5xx
+/// Set on the 503 SALE_BUSY that certainly admitted nothing (the backlog full, the sale
+/// being reloaded), unlike OUTCOME_UNKNOWN, UNAVAILABLE (the request timeout's may cut a
+/// handler off after Redis admitted the purchase) and a twin request's SALE_BUSY (the
+/// other may be admitted): the edge remembers a purchase's key after any other 5xx
 /// (lua/edge/stampede/access.lua `purchase_answered`).
 pub const NOTHING_ADMITTED: &str = "x-stampede-admitted";
 
@@ -83,9 +90,10 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::Busy(_) | ApiError::OutcomeUnknown { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Unavailable(_)
+            | ApiError::Busy(_)
+            | ApiError::Pending(_)
+            | ApiError::OutcomeUnknown { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -102,7 +110,7 @@ impl ApiError {
             ApiError::RequestTimeout => "REQUEST_TIMEOUT",
             ApiError::RateLimited { .. } => "RATE_LIMITED",
             ApiError::Unavailable(_) => "UNAVAILABLE",
-            ApiError::Busy(_) => "SALE_BUSY",
+            ApiError::Busy(_) | ApiError::Pending(_) => "SALE_BUSY",
             ApiError::OutcomeUnknown { .. } => "OUTCOME_UNKNOWN",
             ApiError::Unexpected(_) => "INTERNAL",
         }
@@ -128,14 +136,19 @@ impl ApiError {
                     .insert(http::header::RETRY_AFTER, retry_after_s.into());
             }
             // A dependency down or busy: worth another try in a moment.
-            ApiError::Unavailable(_) | ApiError::Busy(_) | ApiError::OutcomeUnknown { .. } => {
+            ApiError::Unavailable(_)
+            | ApiError::Busy(_)
+            | ApiError::Pending(_)
+            | ApiError::OutcomeUnknown { .. } => {
                 resp.headers_mut().insert(
                     http::header::RETRY_AFTER,
                     http::HeaderValue::from_static("1"),
                 );
-                if !matches!(self, ApiError::OutcomeUnknown { .. }) {
-                    // For the edge (which strips it): a 5xx that admitted nothing, so a
+                if matches!(self, ApiError::Busy(_)) {
+                    // For the edge (which hides it): a 5xx that admitted nothing, so a
                     // purchase's Idempotency-Key need not be let past its checks again.
+                    // Not UNAVAILABLE: the request timeout's 503 may cut a handler off
+                    // after Redis admitted the purchase (review).
                     resp.headers_mut()
                         .insert(NOTHING_ADMITTED, http::HeaderValue::from_static("none"));
                 }

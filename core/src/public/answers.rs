@@ -28,6 +28,7 @@ impl From<Refusal> for ApiError {
             Refusal::KeyReused => ApiError::Conflict("DUPLICATE", message),
             Refusal::RateLimited { retry_after_s } => ApiError::RateLimited { retry_after_s },
             Refusal::Busy | Refusal::Loading => ApiError::Busy(message),
+            Refusal::InFlight => ApiError::Pending(message),
         }
     }
 }

@@ -31,7 +31,7 @@ pub(super) async fn visible(
 ) -> Result<std::sync::Arc<EventRecord>, ApiError> {
     state
         .events
-        .get(id)
+        .get_public(id)
         .await?
         .filter(|e| e.status != EventStatus::Draft)
         .ok_or_else(|| ApiError::NotFound(format!("no event {id}")))

@@ -51,7 +51,8 @@ pub struct WaitingRoom {
     fairness: Mutex<HashMap<u64, Bytes>>,
     /// Held while one is built: at the draw every poller's first ask misses at once, and
     /// each read the whole line (a ZRANGE of every early joiner) and encoded it (review).
-    building_fairness: tokio::sync::Mutex<()>,
+    /// (One lock per event: another event's build does not wait on it.)
+    building_fairness: Mutex<HashMap<u64, std::sync::Arc<tokio::sync::Mutex<()>>>>,
 }
 
 fn no_room(id: u64) -> ApiError {
@@ -80,7 +81,7 @@ impl WaitingRoom {
             store,
             tokens,
             fairness: Mutex::default(),
-            building_fairness: tokio::sync::Mutex::default(),
+            building_fairness: Mutex::default(),
         }
     }
 
@@ -236,8 +237,15 @@ impl WaitingRoom {
                 json!({"commitment": room.commitment, "rule": lottery::RULE, "drawn": false});
             return Ok(Bytes::from(body.to_string()));
         };
-        // Drawn: one build at a time; those who waited find it built.
-        let _building = self.building_fairness.lock().await;
+        // Drawn: one build at a time per event; those who waited find it built.
+        let lock = self
+            .building_fairness
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(event.id)
+            .or_default()
+            .clone();
+        let _building = lock.lock().await;
         if let Some(body) = kept() {
             return Ok(body);
         }
@@ -321,7 +329,7 @@ impl WaitingRoom {
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 }
                 PassUse::InFlight => {
-                    return Err(ApiError::Busy(
+                    return Err(ApiError::Pending(
                         "another request of this purchase is being decided; try again in a moment"
                             .into(),
                     ));

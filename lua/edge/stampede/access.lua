@@ -182,11 +182,11 @@ function _M.purchase_answered(from_core)
   local key = ngx.var.stampede_purchase
   if not key or key == "" then return end
   local status = ngx.status
-  -- The core's own 503s that admitted nothing (UNAVAILABLE, SALE_BUSY) say so in a
-  -- header of theirs for this filter alone: such a key is a refused one, not one a core
-  -- may have taken, and is not let past the flags for an hour (review).
-  local nothing = ngx.header["X-Stampede-Admitted"] == "none"
-  if nothing then ngx.header["X-Stampede-Admitted"] = nil end
+  -- The core's own SALE_BUSY that admitted nothing says so in a header for this filter
+  -- alone (proxy_core.conf hides it from clients; the upstream's variable still has
+  -- it): such a key is a refused one, not one a core may have taken, and is not let
+  -- past the flags for an hour (review).
+  local nothing = ngx.var.upstream_http_x_stampede_admitted == "none"
   -- A core that answered had the request (from_core: @purchase, where the answer is the
   -- core's own); for nginx's own 503 (@core_unavailable), $upstream_bytes_sent says
   -- whether a core had some of it, per core tried ("0", "0, 517", ...). That variable

@@ -50,6 +50,17 @@ end
 
 local function progress_key(id, room, what) return "L:" .. id .. ":" .. room.gen .. ":" .. what end
 
+-- Set once a place of the room could not be copied (a full dict): from then on a 0 after
+-- the draw is the core's to answer. Forcible (it may evict another entry, whose owner
+-- the core then answers): without it, a 0 would read "waiting" through its turn.
+local function skipped_key(id, room) return "K:" .. id .. ":" .. room.gen end
+local function skipped(id, room, keep)
+  if not dict:get(skipped_key(id, room)) then
+    dict:set(skipped_key(id, room), true, keep)
+    ngx.log(ngx.WARN, "waiting room ", id, ": the edge's dict is full; the core answers the places it could not copy")
+  end
+end
+
 -- The leader's further reads for a room: its releases, and the next chunk of who is in
 -- line. Appends commands to cmds; returns a function that takes their replies. What it
 -- copies is kept until a little after the sale's end (then its room is closed anyway).
@@ -83,16 +94,15 @@ function _M.more_cmds(prefix, id, room, cmds, now_ms, end_ms)
       else
         ok, err = dict:safe_add(base .. line[i], 0, keep)
       end
-      -- A full dict: this one is not copied (the core answers it) and the copy goes on,
-      -- so the ones after it that are in the dict already (joined early: 0) get their
-      -- positions. It stopped here before, for good: every later early joiner stayed 0
-      -- and was told "waiting" through their turn (review).
-      if not ok and err ~= "no memory" then
-        ngx.log(ngx.WARN, "waiting room copy: ", err)
-      end
+      -- A full dict: this one is not copied and the copy goes on, so the ones after it
+      -- that are in the dict already (joined early: 0) get their positions; the room is
+      -- marked, and from then on a 0 after the draw is the core's to answer (it stopped
+      -- here before, for good, and every later early joiner stayed 0 and was told
+      -- "waiting" through their turn: review).
+      if not ok and err == "no memory" then skipped(id, room, keep) end
       last = score
     end
-    if last ~= from then dict:safe_set(pkey, last, keep) end
+    if last ~= from and not dict:safe_set(pkey, last, keep) then skipped(id, room, keep) end
   end
 end
 
@@ -161,9 +171,10 @@ function _M.serve(state)
   end
   if not key then return ngx.exec("/_core" .. ngx.var.uri) end
   local pos = dict:get(key)
-  -- 0 is "joined, not drawn": once the room is drawn, a 0 is a position the copy has not
-  -- written (yet, or ever: a full dict), which only the core knows.
-  if pos and not (pos == 0 and room.drawn) then
+  -- 0 is "joined, not drawn". After the draw it is a position the copy has not written
+  -- yet — "waiting" until it does, seconds at most — or never, when the dict was full
+  -- (the room marked): then only the core knows it.
+  if pos and not (pos == 0 and room.drawn and dict:get(skipped_key(event_id, room))) then
     local now_ms = floor(ngx.now() * 1000)
     return answer(cjson.encode(status(ev, room, event_id, uid, pos, now_ms)), "edge")
   end

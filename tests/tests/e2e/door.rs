@@ -506,11 +506,23 @@ async fn a_key_the_core_refused_with_nothing_admitted_is_not_let_past_the_flags_
         .del(app.keys().meta(Bucket::only(event)))
         .await
         .unwrap();
-    let (status, answer) = app.buy(event, refused, "busy", body.clone()).await;
+    let auth = format!("Bearer {}", refused.token);
+    let a = raw_purchase(
+        Stack::from_env().edge_port,
+        &format!("/api/events/{event}/orders"),
+        &[("Authorization", &auth), ("Idempotency-Key", "busy")],
+        &body.to_string(),
+    )
+    .await;
     assert_eq!(
-        (status, answer["error"]["code"].as_str()),
+        (a.status, a.json()["error"]["code"].as_str()),
         (503, Some("SALE_BUSY")),
-        "{answer}"
+        "{a:?}"
+    );
+    assert_eq!(
+        a.header("x-stampede-admitted"),
+        None,
+        "the core's word to the edge reached the client: {a:?}"
     );
     let bought = eventually(Duration::from_secs(20), || async {
         app.buy(event, other, "other", body.clone()).await.0 == 202
