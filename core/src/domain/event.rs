@@ -118,6 +118,14 @@ impl TryFrom<EventRequest> for NewEvent {
         if sale_start >= sale_end {
             return Err("sale_start must be before sale_end".into());
         }
+        // A sale over before it is made could never open, and a show before its sale
+        // starts is a mistake in one of the two (review: both were accepted).
+        if sale_end <= chrono::Utc::now() {
+            return Err("sale_end is in the past: the sale could never open".into());
+        }
+        if show_time < sale_start {
+            return Err("show_time must not be before sale_start".into());
+        }
         let per_user_limit = within("per_user_limit", r.per_user_limit, 1, 1_000)?;
         let pay_timeout_s = within("pay_timeout_s", r.pay_timeout_s, 1, 86_400)?;
         let buckets = within("buckets", r.buckets.unwrap_or(1), 1, MAX_BUCKETS.into())?;
@@ -420,6 +428,20 @@ mod tests {
             NewEvent::try_from(r)
                 .unwrap_err()
                 .contains("before sale_end")
+        );
+        let mut r = request(serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 1}]));
+        (r.sale_start, r.sale_end) = ("2024-01-01T10:00:00Z".into(), "2024-01-01T12:00:00Z".into());
+        assert!(
+            NewEvent::try_from(r)
+                .unwrap_err()
+                .contains("sale_end is in the past")
+        );
+        let mut r = request(serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 1}]));
+        r.show_time = "2029-12-31T20:00:00Z".into();
+        assert!(
+            NewEvent::try_from(r)
+                .unwrap_err()
+                .contains("show_time must not be before sale_start")
         );
         let mut r = request(serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 1}]));
         r.show_time = "tomorrow".into();
