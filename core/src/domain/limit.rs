@@ -57,14 +57,10 @@ impl LimitSpec {
             // A count (a window's `limit`, a bucket's `burst`) under 1 lets no request
             // through at all — every route of the limit 429, the payment callback's too
             // (review): at least 1. A rate or a window only positive.
-            let least = if matches!(field, "limit" | "burst") {
-                1.0
-            } else {
-                f64::MIN_POSITIVE
-            };
+            let count = matches!(field, "limit" | "burst");
             match value {
-                Some(v) if v.is_finite() && v >= least => {}
-                Some(v) if least == 1.0 => {
+                Some(v) if v.is_finite() && (if count { v >= 1.0 } else { v > 0.0 }) => {}
+                Some(v) if count => {
                     return Err(format!("{name}.{field} must be at least 1, got {v}"));
                 }
                 Some(v) => return Err(format!("{name}.{field} must be positive, got {v}")),
@@ -102,6 +98,13 @@ mod tests {
                 .validate("api_ip")
                 .is_ok(),
             "a slow rate with a burst of one lets a request through"
+        );
+        // Any positive rate or window, as the schema says (exclusiveMinimum 0): the
+        // fuzzer sent a subnormal window, which a bound at the smallest normal refused.
+        assert!(
+            spec(serde_json::json!({"algo": "sliding_window", "limit": 5, "window_s": 2.2250738585e-313}))
+                .validate("api_ip")
+                .is_ok()
         );
     }
 
