@@ -110,20 +110,7 @@ impl Pipeline {
                     keep.extend(self.drop_stale(bucket, vec![r], &[order_no]).await.0);
                 }
                 Ok(Ok(persist::Expiry::Refused)) => {
-                    let refused = redis::refuse(
-                        &mut self.redis.clone(),
-                        &self.keys,
-                        bucket,
-                        &r,
-                        Declined::Before.reason(),
-                        None,
-                        // Why it was refused is not known: the share stays (Redis may
-                        // have been behind on the buyer's holds).
-                        true,
-                    )
-                    .await;
-                    if let Err(e) = refused {
-                        tracing::warn!(order_no = %r.order_no, error = format!("{e:#}"), "refusal not recorded in Redis; will replay");
+                    if !self.refuse(bucket, &r, Declined::Before, None).await {
                         keep.push(r);
                     }
                 }
@@ -281,36 +268,48 @@ impl Pipeline {
     /// failure here leaves the entry pending; the replay decides the same way.
     async fn turn_away(&self, bucket: Bucket, created: &Created, refused: &[Reservation]) {
         for r in refused {
-            let done = match created.declined.iter().find(|(no, _)| *no == r.order_no) {
-                Some((_, why)) => {
+            match created.declined.iter().find(|(no, _)| *no == r.order_no) {
+                Some(&(_, why)) => {
                     self.refused.inc();
-                    let cap = (*why == Declined::SoldOut)
+                    let cap = (why == Declined::SoldOut)
                         .then(|| created.room.get(&r.category_id.0).copied())
                         .flatten();
-                    redis::refuse(
-                        &mut self.redis.clone(),
-                        &self.keys,
-                        bucket,
-                        r,
-                        why.reason(),
-                        cap,
-                        // Over the limit, or refused before for a reason not known: the
-                        // buyer's share in Redis stays (it may have been behind).
-                        matches!(why, Declined::OverLimit | Declined::Before),
-                    )
-                    .await
-                    .map(drop)
+                    self.refuse(bucket, r, why, cap).await;
                 }
                 None => {
                     let reason = format!("not persisted within {} s", self.settings.deadline_s);
                     self.release(bucket, r, &reason).await;
-                    Ok(())
                 }
-            };
-            if let Err(e) = done {
-                tracing::warn!(order_no = %r.order_no, error = format!("{e:#}"), "refusal not recorded in Redis; will replay");
             }
         }
+    }
+
+    /// Refuses a reservation MySQL turned away in Redis (refuse.lua); false when Redis
+    /// did not take it (the entry stays pending, and a replay decides the same way).
+    /// Over the limit, or refused before for a reason not known, the buyer's share in
+    /// Redis stays (it may have been behind on what they hold).
+    async fn refuse(
+        &self,
+        bucket: Bucket,
+        r: &Reservation,
+        why: Declined,
+        cap: Option<i64>,
+    ) -> bool {
+        let keep_share = matches!(why, Declined::OverLimit | Declined::Before);
+        let refused = redis::refuse(
+            &mut self.redis.clone(),
+            &self.keys,
+            bucket,
+            r,
+            why.reason(),
+            cap,
+            keep_share,
+        )
+        .await;
+        if let Err(e) = &refused {
+            tracing::warn!(order_no = %r.order_no, error = format!("{e:#}"), "refusal not recorded in Redis; will replay");
+        }
+        refused.is_ok()
     }
 
     /// Redis went back in time: fences the event for a rebuild from MySQL (whose new

@@ -420,7 +420,7 @@ pub async fn release(
 
 /// Marks a reservation MySQL turned away FAILED with `reason`, giving no stock back;
 /// lowers the category's stock to `cap` when given. The buyer's share in Redis is given
-/// back unless `over_limit` (refuse.lua says why).
+/// back unless `keep_share` (refuse.lua says why).
 pub async fn refuse(
     redis: &mut Redis,
     keys: &Keys,
@@ -428,7 +428,7 @@ pub async fn refuse(
     r: &Reservation,
     reason: &str,
     cap: Option<i64>,
-    over_limit: bool,
+    keep_share: bool,
 ) -> anyhow::Result<Refused> {
     let code: i64 = REFUSE
         .key(keys.order_stream(bucket))
@@ -444,7 +444,7 @@ pub async fn refuse(
         .arg(r.category_id)
         .arg(reason)
         .arg(cap.map_or(-1, |c| c.max(0)))
-        .arg(if over_limit { 0 } else { r.quantity })
+        .arg(if keep_share { 0 } else { r.quantity })
         .arg(r.epoch)
         .invoke_async(redis)
         .await?;

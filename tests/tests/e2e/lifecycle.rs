@@ -135,13 +135,7 @@ async fn the_owner_sees_and_cancels_an_unpaid_order_and_nobody_else_can() {
         (200, Some("CANCELLED")),
         "{cancelled}"
     );
-    let (_, purchase) = call(
-        &app,
-        reqwest::Method::GET,
-        &format!("/api/events/{event}/orders/status"),
-        owner,
-    )
-    .await;
+    let purchase = app.purchase_status(event, owner).await;
     assert_eq!(
         (purchase["status"].as_str(), purchase["order_no"].as_str()),
         (Some("CANCELLED"), Some(order_no.to_string().as_str())),

@@ -236,13 +236,7 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
         Some(SeatState::Sold(stampede_core::domain::OrderNo(order_no))),
         "the replayed delivery marked the seat sold"
     );
-    let (_, status) = call(
-        &app,
-        reqwest::Method::GET,
-        &format!("/api/events/{event}/orders/status"),
-        buyer,
-    )
-    .await;
+    let status = app.purchase_status(event, buyer).await;
     assert_eq!(status["status"], "PAID", "{status}");
     assert_eq!(
         scalar(

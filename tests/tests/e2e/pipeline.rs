@@ -201,34 +201,58 @@ async fn a_transaction_left_unknown_is_resolved_by_the_broker_check_back() {
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reservation_past_its_deadline_is_released_not_created_late() {
-    // Admitted by a core without a pipeline; found 1.5 s later by one with a 1 s deadline.
+/// Purchases of 2 units each by `buyers` buyers, admitted by a core without a pipeline:
+/// their reservations wait in the stream for [`Admitted::found_late`].
+struct Admitted {
+    settings: stampede_core::Settings,
+    database: String,
+    prefix: String,
+    admitting: TestApp,
+    event: u64,
+    categories: Vec<u64>,
+    buyers: Vec<stampede_e2e::Buyer>,
+}
+
+async fn admitted_without_a_pipeline(buyers: u64) -> Admitted {
     let stack = stampede_e2e::Stack::from_env();
     let (settings, database, prefix) = stampede_e2e::test_settings(&stack).await;
     let admitting =
         stampede_e2e::spawn_app_on(settings.clone(), database.clone(), prefix.clone()).await;
     let (event, categories) = admitting.create_event(small_sale(10, 1, 1, 2)).await;
     admitting.publish(event).await;
-    let buyers = admitting.buyers(3).await;
+    let buyers = admitting.buyers(buyers).await;
     for b in &buyers {
-        let (status, _) = admitting
-            .buy(
-                event,
-                b,
-                "k",
-                json!({"category_id": categories[0], "quantity": 2}),
-            )
-            .await;
-        assert_eq!(status, 202);
+        let body = json!({"category_id": categories[0], "quantity": 2});
+        assert_eq!(admitting.buy(event, b, "k", body).await.0, 202);
     }
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    admitting.halt().await;
+    Admitted {
+        settings,
+        database,
+        prefix,
+        admitting,
+        event,
+        categories,
+        buyers,
+    }
+}
 
-    let mut late = settings;
-    late.orders.enabled = true;
-    late.orders.deadline_s = 1;
-    let app = stampede_e2e::spawn_app_on(late, database, prefix).await;
+impl Admitted {
+    /// 1.5 s later, the admitting core gone, a core with a pipeline and a 1 s deadline.
+    async fn found_late(self) -> TestApp {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        self.admitting.halt().await;
+        let mut late = self.settings;
+        late.orders.enabled = true;
+        late.orders.deadline_s = 1;
+        stampede_e2e::spawn_app_on(late, self.database, self.prefix).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_past_its_deadline_is_released_not_created_late() {
+    let admitted = admitted_without_a_pipeline(3).await;
+    let (event, categories) = (admitted.event, admitted.categories.clone());
+    let app = admitted.found_late().await;
     let statuses_key = app.keys().purchase_status(Bucket::only(event));
     let released = eventually(Duration::from_secs(15), || async {
         let statuses: HashMap<u64, String> =
@@ -270,18 +294,9 @@ async fn a_reservation_past_its_deadline_is_released_not_created_late() {
 /// gave back units MySQL never held (Redis showing more than MySQL).
 #[tokio::test]
 async fn an_overdue_reservation_mysql_refused_before_is_refused_not_given_back() {
-    use mysql_async::prelude::Queryable;
-    let stack = stampede_e2e::Stack::from_env();
-    let (settings, database, prefix) = stampede_e2e::test_settings(&stack).await;
-    let admitting =
-        stampede_e2e::spawn_app_on(settings.clone(), database.clone(), prefix.clone()).await;
-    let (event, categories) = admitting.create_event(small_sale(10, 1, 1, 2)).await;
-    admitting.publish(event).await;
-    let buyers = admitting.buyers(2).await;
-    for b in &buyers {
-        let body = json!({"category_id": categories[0], "quantity": 2});
-        assert_eq!(admitting.buy(event, b, "k", body).await.0, 202);
-    }
+    let admitted = admitted_without_a_pipeline(2).await;
+    let (event, categories) = (admitted.event, admitted.categories.clone());
+    let (admitting, buyers) = (&admitted.admitting, admitted.buyers.clone());
     let refused = admitting.purchase_status(event, &buyers[0]).await;
     let refused_no: u64 = refused["request_id"].as_str().unwrap().parse().unwrap();
     admitting
@@ -296,13 +311,7 @@ async fn an_overdue_reservation_mysql_refused_before_is_refused_not_given_back()
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    admitting.halt().await;
-
-    let mut late = settings;
-    late.orders.enabled = true;
-    late.orders.deadline_s = 1;
-    let app = stampede_e2e::spawn_app_on(late, database, prefix).await;
+    let app = admitted.found_late().await;
     let statuses_key = app.keys().purchase_status(Bucket::only(event));
     let read = || async {
         let statuses: HashMap<u64, String> =
