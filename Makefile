@@ -1,6 +1,9 @@
 # Stampede: the two commands are `make demo` and `make test` (see README.md).
 .PHONY: up down status demo test test-cluster check bench bench-tools soak chaos install test-stack-up test-stack-down
 
+# Where cargo puts what it builds (CARGO_TARGET_DIR, as cargo reads it here).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+
 # Install what is missing, start the whole local stack (idempotent).
 up:
 	scripts/stack.sh up
@@ -29,7 +32,7 @@ demo: up
 # the comparison table, also in target/bench/compare.json. Exits 1 if the audit fails.
 bench: up bench-tools
 	cargo build --release --quiet -p stampede-bench
-	target/release/stampede-bench compare --buyers 200000 --units 10000 --connections 256
+	$(TARGET_DIR)/release/stampede-bench compare --buyers 200000 --units 10000 --connections 256
 
 # `make up`, then MINUTES of steady purchases (200/s), a third cancelled, a third paid, a
 # third timing out: the core's RSS and the 202 p99 every 10 s, rss_flat, the audit; in
@@ -37,7 +40,7 @@ bench: up bench-tools
 MINUTES ?= 10
 soak: up
 	cargo build --release --quiet -p stampede-bench
-	target/release/stampede-bench soak --minutes $(MINUTES)
+	$(TARGET_DIR)/release/stampede-bench soak --minutes $(MINUTES)
 
 # `make up`, then every chaos experiment (scripts/chaos.sh): a sale with one fault injected
 # mid-burst each (Redis, MariaDB, the broker, the core, the edge), the audit, one table row

@@ -14,7 +14,9 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export STACK_DIR=${STACK_DIR:-$ROOT/.stack}
-BENCH=${BENCH:-$ROOT/target/release/stampede-bench}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+case $TARGET_DIR in /*) ;; *) TARGET_DIR=$ROOT/$TARGET_DIR ;; esac
+BENCH=${BENCH:-$TARGET_DIR/release/stampede-bench}
 STACK="$ROOT/scripts/stack.sh"
 PIDS=$STACK_DIR/pids
 # The core's orders.deadline_s (config/stampede.toml): a reservation not an order by then

@@ -14,7 +14,7 @@ TOKEN=$(cat "$STACK_DIR/admin.token")
 
 cargo build --release --quiet -p stampede-bench
 echo "simulated sale: 5 000 buyers at the open (stampede-bench sale)"
-target/release/stampede-bench sale --buyers 5000 --units 300 --seats 10x20 --per-user-limit 2 \
+"${CARGO_TARGET_DIR:-target}"/release/stampede-bench sale --buyers 5000 --units 300 --seats 10x20 --per-user-limit 2 \
   --connections 128 --plot target/demo-sale.svg
 echo "admissions and rejects over time: target/demo-sale.svg"
 

@@ -91,7 +91,11 @@ CORE_WORKER_THREADS=${CORE_WORKER_THREADS:-1}
 case $CORE_WORKER_THREADS in
 '' | *[!0-9]*) echo "stack: CORE_WORKER_THREADS must be a number (0 = one per CPU), not '$CORE_WORKER_THREADS'" >&2; exit 2 ;;
 esac
-CORE_BIN=$ROOT/target/$([ "$CORE_PROFILE" = dev ] && echo debug || echo "$CORE_PROFILE")/stampede
+# Where cargo puts what it builds: CARGO_TARGET_DIR if set (relative to the checkout, as
+# cargo reads it from here), else the checkout's target/.
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+case $TARGET_DIR in /*) ;; *) TARGET_DIR=$ROOT/$TARGET_DIR ;; esac
+CORE_BIN=$TARGET_DIR/$([ "$CORE_PROFILE" = dev ] && echo debug || echo "$CORE_PROFILE")/stampede
 PAYSIM_BIN=$(dirname "$CORE_BIN")/stampede-paysim
 
 PIDS=$STACK_DIR/pids

@@ -51,7 +51,9 @@ if ! cargo test -p stampede-e2e --test e2e -- --test-threads 2 --skip cluster::;
 fi
 
 step "chaos, short: a sale each with Redis killed, Redis hung, the core killed three times, one of two cores killed, payments racing their timeout (scripts/chaos.sh --short)"
-BENCH=$ROOT/target/debug/stampede-bench scripts/chaos.sh --short
+BENCH=${CARGO_TARGET_DIR:-target}/debug/stampede-bench
+case $BENCH in /*) ;; *) BENCH=$ROOT/$BENCH ;; esac
+BENCH=$BENCH scripts/chaos.sh --short
 
 step "browser tests (Playwright, Debian's Chromium)"
 scripts/ui-deps.sh

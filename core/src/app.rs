@@ -95,17 +95,7 @@ impl App {
         let redis = infra::redis::connect(&s.redis, timeout)
             .await
             .map_err(BuildError::Dependency)?;
-        // Connections of its own, one per event: its WAIT holds the one it is sent on.
-        let replicas = if s.redis.wait_replicas > 0 {
-            Some(ReplicaBarrier::new(
-                s.redis.clone(),
-                Keys::new(&s.redis.key_prefix),
-                s.redis.wait_replicas,
-                Duration::from_millis(s.redis.wait_timeout_ms),
-            ))
-        } else {
-            None
-        };
+        let replicas = ReplicaBarrier::from_settings(&s.redis);
         let mysql = infra::mysql::connect(config.mysql_opts.clone(), timeout)
             .await
             .map_err(BuildError::Dependency)?;
@@ -156,7 +146,7 @@ impl App {
             s,
             call_timeout.clone(),
         );
-        let reconciler = Reconciler::new(preloader.clone(), s, &metrics);
+        let reconciler = Reconciler::new(preloader.clone(), s, &metrics, replicas.clone());
         let pipeline = s.orders.enabled.then(|| {
             Arc::new(Pipeline {
                 redis: redis.clone(),
@@ -283,6 +273,7 @@ impl App {
                 crate::buckets::Mover {
                     redis: state.redis.clone(),
                     keys: state.keys.clone(),
+                    replicas: None,
                 },
                 state.admission.events.clone(),
                 stopper.subscribe(),

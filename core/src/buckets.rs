@@ -33,7 +33,8 @@ pub const STALE_MOVE: Duration = Duration::from_secs(5);
 /// it can never take units again under a record the sweeper has finished.
 const LATEST_CALL: Duration = Duration::from_millis(2_500);
 
-/// How long one drain may hold its category's lock.
+/// How long one drain may hold its category's lock, before the replica barrier's waits
+/// ([`Mover::drain_lock_ttl`]).
 const DRAIN_LOCK_TTL: Duration = Duration::from_secs(2);
 
 /// How long a purchase whose bucket ran dry waits for units before SALE_BUSY.
@@ -250,6 +251,10 @@ impl RefillGates {
 pub struct Mover {
     pub redis: Redis,
     pub keys: Keys,
+    /// `redis.wait_replicas` > 0: units taken out of a place are credited where they go
+    /// only once the replicas of the place they left have the move. None where the
+    /// mover only reads, or only finishes moves recorded long before (the sweeper).
+    pub replicas: Option<Arc<crate::admission::replicated::ReplicaBarrier>>,
 }
 
 impl Mover {
@@ -292,10 +297,52 @@ impl Mover {
             .await
             .map(|(n, epoch): (i64, u64)| MovedOut(n, epoch))
             .with_context(|| format!("moving units of event {event} out"))?;
-        if n > 0 {
-            self.finish(from, to, category, n, &id, epoch).await?;
+        if n <= 0 {
+            return Ok(n);
         }
+        self.confirm_taken_out(from, &id).await?;
+        self.finish(from, to, category, n, &id, epoch).await?;
         Ok(n)
+    }
+
+    /// With `redis.wait_replicas`, that the replicas of the place a move left have its
+    /// first step before the units are credited where they go: crediting a move its
+    /// master then lost in a failover would count its units twice (back where they were,
+    /// and where they went). An error when the round did not find the move's record (its
+    /// units are back where they were) or failed (the record, if its master kept it, is
+    /// finished by the sweeper once stale, read from whichever master has it then):
+    /// never "nothing moved", which a drain would read as units nowhere and answer
+    /// SOLD_OUT. A round that timed out goes on on the master's word, as an admission's
+    /// does.
+    async fn confirm_taken_out(&self, from: Place, id: &str) -> anyhow::Result<()> {
+        use crate::admission::replicated::{Record, Replicated};
+        let Some(replicas) = &self.replicas else {
+            return Ok(());
+        };
+        let slot = match from {
+            Place::Pool(e) => Bucket::only(e),
+            Place::Bucket(b) => b,
+        };
+        let record = Record::move_out(from.moves(&self.keys), id);
+        let confirmed = replicas
+            .confirm(slot, record)
+            .await
+            .context("replica barrier on a move")?;
+        match confirmed {
+            Replicated::Yes => Ok(()),
+            Replicated::TimedOut { acks } => {
+                replicas.warn_timed_out(acks);
+                Ok(())
+            }
+            Replicated::Lost => anyhow::bail!(
+                "move {id} out of {} was lost before its replicas had it (a failover): nothing credited",
+                from.name()
+            ),
+            Replicated::Unknown => anyhow::bail!(
+                "move {id} out of {}: its barrier round failed; the sweeper finishes it if its master kept it",
+                from.name()
+            ),
+        }
     }
 
     /// The second step of a move, and the deletion of its record (kept when the
@@ -367,7 +414,8 @@ impl Mover {
             }
             let mut redis = self.redis.clone();
             let key = self.keys.drain_lock(event, category);
-            if let Some(lock) = Lock::try_acquire(&mut redis, key, DRAIN_LOCK_TTL).await? {
+            let ttl = self.drain_lock_ttl(bucket.count);
+            if let Some(lock) = Lock::try_acquire(&mut redis, key, ttl).await? {
                 let found = self.drain(event, bucket.count, category, quantity, 2).await;
                 lock.release(&mut redis).await?;
                 let found = found?;
@@ -398,6 +446,17 @@ impl Mover {
         }
     }
 
+    /// The drain lock's life: [`DRAIN_LOCK_TTL`], plus with `redis.wait_replicas` the
+    /// most a drain of `count` buckets waits for rounds (each move may wait for the round
+    /// already running on its slot and then its own, a full `redis.wait_timeout_ms` each
+    /// while a replica is down), so a slow drain is never joined by a second one.
+    fn drain_lock_ttl(&self, count: u16) -> Duration {
+        let waits = self.replicas.as_ref().map_or(Duration::ZERO, |r| {
+            r.timeout() * 2 * u32::from(count.max(1))
+        });
+        DRAIN_LOCK_TTL + waits
+    }
+
     /// For the reconciler: every bucket's units of `category` into the pool, under the
     /// category's drain lock; returns what the pool then holds, or None if buyers'
     /// drains kept the lock.
@@ -409,7 +468,8 @@ impl Mover {
     ) -> anyhow::Result<Option<i64>> {
         let mut redis = self.redis.clone();
         let key = self.keys.drain_lock(event, category);
-        let Some(lock) = Lock::acquire(&mut redis, key, DRAIN_LOCK_TTL, REFILL_WAIT).await? else {
+        let ttl = self.drain_lock_ttl(count);
+        let Some(lock) = Lock::acquire(&mut redis, key, ttl, REFILL_WAIT).await? else {
             return Ok(None);
         };
         let drained = self.drain(event, count, category, 0, 1).await;

@@ -325,6 +325,9 @@ impl Keys {
                 self.pool_credited(event),
                 self.seat_locks(event),
                 self.seat_lock_records(event),
+                // The replica barrier's counter of the event's own slot (seat locks,
+                // moves out of the pool).
+                self.replication_barrier(Bucket::only(event)),
             ]);
         }
         let mut groups = vec![own];

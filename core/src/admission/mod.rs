@@ -112,8 +112,9 @@ pub struct Admission {
     pub preloader: Preloader,
     /// `orders.max_stream_depth`: past it, admission pauses (SALE_BUSY).
     pub max_stream_depth: u64,
-    /// `redis.wait_replicas` > 0: a 202 waits for the replicas to have it.
-    pub replicas: Option<replicated::ReplicaBarrier>,
+    /// `redis.wait_replicas` > 0: a 202 waits for the replicas to have it (and a seat
+    /// lock or a move in another slot, for theirs to have that first).
+    pub replicas: Option<Arc<replicated::ReplicaBarrier>>,
     /// One refill at a time per bucket and category (events of several buckets).
     pub refills: crate::buckets::RefillGates,
 }
@@ -173,18 +174,20 @@ impl Admission {
             other => other?,
         };
         if let Some(replicas) = &self.replicas {
-            let confirmed = replicas
-                .confirm(
-                    purchase.bucket,
-                    UserId(user_id),
-                    idempotency_key,
-                    reserved.request_id,
-                )
-                .await;
+            let record = replicated::Record::admission(
+                &self.keys,
+                purchase.bucket,
+                UserId(user_id),
+                idempotency_key,
+                reserved.request_id,
+            );
+            let confirmed = replicas.confirm(purchase.bucket, record).await;
             match confirmed {
                 Ok(replicated::Replicated::Yes) => {}
                 Ok(replicated::Replicated::TimedOut { acks }) => replicas.warn_timed_out(acks),
-                Ok(replicated::Replicated::Lost) => return Err(AdmissionError::Unconfirmed),
+                Ok(replicated::Replicated::Lost | replicated::Replicated::Unknown) => {
+                    return Err(AdmissionError::Unconfirmed);
+                }
                 // Admitted, and not known to be kept: never a 202, never an error that
                 // reads as "not admitted".
                 Err(e) => {
@@ -269,6 +272,19 @@ impl Admission {
                 seat_lock::Lock::InFlight => return Ok(Err(Refusal::InFlight)),
             }
         };
+        if !self.seat_lock_kept(purchase, request_id).await {
+            let seats = locked.seats.join(",");
+            let freed =
+                seat_lock::free(&mut redis, &self.keys, event, category, request_id, &seats).await;
+            if let Err(e) = freed {
+                // No bucket recorded the request: the sweeper frees the lock when due.
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "a seat lock not kept was not freed"
+                );
+            }
+            return Ok(Err(Refusal::Busy));
+        }
         let outcome = reserve::reserve(
             &mut redis,
             &self.keys,
@@ -289,6 +305,56 @@ impl Admission {
             seat_lock::free(&mut redis, &self.keys, event, category, request_id, &seats).await?;
         }
         Ok(outcome)
+    }
+
+    /// With `redis.wait_replicas`, whether the replicas of the seats' slot have the
+    /// request's lock before the buyer's bucket admits on it: a lock its master lost in a
+    /// failover after the admission would leave the seats free for a second buyer while
+    /// the first holds a 202 for them. False when the round did not find the lock or
+    /// failed (nothing admitted yet: the buyer is told SALE_BUSY); a round that timed out
+    /// goes on on the master's word, as an admission's does.
+    async fn seat_lock_kept(
+        &self,
+        purchase: &Purchase,
+        request_id: crate::domain::OrderNo,
+    ) -> bool {
+        let Some(replicas) = &self.replicas else {
+            return true;
+        };
+        let event = purchase.bucket.event;
+        let record = replicated::Record::seat_lock(&self.keys, event, request_id);
+        match replicas.confirm(purchase.bucket.seat_home(), record).await {
+            Ok(replicated::Replicated::Yes) => true,
+            Ok(replicated::Replicated::TimedOut { acks }) => {
+                replicas.warn_timed_out(acks);
+                true
+            }
+            Ok(replicated::Replicated::Lost) => {
+                tracing::warn!(
+                    event_id = event.0,
+                    request_id = request_id.0,
+                    "a seat lock was lost before its replicas had it (a failover); nothing admitted"
+                );
+                false
+            }
+            Ok(replicated::Replicated::Unknown) => {
+                tracing::warn!(
+                    event_id = event.0,
+                    request_id = request_id.0,
+                    "a seat lock's barrier round failed; nothing admitted"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!(
+                    event_id = event.0,
+                    request_id = request_id.0,
+                    error = format!("{e:#}"),
+                    "replica barrier failed on a seat lock; nothing admitted"
+                );
+                false
+            }
+        }
     }
 
     /// Keeps the seats an admitted request locked; on trouble the sweeper does it (the
@@ -412,6 +478,7 @@ impl Admission {
             let mover = crate::buckets::Mover {
                 redis: self.redis.clone(),
                 keys: self.keys.clone(),
+                replicas: self.replicas.clone(),
             };
             let refill = mover
                 .refill(purchase.bucket, category, purchase.quantity)

@@ -1,16 +1,19 @@
 //! A 202 that survives its Redis master: with `redis.wait_replicas = N` (N > 0), an
 //! admission is answered only once N replicas have its writes (README "What a 202
 //! survives"; docs/scaling.md). Redis's `WAIT` gives that, but it holds the connection
-//! that sends it and covers only that connection's own writes; so each event's
-//! admissions are committed in groups, on a connection of the event's own: a round
-//! writes one counter in the event's slot (ordered after every admission that master
-//! has answered), reads the Idempotency-Key records of the admissions it covers, and
-//! waits for the replicas. One round at a time per event; whoever arrives during a
-//! round rides the next.
+//! that sends it and covers only that connection's own writes; so each slot's writes
+//! are committed in groups, on a connection of the slot's own: a round writes one
+//! counter in the slot (ordered after every write that master has answered), reads the
+//! records of the writes it covers, and waits for the replicas. One round at a time per
+//! slot; whoever arrives during a round rides the next.
 //!
-//! An admission whose record the round does not find was lost on the way (its master
-//! failed over, between the script and the round, to a replica that had not received
-//! it): its buyer is told the outcome is unknown, never 202.
+//! Three writes wait for a round before anything is built on them: an admission (in its
+//! bucket), a seat lock in the event's slot before the buyer's bucket admits on it, and
+//! the first step of a move between an event's places before the units are credited
+//! where they go. A write whose record the round does not find was lost on the way (its
+//! master failed over, between the script and the round, to a replica that had not
+//! received it): nothing is built on it — an admission's buyer is told the outcome is
+//! unknown, never 202; a lost seat lock admits nobody; a lost move credits nothing.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,55 +27,109 @@ use crate::domain::{OrderNo, UserId};
 use crate::infra::redis::Redis;
 use crate::keys::{self, Bucket, Keys};
 
-/// What the replicas confirmed for one admission.
+/// What the replicas confirmed for one write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Replicated {
     /// At least the wanted number of replicas have it.
     Yes,
     /// Fewer replicas answered within the timeout (a replica down or far behind): the
-    /// admission stands on its master alone.
+    /// write stands on its master alone.
     TimedOut { acks: u32 },
     /// The master the round reached does not have it.
     Lost,
+    /// Its round failed before it could look (it went with the round another write
+    /// ran): kept or lost, nobody knows.
+    Unknown,
 }
 
-/// The group commit of admissions to the replicas, per event.
+/// The record a round looks for: a field of a hash in the round's slot, and what it
+/// must say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    hash: String,
+    field: String,
+    /// Some: the field is an Idempotency-Key record naming this request; None: any value.
+    names: Option<OrderNo>,
+}
+
+impl Record {
+    /// Request `rid`'s admission under `user`'s `idempotency_key`, in `bucket`.
+    pub fn admission(
+        keys: &Keys,
+        bucket: Bucket,
+        user: UserId,
+        idempotency_key: &str,
+        rid: OrderNo,
+    ) -> Record {
+        Record {
+            hash: keys.idempotency(bucket),
+            field: keys::idempotency_field(user, idempotency_key),
+            names: Some(rid),
+        }
+    }
+
+    /// Request `rid`'s seat lock (`seat_lock.lua`), in the event's slot.
+    pub fn seat_lock(keys: &Keys, event: crate::domain::EventId, rid: OrderNo) -> Record {
+        Record {
+            hash: keys.seat_lock_records(event),
+            field: rid.to_string(),
+            names: None,
+        }
+    }
+
+    /// Move `id`'s record in the hash of moves (`move_out.lua`) of the place it left.
+    pub fn move_out(moves: String, id: &str) -> Record {
+        Record {
+            hash: moves,
+            field: id.to_owned(),
+            names: None,
+        }
+    }
+
+    fn found(&self, value: Option<String>) -> bool {
+        match self.names {
+            Some(rid) => value.is_some_and(|r| keys::idempotency_request(&r) == Some(rid)),
+            None => value.is_some(),
+        }
+    }
+}
+
+/// The group commit of writes to the replicas, per slot.
 pub struct ReplicaBarrier {
     settings: RedisSettings,
     keys: Keys,
     replicas: u32,
     timeout: Duration,
-    events: Mutex<HashMap<Bucket, Arc<EventRounds>>>,
+    slots: Mutex<HashMap<Bucket, Arc<SlotRounds>>>,
     /// When the last "fewer replicas" warning was logged (ms since the epoch).
     warned_ms: AtomicU64,
 }
 
-/// A bucket without an admission for this long loses its rounds and connection when
-/// another bucket's admissions start: a core that sold many sales keeps connections for
-/// the ones selling, not for every one since it started.
+/// A slot without a write for this long loses its rounds and connection when another
+/// slot's writes start: a core that sold many sales keeps connections for the ones
+/// selling, not for every one since it started.
 const IDLE_DROP_MS: u64 = 5 * 60 * 1000;
 
 #[derive(Default)]
-struct EventRounds {
-    /// The event's own connection (WAIT holds it), made at its first admission.
+struct SlotRounds {
+    /// The slot's own connection (WAIT holds it), made at its first write.
     redis: OnceCell<Redis>,
-    /// When an admission last came (ms on the monotonic clock of `confirm`).
+    /// When a write last came (ms on the monotonic clock of `confirm`).
     used_ms: AtomicU64,
-    /// Admissions waiting for a round. A ticket is taken and its entry pushed under this
+    /// Writes waiting for a round. A ticket is taken and its entry pushed under this
     /// lock, so a round that takes the list takes exactly the tickets up to the last
     /// one issued.
     waiting: Mutex<Waiting>,
     /// What the rounds found: the tickets covered so far, the last round's acks, and
-    /// whether each covered admission's record was there (taken by its admission).
+    /// whether each covered write's record was there (taken by its write).
     rounds: tokio::sync::Mutex<Rounds>,
 }
 
-/// The last ticket issued, and the admissions no round has taken yet.
+/// The last ticket issued, and the writes no round has taken yet.
 #[derive(Default)]
 struct Waiting {
     issued: u64,
-    /// (ticket, Idempotency-Key field, request id)
-    entries: Vec<(u64, String, OrderNo)>,
+    entries: Vec<(u64, Record)>,
 }
 
 #[derive(Default)]
@@ -83,6 +140,19 @@ struct Rounds {
 }
 
 impl ReplicaBarrier {
+    /// The barrier `redis.wait_replicas` asks for (None when it is 0). Its connections
+    /// are its own, one per slot: WAIT holds the one it is sent on.
+    pub fn from_settings(settings: &RedisSettings) -> Option<Arc<ReplicaBarrier>> {
+        (settings.wait_replicas > 0).then(|| {
+            Arc::new(ReplicaBarrier::new(
+                settings.clone(),
+                Keys::new(&settings.key_prefix),
+                settings.wait_replicas,
+                Duration::from_millis(settings.wait_timeout_ms),
+            ))
+        })
+    }
+
     pub fn new(
         settings: RedisSettings,
         keys: Keys,
@@ -94,91 +164,109 @@ impl ReplicaBarrier {
             keys,
             replicas,
             timeout,
-            events: Mutex::new(HashMap::new()),
+            slots: Mutex::new(HashMap::new()),
             warned_ms: AtomicU64::new(0),
         }
     }
 
-    /// Waits until a round that began after this admission (request `rid` of `user` with
-    /// `idempotency_key`, in `bucket`) has reached the replicas (rounds are per bucket: the
-    /// bucket is the slot, so the master, its admission reached).
-    pub async fn confirm(
-        &self,
-        bucket: Bucket,
-        user: UserId,
-        idempotency_key: &str,
-        rid: OrderNo,
-    ) -> anyhow::Result<Replicated> {
-        let event = {
+    /// Waits until a round that began after the write of `record` in `slot` (a bucket's
+    /// keys, or with [`Bucket::seat_home`] the event's own) has reached the replicas, and
+    /// says whether the master that round reached had the record.
+    pub async fn confirm(&self, slot: Bucket, record: Record) -> anyhow::Result<Replicated> {
+        let rounds_of = {
             // Milliseconds of a monotonic clock: a jump of the wall clock prunes nothing.
             static START: std::sync::LazyLock<std::time::Instant> =
                 std::sync::LazyLock::new(std::time::Instant::now);
             let now = START.elapsed().as_millis() as u64;
-            let mut events = self.events.lock().expect("barrier map");
-            if !events.contains_key(&bucket) {
-                events.retain(|_, e| {
+            let mut slots = self.slots.lock().expect("barrier map");
+            if !slots.contains_key(&slot) {
+                slots.retain(|_, e| {
                     now.saturating_sub(e.used_ms.load(Ordering::Relaxed)) < IDLE_DROP_MS
                 });
             }
-            let event = events.entry(bucket).or_default().clone();
-            event.used_ms.store(now, Ordering::Relaxed);
-            event
+            let rounds_of = slots.entry(slot).or_default().clone();
+            rounds_of.used_ms.store(now, Ordering::Relaxed);
+            rounds_of
         };
         let ticket = {
-            let mut waiting = event.waiting.lock().expect("barrier queue");
+            let mut waiting = rounds_of.waiting.lock().expect("barrier queue");
             waiting.issued += 1;
             let ticket = waiting.issued;
-            waiting
-                .entries
-                .push((ticket, keys::idempotency_field(user, idempotency_key), rid));
+            waiting.entries.push((ticket, record));
             ticket
         };
-        let mut rounds = event.rounds.lock().await;
+        let mut rounds = rounds_of.rounds.lock().await;
         if rounds.covered < ticket {
             let (covers, batch) = {
-                let mut waiting = event.waiting.lock().expect("barrier queue");
+                let mut waiting = rounds_of.waiting.lock().expect("barrier queue");
                 (waiting.issued, std::mem::take(&mut waiting.entries))
             };
             if batch.is_empty() {
                 // Every waiting entry went with a round that failed: nothing to look for.
                 rounds.covered = covers;
-                return Ok(Replicated::Lost);
+                return Ok(Replicated::Unknown);
             }
-            let redis = event
+            let redis = rounds_of
                 .redis
                 .get_or_try_init(|| {
                     crate::infra::redis::connect(&self.settings, Duration::from_secs(2))
                 })
                 .await?;
-            let fields: Vec<&str> = batch.iter().map(|(_, f, _)| f.as_str()).collect();
-            let (_, records, acks): (u64, Vec<Option<String>>, u32) = redis::pipe()
-                .incr(self.keys.replication_barrier(bucket), 1)
-                .cmd("HMGET")
-                .arg(self.keys.idempotency(bucket))
-                .arg(&fields)
-                .cmd("WAIT")
-                .arg(self.replicas)
-                .arg(self.timeout.as_millis() as u64)
-                .query_async(&mut redis.clone())
-                .await?;
-            for ((t, _, rid), record) in batch.iter().zip(records) {
-                let found = record.is_some_and(|r| keys::idempotency_request(&r) == Some(*rid));
-                rounds.found.insert(*t, found);
+            // One HMGET per hash the batch's records are in, in the order first met.
+            let mut hashes: Vec<&str> = Vec::new();
+            for (_, r) in &batch {
+                if !hashes.contains(&r.hash.as_str()) {
+                    hashes.push(&r.hash);
+                }
             }
+            let mut pipe = redis::pipe();
+            pipe.incr(self.keys.replication_barrier(slot), 1).ignore();
+            for hash in &hashes {
+                let fields = batch.iter().filter(|(_, r)| r.hash == *hash);
+                pipe.cmd("HMGET")
+                    .arg(*hash)
+                    .arg(fields.map(|(_, r)| r.field.as_str()).collect::<Vec<_>>());
+            }
+            pipe.cmd("WAIT")
+                .arg(self.replicas)
+                .arg(self.timeout.as_millis() as u64);
+            let replies: Vec<redis::Value> = pipe.query_async(&mut redis.clone()).await?;
+            anyhow::ensure!(
+                replies.len() == hashes.len() + 1,
+                "a barrier round answered {} replies for {} hashes",
+                replies.len(),
+                hashes.len()
+            );
+            // Every reply read before any is recorded: a reply of an unexpected shape
+            // leaves the batch unknown, not judged on the last round's acks.
+            let mut found = Vec::with_capacity(batch.len());
+            for (hash, reply) in hashes.iter().zip(&replies) {
+                let values: Vec<Option<String>> = redis::from_redis_value(reply)?;
+                let entries = batch.iter().filter(|(_, r)| r.hash == *hash);
+                for ((t, record), value) in entries.zip(values) {
+                    found.push((*t, record.found(value)));
+                }
+            }
+            let acks: u32 = redis::from_redis_value(&replies[hashes.len()])?;
+            rounds.found.extend(found);
             rounds.covered = covers;
             rounds.acks = acks;
         }
         // Absent: its round failed before it could look (the next one did not carry it).
-        Ok(if !rounds.found.remove(&ticket).unwrap_or(false) {
-            Replicated::Lost
-        } else if rounds.acks < self.replicas {
-            Replicated::TimedOut { acks: rounds.acks }
-        } else {
-            Replicated::Yes
+        Ok(match rounds.found.remove(&ticket) {
+            None => Replicated::Unknown,
+            Some(false) => Replicated::Lost,
+            Some(true) if rounds.acks < self.replicas => Replicated::TimedOut { acks: rounds.acks },
+            Some(true) => Replicated::Yes,
         })
     }
 
-    /// Logs, at most every 10 s, that admissions stand on their master alone.
+    /// The longest a round waits for the replicas (`redis.wait_timeout_ms`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Logs, at most every 10 s, that writes stand on their master alone.
     pub fn warn_timed_out(&self, acks: u32) {
         let now = chrono::Utc::now().timestamp_millis() as u64;
         let last = self.warned_ms.load(Ordering::Relaxed);
@@ -192,9 +280,40 @@ impl ReplicaBarrier {
                 acks,
                 wanted = self.replicas,
                 timeout_ms = self.timeout.as_millis() as u64,
-                "fewer replicas than redis.wait_replicas confirmed admissions in time; \
-                 answering 202 on the master's word (a replica is down or far behind)"
+                "fewer replicas than redis.wait_replicas confirmed writes in time; \
+                 going on (a 202 too) on the master's word (a replica is down or far behind)"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::EventId;
+
+    #[test]
+    fn an_admission_is_found_only_under_its_own_request_and_other_records_by_presence() {
+        let keys = Keys::new("t:");
+        let bucket = Bucket::only(EventId(7));
+        let admission = Record::admission(&keys, bucket, UserId(42), "k", OrderNo(9));
+        assert_eq!(admission.hash, keys.idempotency(bucket));
+        assert_eq!(admission.field, "42:k");
+        assert!(admission.found(Some("9|202".into())));
+        // The key answered another request first (a twin): not this admission's.
+        assert!(!admission.found(Some("8|202".into())));
+        assert!(!admission.found(None));
+
+        let lock = Record::seat_lock(&keys, EventId(7), OrderNo(9));
+        assert_eq!(
+            (lock.hash.as_str(), lock.field.as_str()),
+            (keys.seat_lock_records(EventId(7)).as_str(), "9")
+        );
+        assert!(lock.found(Some("3|42|0|1:1|k".into())));
+        assert!(!lock.found(None));
+
+        let moved = Record::move_out(keys.pool_moves(EventId(7)), "00ff");
+        assert!(moved.found(Some("0|3|5|0|1".into())));
+        assert!(!moved.found(None));
     }
 }

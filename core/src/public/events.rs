@@ -43,6 +43,7 @@ pub async fn one(state: &AppState, id: u64) -> Result<Response, ApiError> {
     let mover = crate::buckets::Mover {
         redis: state.redis.clone(),
         keys: state.keys.clone(),
+        replicas: None,
     };
     let available = mover.available(EventId(event.id), event.buckets).await?;
     let categories: Vec<_> = event

@@ -97,6 +97,7 @@ impl Reconciler {
                     let mover = Mover {
                         redis: redis.clone(),
                         keys: self.keys.clone(),
+                        replicas: self.replicas.clone(),
                     };
                     let category = CategoryId(c.category_id);
                     let Some(pool) = mover

@@ -82,6 +82,9 @@ pub struct Reconciler {
     pub remain_gauge: prometheus::IntGaugeVec,
     /// `stampede_redis_rewinds_total`.
     pub rewinds: prometheus::IntCounter,
+    /// `redis.wait_replicas` > 0: the heal's drains wait for each move's replicas, as
+    /// the buyers' refills do (crate::buckets::Mover).
+    pub replicas: Option<std::sync::Arc<crate::admission::replicated::ReplicaBarrier>>,
     /// `stampede_oversold_units{event,category}`.
     pub oversold_gauge: prometheus::IntGaugeVec,
     /// (event, category) pairs oversold already alarmed: one alarm each, not one a pass.
@@ -103,8 +106,14 @@ fn queued(
 
 impl Reconciler {
     /// Shares the preloader's connections; exports into `metrics`.
-    pub fn new(preloader: Preloader, settings: &Settings, metrics: &Metrics) -> Reconciler {
+    pub fn new(
+        preloader: Preloader,
+        settings: &Settings,
+        metrics: &Metrics,
+        replicas: Option<std::sync::Arc<crate::admission::replicated::ReplicaBarrier>>,
+    ) -> Reconciler {
         Reconciler {
+            replicas,
             redis: preloader.redis.clone(),
             mysql: preloader.mysql.clone(),
             keys: preloader.keys.clone(),
@@ -134,7 +143,8 @@ impl Reconciler {
             &metrics,
         );
         let preloader = Preloader::new(redis, mysql, keys, s, call_timeout);
-        Ok(Reconciler::new(preloader, s, &metrics))
+        let replicas = crate::admission::replicated::ReplicaBarrier::from_settings(&s.redis);
+        Ok(Reconciler::new(preloader, s, &metrics, replicas))
     }
 
     /// Measures the event's books without changing anything.
@@ -286,6 +296,7 @@ impl Reconciler {
         let mover = Mover {
             redis: self.redis.clone(),
             keys: self.keys.clone(),
+            replicas: None,
         };
         let mut units = mover.moving(EventId(event.id), event.buckets).await?;
         units.extend(

@@ -187,6 +187,7 @@ impl Gate {
         let mover = Mover {
             redis: self.store.redis.clone(),
             keys: self.store.keys.clone(),
+            replicas: None,
         };
         // Passes used from here on are told apart from the units read (room_release.lua).
         let done_seq = self.store.done_seq(event_id).await?;

@@ -32,6 +32,7 @@ fn mover(app: &TestApp) -> Mover {
     Mover {
         redis: app.redis.clone(),
         keys: app.keys(),
+        replicas: None,
     }
 }
 
@@ -516,7 +517,7 @@ async fn buckets_are_refused_out_of_range() {
 
 /// An event of three buckets with a seated category: seats (and their units) in the
 /// event's own slot, the buyers' limits and statuses in their buckets.
-fn seated_bucketed_sale(rows: u32, cols: u32) -> Value {
+pub(crate) fn seated_bucketed_sale(rows: u32, cols: u32) -> Value {
     let mut body = bucketed_sale(10, 2, BUCKETS);
     body["categories"].as_array_mut().unwrap().push(
         json!({"name": "Seated", "price_cents": 9000, "seats": {"rows": rows, "cols": cols}}),

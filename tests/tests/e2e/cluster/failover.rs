@@ -85,6 +85,7 @@ async fn for_sale(app: &TestApp, event: u64, buckets: u16, category: u64) -> i64
     let mover = Mover {
         redis: app.redis.clone(),
         keys: app.keys(),
+        replicas: None,
     };
     let (held, moving) = (
         mover.available(EventId(event), buckets).await.unwrap(),

@@ -1,0 +1,262 @@
+//! Writes in one slot that another slot builds on wait for their replicas
+//! (`redis.wait_replicas`, core/src/admission/replicated.rs): a seat lock in the
+//! event's slot before the buyer's bucket admits on it, and the first step of a move
+//! before its units are credited where they go. Each test stops the replica of the
+//! event's master and stalls its replication stream, makes the write, kills the master
+//! (SIGKILL) and lets the replica take over without it: nothing may have been built on
+//! the lost write.
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde_json::json;
+use stampede_core::admission::replicated::ReplicaBarrier;
+use stampede_core::buckets::{Mover, Place};
+use stampede_core::domain::{CategoryId, EventId, UserId};
+use stampede_core::keys::{self, Bucket};
+use stampede_e2e::{Stack, TestApp, eventually, heavy, spawn_app_with};
+
+use super::{cluster_port, in_sync_replica_of, master_of, redis_cli, signal_node, stack_sh};
+use crate::buckets::{bucketed_sale, seated_bucketed_sale};
+
+const BUCKETS: u16 = 3;
+
+/// A core whose writes wait up to 1 s (the most it allows) for one replica: longer than
+/// the test takes to kill the master while a round waits. Made once every node agrees on
+/// who serves which slot (an earlier test's failover may still be spreading): a client
+/// that learned an old map asks nodes for a new one, and a stopped node never answers.
+async fn waiting_app(first: u16) -> TestApp {
+    let agreed = eventually(Duration::from_secs(30), || async {
+        let check = std::process::Command::new("redis-cli")
+            .args(["--cluster", "check", &format!("127.0.0.1:{first}")])
+            .output()
+            .expect("redis-cli --cluster check");
+        let said = String::from_utf8_lossy(&check.stdout).into_owned();
+        said.contains("All nodes agree about slots configuration")
+            && said.contains("All 16384 slots covered")
+            && !said.contains("[ERR]")
+    })
+    .await;
+    assert!(agreed, "the cluster's nodes do not agree on its slots");
+    spawn_app_with(|s| {
+        s.redis.wait_replicas = 1;
+        s.redis.wait_timeout_ms = 1_000;
+    })
+    .await
+}
+
+/// Stops the replica at `replica` and stalls its master's stream to it: a 64 MiB value
+/// (in `slot_key`'s slot, so on that master) fills the kernel's socket buffers between
+/// them, so whatever the master writes next stays in the master's own memory — a
+/// stopped replica alone would still find it in its socket when it resumes.
+fn stall_replication(stack: &Stack, master: u16, replica: u16, slot_key: &str) {
+    signal_node(stack, replica, "-STOP");
+    let node = redis::Client::open(format!("redis://127.0.0.1:{master}/")).unwrap();
+    let mut node = node.get_connection().unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("{slot_key}:filler"))
+        .arg(vec![b'x'; 64 << 20])
+        .query(&mut node)
+        .unwrap();
+}
+
+/// Kills the master at `master` and lets its stalled replica take over (it never
+/// received what the master wrote after the stall).
+async fn fail_over_to_stopped(stack: &Stack, master: u16, replica: u16) {
+    signal_node(stack, master, "-9");
+    signal_node(stack, replica, "-CONT");
+    let promoted = eventually(Duration::from_secs(30), || async {
+        redis_cli(replica, &["role"]).starts_with("master")
+    })
+    .await;
+    assert!(
+        promoted,
+        "the replica {replica} did not take over from {master}"
+    );
+}
+
+/// Polls `check` every 20 ms for up to 10 s: the master must die within the round's
+/// `wait_timeout_ms` (1 s) of the write the round waits for.
+async fn soon(mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// Brings the killed node back (as a replica of the one that took over) when the test
+/// ends, passed or not: the tests after it need all six nodes (they wait for the
+/// replica they use to be in sync).
+struct Restore;
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        stack_sh(&["up", "rediscluster"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seat_lock_its_master_lost_before_the_replica_had_it_admits_nobody() {
+    let _heavy = heavy().await;
+    let stack = Stack::from_env();
+    let first = cluster_port(&stack);
+    let app = waiting_app(first).await;
+    let (event, categories) = app.create_event(seated_bucketed_sale(2, 2)).await;
+    let seated = categories[1];
+    app.publish(event).await;
+    let home = master_of(first, &app.keys().pool(event));
+    let replica = in_sync_replica_of(first, home).await;
+    // Two buyers whose buckets are on other masters than the seats: the seat lock is
+    // the only write the killed master holds for them.
+    let elsewhere: Vec<u16> = Bucket::all(event, BUCKETS)
+        .filter(|b| master_of(first, &app.keys().stock(*b)) != home)
+        .map(|b| b.index)
+        .collect();
+    let buyers = app.buyers(40).await;
+    let mut theirs = buyers
+        .iter()
+        .filter(|b| elsewhere.contains(&Bucket::of_buyer(event, BUCKETS, UserId(b.user_id)).index));
+    let (lost, later) = (theirs.next().unwrap(), theirs.next().unwrap());
+    // A first purchase loads the scripts on the seats' master: a call that finds its
+    // script missing loads it with SCRIPT LOAD, which the redis crate sends to every
+    // node, replicas included — to the stopped one too, where it hangs.
+    let warm = buyers
+        .iter()
+        .find(|b| b.user_id != lost.user_id && b.user_id != later.user_id);
+    let (status, answer) = app
+        .buy(
+            event,
+            warm.unwrap(),
+            "warm",
+            json!({"category_id": seated, "seat_ids": ["2:2"]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let seat = json!({"category_id": seated, "seat_ids": ["1:1"]});
+    let seats = app.keys().seats(Bucket::only(event), seated);
+
+    let _restore = Restore;
+    stall_replication(&stack, home, replica, &app.keys().pool(event));
+    let kill = async {
+        let locked = soon(|| {
+            let state = redis_cli(home, &["hget", &seats, "1:1"]);
+            state.starts_with("P:") || state.starts_with("L:")
+        })
+        .await;
+        fail_over_to_stopped(&stack, home, replica).await;
+        locked
+    };
+    let ((status, answer), locked) = tokio::join!(app.buy(event, lost, "lost", seat.clone()), kill);
+    assert!(locked, "the seat was never locked on its master");
+    assert_eq!(
+        status, 503,
+        "a purchase whose seat lock its master lost was answered {status}: {answer}"
+    );
+    // Nothing admitted for them: their bucket never recorded the key.
+    let recorded: bool = app
+        .redis
+        .clone()
+        .hexists(
+            app.keys()
+                .idempotency(Bucket::of_buyer(event, BUCKETS, UserId(lost.user_id))),
+            keys::idempotency_field(UserId(lost.user_id), "lost"),
+        )
+        .await
+        .unwrap();
+    assert!(!recorded, "the buyer's bucket admitted on a lost seat lock");
+    // The promoted replica has the seat free: the next buyer gets it, the only 202.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let second = app
+        .buy_while_busy(event, later, "later", seat, deadline)
+        .await;
+    assert!(
+        matches!(&second, Some((202, _))),
+        "the seat after the failover: {second:?}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_its_master_lost_before_the_replica_had_it_is_credited_nowhere() {
+    let _heavy = heavy().await;
+    let stack = Stack::from_env();
+    let first = cluster_port(&stack);
+    let app = waiting_app(first).await;
+    const UNITS: i64 = 300;
+    let (event, categories) = app
+        .create_event(bucketed_sale(UNITS as u32, 1, BUCKETS))
+        .await;
+    let ga = CategoryId(categories[0]);
+    app.publish(event).await;
+    let home = master_of(first, &app.keys().pool(event));
+    let replica = in_sync_replica_of(first, home).await;
+    let to = Bucket::all(event, BUCKETS)
+        .find(|b| master_of(first, &app.keys().stock(*b)) != home)
+        .expect("a bucket on another master than the pool");
+    let mover = Mover {
+        redis: app.redis.clone(),
+        keys: app.keys(),
+        replicas: ReplicaBarrier::from_settings(&app.settings.redis),
+    };
+    let for_sale = || async {
+        let available = mover.available(EventId(event), BUCKETS).await.unwrap();
+        available.get(&ga.0).copied().unwrap_or(0)
+    };
+    // A first move of one unit loads the scripts on the pool's master (a missing script
+    // is loaded on every node, the stopped replica too: see the seat test).
+    let pool_place = Place::Pool(EventId(event));
+    let one = mover
+        .transfer(pool_place, Place::Bucket(to), ga, 1, 10_000)
+        .await;
+    assert_eq!(one.unwrap(), 1);
+    assert_eq!(for_sale().await, UNITS);
+    let pool_before: i64 = app
+        .redis
+        .clone()
+        .hget(app.keys().pool(event), ga.0)
+        .await
+        .unwrap();
+    assert!(pool_before > 0, "the pool holds none of the units to move");
+
+    let _restore = Restore;
+    stall_replication(&stack, home, replica, &app.keys().pool(event));
+    let pool = app.keys().pool(event);
+    let kill = async {
+        let taken = soon(|| {
+            // Empty: the field is gone (none left).
+            let left = redis_cli(home, &["hget", &pool, &ga.0.to_string()]);
+            left.is_empty() || left.parse::<i64>().is_ok_and(|left| left < pool_before)
+        })
+        .await;
+        fail_over_to_stopped(&stack, home, replica).await;
+        taken
+    };
+    let (moved, taken) = tokio::join!(
+        mover.transfer(pool_place, Place::Bucket(to), ga, 1, 1),
+        kill
+    );
+    assert!(
+        taken,
+        "the move never took the units out of the pool on its master"
+    );
+    // The pool came back with every unit (the replica never saw them taken): crediting
+    // the bucket as well would count them twice.
+    let counted = eventually(Duration::from_secs(30), || async {
+        mover.available(EventId(event), BUCKETS).await.is_ok()
+    })
+    .await;
+    assert!(
+        counted,
+        "the event's places did not answer after the failover"
+    );
+    assert_eq!(
+        for_sale().await,
+        UNITS,
+        "units for sale after a move its master lost (the move answered {moved:?})"
+    );
+    app.stop().await;
+}
