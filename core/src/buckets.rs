@@ -19,11 +19,11 @@ use crate::lock::Lock;
 use crate::script_codes::ScriptCode;
 
 static MOVE_OUT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/move_out.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../lua/redis/move_out.lua")));
 static MOVE_IN: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/move_in.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../lua/redis/move_in.lua")));
 static SET_SOLD_OUT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/set_sold_out.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../lua/redis/set_sold_out.lua")));
 
 /// A move record older than this is the trace of a core that stopped between the two
 /// steps: the sweeper finishes it.

@@ -16,9 +16,9 @@ use crate::script_codes::ScriptCode;
 const POLL: Duration = Duration::from_millis(50);
 
 static RELEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/release_lock.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../lua/redis/release_lock.lua")));
 static RENEW: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/redis/renew_lock.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../lua/redis/renew_lock.lua")));
 
 /// The return codes of `release_lock.lua` and `renew_lock.lua`: 1 done, 0 not the owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

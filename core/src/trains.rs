@@ -84,7 +84,7 @@ pub fn free_seat(stations: usize) -> String {
 }
 
 static AVAILABLE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("train_available.lua")));
+    LazyLock::new(|| crate::infra::redis::script(crate::with_lua_lib!("train_available.lua")));
 
 /// `train_available.lua`'s answer for one class: seats free on the whole journey, and
 /// the class's version (changes to its seats so far) the count was taken at.

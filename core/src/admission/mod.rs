@@ -329,19 +329,14 @@ impl Admission {
                 replicas.warn_timed_out(acks);
                 true
             }
-            Ok(replicated::Replicated::Lost) => {
+            Ok(round @ (replicated::Replicated::Lost | replicated::Replicated::Unknown)) => {
+                // Lost: its master failed over before the replicas had it; Unknown: the
+                // round that covered it failed.
                 tracing::warn!(
                     event_id = event.0,
                     request_id = request_id.0,
-                    "a seat lock was lost before its replicas had it (a failover); nothing admitted"
-                );
-                false
-            }
-            Ok(replicated::Replicated::Unknown) => {
-                tracing::warn!(
-                    event_id = event.0,
-                    request_id = request_id.0,
-                    "a seat lock's barrier round failed; nothing admitted"
+                    ?round,
+                    "a seat lock not confirmed by its replicas; nothing admitted"
                 );
                 false
             }

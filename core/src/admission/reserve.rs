@@ -12,7 +12,8 @@ use crate::script_codes::ScriptCode;
 /// reserve.lua as Redis runs it (lua/redis/lib/ in front).
 pub const RESERVE_LUA: &str = crate::with_lua_lib!("reserve.lua");
 
-static RESERVE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RESERVE_LUA));
+static RESERVE: LazyLock<redis::Script> =
+    LazyLock::new(|| crate::infra::redis::script(RESERVE_LUA));
 
 /// The return codes of `reserve.lua`, one to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,13 +15,15 @@ use crate::script_codes::ScriptCode;
 use super::{Purchase, Refusal, Seats};
 
 static LOCK: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("seat_lock.lua")));
-static CONFIRM: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/seat_confirm.lua")));
+    LazyLock::new(|| crate::infra::redis::script(crate::with_lua_lib!("seat_lock.lua")));
+static CONFIRM: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/seat_confirm.lua"))
+});
 static FREE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/seat_free.lua")));
-static EXPIRED: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/seat_expired.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../../lua/redis/seat_free.lua")));
+static EXPIRED: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/seat_expired.lua"))
+});
 
 /// How long a pending lock waits for its purchase before the sweeper settles it.
 /// reserve.lua refuses a lock older than 10 s, so the purchase is decided long before.

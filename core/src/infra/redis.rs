@@ -109,7 +109,14 @@ impl ConnectionLike for Redis {
                 s.seen(result)
             }),
             Redis::Cluster(c) => Box::pin(async move {
-                match c.req_packed_command(cmd).await {
+                let answer = match c.req_packed_command(cmd).await {
+                    answer if no_script(&answer) => match eval_instead(cmd) {
+                        Some(eval) => c.req_packed_command(&eval).await,
+                        None => answer,
+                    },
+                    answer => answer,
+                };
+                match answer {
                     Ok(v) if loading(&v) => Err(may_have_run(&v)),
                     other => other.map_err(after_retries),
                 }
@@ -152,6 +159,61 @@ impl ConnectionLike for Redis {
             Redis::Cluster(c) => c.get_db(),
         }
     }
+}
+
+/// The scripts made by [`script`], by their SHA1.
+static SCRIPTS: std::sync::LazyLock<RwLock<std::collections::HashMap<String, &'static str>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// A script of Stampede's, known by its SHA1 to the connection: on a Redis Cluster, an
+/// `EVALSHA` of it that a node answers NOSCRIPT (a master restarted, or a replica
+/// promoted, since the script was loaded) is sent again as `EVAL` with its body, routed
+/// by its first key like the `EVALSHA` — never as the redis crate's `SCRIPT LOAD`, which
+/// the crate sends to every node of the cluster, replicas included, so that one hung node
+/// anywhere (stopped, swapping) made every such call time out.
+pub fn script(body: &'static str) -> redis::Script {
+    let script = redis::Script::new(body);
+    SCRIPTS
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .insert(script.get_hash().to_owned(), body);
+    script
+}
+
+/// An answer that says the script asked for is not loaded.
+fn no_script(answer: &redis::RedisResult<Value>) -> bool {
+    match answer {
+        Ok(Value::ServerError(e)) => e.code() == "NOSCRIPT",
+        Err(e) => e.kind() == redis::ErrorKind::NoScriptError,
+        Ok(_) => false,
+    }
+}
+
+/// `cmd`, an `EVALSHA` of a script made by [`script`], as the same `EVAL` with its body
+/// (None for any other command).
+fn eval_instead(cmd: &Cmd) -> Option<Cmd> {
+    let mut args = cmd.args_iter();
+    let (Some(redis::Arg::Simple(name)), Some(redis::Arg::Simple(sha))) =
+        (args.next(), args.next())
+    else {
+        return None;
+    };
+    if !name.eq_ignore_ascii_case(b"EVALSHA") {
+        return None;
+    }
+    let body = *SCRIPTS
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(std::str::from_utf8(sha).ok()?)?;
+    let mut eval = Cmd::new();
+    eval.arg("EVAL").arg(body);
+    for arg in args {
+        match arg {
+            redis::Arg::Simple(bytes) => eval.arg(bytes),
+            redis::Arg::Cursor => return None,
+        };
+    }
+    Some(eval)
 }
 
 /// A LOADING answer: Redis, restarted, is still loading its data and refused the command
@@ -288,6 +350,45 @@ async fn connect_cluster(nodes: &[String], timeout: Duration) -> anyhow::Result<
 mod tests {
     use super::*;
     use crate::infra::Down;
+
+    #[test]
+    fn an_evalsha_of_a_known_script_is_sent_again_as_eval_with_its_keys_and_arguments() {
+        let known = script("return {KEYS[1], ARGV[1]} -- eval_instead test");
+        let mut evalsha = Cmd::new();
+        evalsha
+            .arg("EVALSHA")
+            .arg(known.get_hash())
+            .arg(1)
+            .arg("{ev:1}:k")
+            .arg("a b");
+        let eval = eval_instead(&evalsha).expect("a known script");
+        let args: Vec<Vec<u8>> = eval
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                redis::Arg::Cursor => panic!("no cursor"),
+            })
+            .collect();
+        let want: Vec<&[u8]> = vec![
+            b"EVAL",
+            b"return {KEYS[1], ARGV[1]} -- eval_instead test",
+            b"1",
+            b"{ev:1}:k",
+            b"a b",
+        ];
+        assert_eq!(args, want);
+
+        // A script nobody made here, and any other command: left alone.
+        let mut unknown = Cmd::new();
+        unknown.arg("EVALSHA").arg("0".repeat(40)).arg(0);
+        assert!(eval_instead(&unknown).is_none());
+        assert!(eval_instead(redis::cmd("GET").arg("k")).is_none());
+
+        let noscript = redis::parse_redis_value(b"-NOSCRIPT No matching script.\r\n").unwrap();
+        assert!(no_script(&Ok(noscript)));
+        assert!(!no_script(&Ok(loading_answer())));
+        assert!(!no_script(&Ok(Value::Okay)));
+    }
 
     fn loading_answer() -> Value {
         redis::parse_redis_value(b"-LOADING Redis is loading the dataset in memory\r\n").unwrap()

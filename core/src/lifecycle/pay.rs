@@ -24,7 +24,7 @@ use crate::keys::Keys;
 use crate::order_tables::{self, OrderStatus, shard_of_order};
 
 static SOLD: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/sold.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../../lua/redis/sold.lua")));
 
 /// `sold.lua`'s answer: seats moved to sold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use crate::keys::{Bucket, Keys};
 use crate::script_codes::ScriptCode;
 
 static RESTOCK: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("restock.lua")));
+    LazyLock::new(|| crate::infra::redis::script(crate::with_lua_lib!("restock.lua")));
 
 /// `restock.lua`'s answers, one to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

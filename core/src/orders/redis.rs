@@ -16,20 +16,23 @@ use crate::script_codes::ScriptCode;
 pub const GROUP: &str = "order-workers";
 
 static SETTLE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/settle.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../../lua/redis/settle.lua")));
 static RELEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("release.lua")));
+    LazyLock::new(|| crate::infra::redis::script(crate::with_lua_lib!("release.lua")));
 static REFUSE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/refuse.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../../lua/redis/refuse.lua")));
 
-static KEEP_CLAIMED: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/keep_claimed.lua")));
+static KEEP_CLAIMED: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/keep_claimed.lua"))
+});
 
-static CLAIM_STALE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/claim_stale.lua")));
+static CLAIM_STALE: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/claim_stale.lua"))
+});
 
-static DROP_STALE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/drop_stale.lua")));
+static DROP_STALE: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/drop_stale.lua"))
+});
 
 /// `drop_stale.lua`'s answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -52,7 +52,7 @@ pub struct PreloadReport {
 }
 
 static SALE_STATUS: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(include_str!("../../../lua/redis/sale_status.lua"))
+    crate::infra::redis::script(include_str!("../../../lua/redis/sale_status.lua"))
 });
 
 /// `sale_status.lua`'s answers, one to one.

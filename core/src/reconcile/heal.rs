@@ -18,14 +18,15 @@ use crate::lifecycle::restock::{GiveBack, Restocked, restock};
 use crate::order_tables::{self, OrderStatus};
 
 static REPAIR: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(crate::with_lua_lib!("seat_repair.lua")));
+    LazyLock::new(|| crate::infra::redis::script(crate::with_lua_lib!("seat_repair.lua")));
 
 /// `seat_repair.lua`'s answer: the seats it changed and the class's stock after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repaired(pub u64, pub i64);
 
-static ADJUST: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/adjust_stock.lua")));
+static ADJUST: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/adjust_stock.lua"))
+});
 
 /// `adjust_stock.lua`'s answer: the category's stock after the change, or -1 when it was
 /// no longer the stock measured (nothing changed).

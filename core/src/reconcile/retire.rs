@@ -26,10 +26,12 @@ use crate::keys::Bucket;
 use crate::lock::Lock;
 use crate::script_codes::ScriptCode;
 
-static RETIRE_BUCKET: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/retire_bucket.lua")));
-static UNLIST_SALE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/unlist_sale.lua")));
+static RETIRE_BUCKET: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/retire_bucket.lua"))
+});
+static UNLIST_SALE: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/unlist_sale.lua"))
+});
 
 /// `retire_bucket.lua`'s answers, one to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

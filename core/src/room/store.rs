@@ -15,13 +15,14 @@ use crate::keys::Keys;
 use crate::script_codes::ScriptCode;
 
 static JOIN: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/room_join.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../../lua/redis/room_join.lua")));
 static DRAW: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/room_draw.lua")));
-static RELEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/room_release.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../../lua/redis/room_draw.lua")));
+static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/room_release.lua"))
+});
 static PASS: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/redis/room_pass.lua")));
+    LazyLock::new(|| crate::infra::redis::script(include_str!("../../../lua/redis/room_pass.lua")));
 
 /// What `room_join.lua` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

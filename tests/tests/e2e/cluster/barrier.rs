@@ -121,21 +121,6 @@ async fn a_seat_lock_its_master_lost_before_the_replica_had_it_admits_nobody() {
         .iter()
         .filter(|b| elsewhere.contains(&Bucket::of_buyer(event, BUCKETS, UserId(b.user_id)).index));
     let (lost, later) = (theirs.next().unwrap(), theirs.next().unwrap());
-    // A first purchase loads the scripts on the seats' master: a call that finds its
-    // script missing loads it with SCRIPT LOAD, which the redis crate sends to every
-    // node, replicas included — to the stopped one too, where it hangs.
-    let warm = buyers
-        .iter()
-        .find(|b| b.user_id != lost.user_id && b.user_id != later.user_id);
-    let (status, answer) = app
-        .buy(
-            event,
-            warm.unwrap(),
-            "warm",
-            json!({"category_id": seated, "seat_ids": ["2:2"]}),
-        )
-        .await;
-    assert_eq!(status, 202, "{answer}");
     let seat = json!({"category_id": seated, "seat_ids": ["1:1"]});
     let seats = app.keys().seats(Bucket::only(event), seated);
 
@@ -206,13 +191,7 @@ async fn a_move_its_master_lost_before_the_replica_had_it_is_credited_nowhere() 
         let available = mover.available(EventId(event), BUCKETS).await.unwrap();
         available.get(&ga.0).copied().unwrap_or(0)
     };
-    // A first move of one unit loads the scripts on the pool's master (a missing script
-    // is loaded on every node, the stopped replica too: see the seat test).
     let pool_place = Place::Pool(EventId(event));
-    let one = mover
-        .transfer(pool_place, Place::Bucket(to), ga, 1, 10_000)
-        .await;
-    assert_eq!(one.unwrap(), 1);
     assert_eq!(for_sale().await, UNITS);
     let pool_before: i64 = app
         .redis

@@ -225,11 +225,7 @@ async fn a_202_waits_until_the_masters_replica_has_the_admission() {
         s.redis.wait_timeout_ms = 1_000;
     })
     .await;
-    let (event, categories) = app.create_event(small_sale(10, 1, 1, 1)).await;
-    app.publish(event).await;
-    let buyers = app.buyers(2).await;
-    let ga = json!({"category_id": categories[0], "quantity": 1});
-    assert_eq!(app.buy(event, &buyers[0], "a", ga.clone()).await.0, 202);
+    let (event, ga, buyers) = super::sale_under_way(&app).await;
 
     // The event's replica stops for 600 ms: the next 202 waits for it.
     let master = master_of(first, &app.keys().stock(Bucket::only(event)));

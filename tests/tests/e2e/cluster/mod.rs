@@ -10,6 +10,7 @@ mod barrier;
 mod buckets;
 mod cores;
 mod failover;
+mod scripts;
 
 use stampede_e2e::{Stack, root};
 
@@ -86,4 +87,19 @@ pub(crate) fn signal_node(stack: &Stack, port: u16, signal: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill {signal} {} (node {port})", pid.trim());
+}
+
+/// A published sale of one bucket (10 GA units, one each) with one 202 made: (event, the
+/// GA purchase body, two buyers — the first has bought).
+pub(crate) async fn sale_under_way(
+    app: &stampede_e2e::TestApp,
+) -> (u64, serde_json::Value, Vec<stampede_e2e::Buyer>) {
+    let (event, categories) = app
+        .create_event(stampede_e2e::small_sale(10, 1, 1, 1))
+        .await;
+    app.publish(event).await;
+    let buyers = app.buyers(2).await;
+    let ga = serde_json::json!({"category_id": categories[0], "quantity": 1});
+    assert_eq!(app.buy(event, &buyers[0], "a", ga.clone()).await.0, 202);
+    (event, ga, buyers)
 }
