@@ -259,7 +259,37 @@ fn text(field: &str, value: &str, max: usize) -> Result<String, String> {
     if v.chars().count() > max {
         return Err(format!("{field} is longer than {max} characters"));
     }
+    if let Some(c) = v.chars().find(|c| unseen(*c)) {
+        return Err(format!(
+            "{field} contains U+{:04X}, a control or invisible character",
+            u32::from(c)
+        ));
+    }
     Ok(v.to_owned())
+}
+
+/// A character a buyer or an operator would not see as what it is: controls (a line
+/// break, a NUL, an escape), line and paragraph separators, the direction overrides and
+/// isolates that reorder what follows them on screen, and the invisible ones that make
+/// two names look alike ("GA" and "GA" with a zero-width space are two categories).
+/// The zero-width joiner and non-joiner stay allowed: scripts and emoji need them.
+fn unseen(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'
+                | '\u{200E}'
+                | '\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+                | '\u{E0000}'..='\u{E007F}'
+        )
 }
 
 /// Times from 1970 to 9999 (UTC): what MySQL's DATETIME and the sale's millisecond
@@ -372,6 +402,38 @@ mod tests {
         assert_eq!(e.sale_start.to_rfc3339(), "2030-01-01T02:00:00+00:00");
         assert_eq!(e.categories[0].stock, Stock::Units(300));
         assert_eq!(e.categories[1].stock.total(), 200);
+    }
+
+    #[test]
+    fn names_with_controls_or_invisible_characters_are_refused_and_joiners_kept() {
+        for (bad, code) in [
+            ("GA\u{200B}", "U+200B"),
+            ("Stalls\nrow 1", "U+000A"),
+            ("A\u{0}B", "U+0000"),
+            ("\u{202E}AG", "U+202E"),
+            ("VIP\u{2066}x\u{2069}", "U+2066"),
+            ("\u{FEFF}GA", "U+FEFF"),
+            ("G\u{00AD}A", "U+00AD"),
+            ("GA\u{E0041}", "U+E0041"),
+            ("GA\u{1B}[31m", "U+001B"),
+        ] {
+            let r = request(serde_json::json!([{"name": bad, "price_cents": 1, "quantity": 1}]));
+            let e = NewEvent::try_from(r).expect_err(bad);
+            assert!(
+                e.contains("categories[0].name") && e.contains(code),
+                "{bad:?}: {e}"
+            );
+        }
+        let mut r = request(serde_json::json!([{"name": "GA", "price_cents": 1, "quantity": 1}]));
+        r.title = "Tour\u{2028}2031".into();
+        let e = NewEvent::try_from(r).expect_err("a line separator");
+        assert!(e.contains("title") && e.contains("U+2028"), "{e}");
+        // Persian with a zero-width non-joiner, an emoji family with joiners, accents.
+        for good in ["می\u{200C}خواهم", "👨\u{200D}👩\u{200D}👧", "Café Élysée"] {
+            let r = request(serde_json::json!([{"name": good, "price_cents": 1, "quantity": 1}]));
+            let event = NewEvent::try_from(r).unwrap_or_else(|e| panic!("{good:?}: {e}"));
+            assert_eq!(event.categories[0].name, good);
+        }
     }
 
     #[test]
