@@ -402,6 +402,7 @@ pub async fn release(
         .key(keys.held(bucket))
         .key(seats_key)
         .key(row_free_key)
+        .key(keys.meta(bucket))
         .arg(GROUP)
         .arg(&r.entry_id)
         .arg(r.order_no)
@@ -416,6 +417,7 @@ pub async fn release(
         .arg(reason)
         .arg(back)
         .arg(r.journey.map(|j| j.encode()).unwrap_or_default())
+        .arg(r.epoch)
         .invoke_async(redis)
         .await?;
     Released::from_code(code)

@@ -107,6 +107,14 @@ impl Reconciler {
                     else {
                         continue; // Buyers are draining it: the next pass looks again.
                     };
+                    // The gap was measured against every place's units together; the
+                    // drained pool must hold exactly that, or something moved since (a
+                    // late restock, another core's heal, a purchase): adjusting the pool
+                    // by the old gap would count that change twice (review). The next
+                    // pass measures again.
+                    if pool != measured {
+                        continue;
+                    }
                     (stock, measured) = (self.keys.pool(event.id), pool);
                 }
                 let Adjusted(left) = ADJUST

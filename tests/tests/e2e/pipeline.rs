@@ -1333,3 +1333,79 @@ async fn states_by_shard(app: &TestApp, event: u64, shard: u32) -> HashMap<(Stri
     }
     states
 }
+
+/// A reservation released after its keys were rebuilt from MySQL (a rewind or lost keys
+/// fenced the event, a worker's release came late) gives nothing back: the rebuild
+/// counted its unit and the buyer's share as free already (the reservation was never an
+/// order), and giving them back again offered the unit twice. Released under the keys
+/// that admitted it, it gives them back.
+#[tokio::test]
+async fn a_release_after_a_rebuild_gives_nothing_back_twice() {
+    use stampede_core::orders::redis::{self as stream, Entries, Released};
+    use stampede_core::orders::reservation::Reservation;
+    let app = spawn_app_with(|_| {}).await;
+    let (event, categories) = app.create_event(small_sale(10, 2, 1, 1)).await;
+    app.publish(event).await;
+    let ga = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.buyers(2).await;
+    for (b, key) in buyers.iter().zip(["a", "b"]) {
+        assert_eq!(app.buy(event, b, key, ga.clone()).await.0, 202);
+    }
+    let (keys, bucket) = (app.keys(), Bucket::only(event));
+    let mut r = app.redis.clone();
+    stream::ensure_group(&mut r, &keys, bucket).await.unwrap();
+    let entries = stream::read(&mut r, &keys, bucket, "w", 10, Entries::New)
+        .await
+        .unwrap();
+    let reservations: Vec<Reservation> = entries
+        .iter()
+        .map(|e| Reservation::from_entry(e).unwrap())
+        .collect();
+    assert_eq!(reservations.len(), 2);
+    let stock = keys.stock(bucket);
+    let held = keys.held(bucket);
+    let ga_id = categories[0];
+    let units = async |r: &mut stampede_core::infra::redis::Redis| -> i64 {
+        r.hget(&stock, ga_id).await.unwrap()
+    };
+    assert_eq!(units(&mut r).await, 8);
+
+    // Under the keys that admitted it: the unit and the share go back.
+    let first = &reservations[0];
+    let released = stream::release(&mut r, &keys, bucket, first, "test")
+        .await
+        .unwrap();
+    assert_eq!(released, Released::Released);
+    assert_eq!(units(&mut r).await, 9);
+    let share: Option<u32> = r.hget(&held, first.user_id).await.unwrap();
+    assert_eq!(share, None);
+
+    // The keys rebuilt from MySQL (a newer epoch; neither reservation an order there,
+    // so all 10 units free, and the second buyer holding 1 — as if from an order of
+    // theirs): the second reservation's late release changes nothing.
+    let second = &reservations[1];
+    let _: () = r
+        .hset(keys.meta(bucket), "epoch", first.epoch + 1)
+        .await
+        .unwrap();
+    let _: () = r.hset(&stock, ga_id, 10).await.unwrap();
+    let _: () = r.hset(&held, second.user_id, 1).await.unwrap();
+    let released = stream::release(&mut r, &keys, bucket, second, "test")
+        .await
+        .unwrap();
+    assert_eq!(released, Released::Released);
+    assert_eq!(
+        units(&mut r).await,
+        10,
+        "the rebuild counted that unit already"
+    );
+    let share: Option<i64> = r.hget(&held, second.user_id).await.unwrap();
+    assert_eq!(
+        share,
+        Some(1),
+        "the share the rebuild wrote, not one below it"
+    );
+    let len: u64 = r.xlen(keys.order_stream(bucket)).await.unwrap();
+    assert_eq!(len, 0, "both entries gone");
+    app.stop().await;
+}
