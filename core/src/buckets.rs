@@ -116,6 +116,14 @@ impl Place {
         }
     }
 
+    /// The bucket whose hash slot the place's keys are in (the pool: the event's own).
+    fn slot(self) -> Bucket {
+        match self {
+            Place::Pool(e) => Bucket::only(e),
+            Place::Bucket(b) => b,
+        }
+    }
+
     /// The metadata that says the place is loaded, and its generation.
     fn meta(self, keys: &Keys) -> String {
         match self {
@@ -315,34 +323,16 @@ impl Mover {
     /// SOLD_OUT. A round that timed out goes on on the master's word, as an admission's
     /// does.
     async fn confirm_taken_out(&self, from: Place, id: &str) -> anyhow::Result<()> {
-        use crate::admission::replicated::{Record, Replicated};
         let Some(replicas) = &self.replicas else {
             return Ok(());
         };
-        let slot = match from {
-            Place::Pool(e) => Bucket::only(e),
-            Place::Bucket(b) => b,
-        };
-        let record = Record::move_out(from.moves(&self.keys), id);
-        let confirmed = replicas
-            .confirm(slot, record)
-            .await
-            .context("replica barrier on a move")?;
-        match confirmed {
-            Replicated::Yes => Ok(()),
-            Replicated::TimedOut { acks } => {
-                replicas.warn_timed_out(acks);
-                Ok(())
-            }
-            Replicated::Lost => anyhow::bail!(
-                "move {id} out of {} was lost before its replicas had it (a failover): nothing credited",
+        let record = crate::admission::replicated::Record::move_out(from.moves(&self.keys), id);
+        replicas.kept(from.slot(), record).await.map_err(|why| {
+            anyhow::anyhow!(
+                "move {id} out of {}: {why}; nothing credited (the sweeper finishes it if its master kept the record)",
                 from.name()
-            ),
-            Replicated::Unknown => anyhow::bail!(
-                "move {id} out of {}: its barrier round failed; the sweeper finishes it if its master kept it",
-                from.name()
-            ),
-        }
+            )
+        })
     }
 
     /// The second step of a move, and the deletion of its record (kept when the

@@ -181,19 +181,13 @@ impl Admission {
                 idempotency_key,
                 reserved.request_id,
             );
-            let confirmed = replicas.confirm(purchase.bucket, record).await;
-            match confirmed {
-                Ok(replicated::Replicated::Yes) => {}
-                Ok(replicated::Replicated::TimedOut { acks }) => replicas.warn_timed_out(acks),
-                Ok(replicated::Replicated::Lost | replicated::Replicated::Unknown) => {
-                    return Err(AdmissionError::Unconfirmed);
-                }
-                // Admitted, and not known to be kept: never a 202, never an error that
-                // reads as "not admitted".
-                Err(e) => {
+            // Admitted, and not known to be kept: never a 202, never an error that
+            // reads as "not admitted".
+            if let Err(why) = replicas.kept(purchase.bucket, record).await {
+                if let replicated::NotKept::Failed(e) = &why {
                     tracing::warn!(error = format!("{e:#}"), "replica barrier failed");
-                    return Err(AdmissionError::Unconfirmed);
                 }
+                return Err(AdmissionError::Unconfirmed);
             }
         }
         // This request's seats in another slot: kept only once the admission is known
@@ -323,33 +317,16 @@ impl Admission {
         };
         let event = purchase.bucket.event;
         let record = replicated::Record::seat_lock(&self.keys, event, request_id);
-        match replicas.confirm(purchase.bucket.seat_home(), record).await {
-            Ok(replicated::Replicated::Yes) => true,
-            Ok(replicated::Replicated::TimedOut { acks }) => {
-                replicas.warn_timed_out(acks);
-                true
-            }
-            Ok(round @ (replicated::Replicated::Lost | replicated::Replicated::Unknown)) => {
-                // Lost: its master failed over before the replicas had it; Unknown: the
-                // round that covered it failed.
-                tracing::warn!(
-                    event_id = event.0,
-                    request_id = request_id.0,
-                    ?round,
-                    "a seat lock not confirmed by its replicas; nothing admitted"
-                );
-                false
-            }
-            Err(e) => {
-                tracing::warn!(
-                    event_id = event.0,
-                    request_id = request_id.0,
-                    error = format!("{e:#}"),
-                    "replica barrier failed on a seat lock; nothing admitted"
-                );
-                false
-            }
+        let kept = replicas.kept(purchase.bucket.seat_home(), record).await;
+        if let Err(why) = &kept {
+            tracing::warn!(
+                event_id = event.0,
+                request_id = request_id.0,
+                %why,
+                "a seat lock not known to be kept by its replicas; nothing admitted"
+            );
         }
+        kept.is_ok()
     }
 
     /// Keeps the seats an admitted request locked; on trouble the sweeper does it (the

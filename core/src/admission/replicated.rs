@@ -29,7 +29,7 @@ use crate::keys::{self, Bucket, Keys};
 
 /// What the replicas confirmed for one write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Replicated {
+enum Replicated {
     /// At least the wanted number of replicas have it.
     Yes,
     /// Fewer replicas answered within the timeout (a replica down or far behind): the
@@ -40,6 +40,17 @@ pub enum Replicated {
     /// Its round failed before it could look (it went with the round another write
     /// ran): kept or lost, nobody knows.
     Unknown,
+}
+
+/// Why a write is not known to be kept by the replicas: nothing may be built on it.
+#[derive(Debug, thiserror::Error)]
+pub enum NotKept {
+    #[error("its master failed over before the replicas had it")]
+    Lost,
+    #[error("the barrier round that covered it failed")]
+    Unknown,
+    #[error("the barrier round failed: {0:#}")]
+    Failed(anyhow::Error),
 }
 
 /// The record a round looks for: a field of a hash in the round's slot, and what it
@@ -170,9 +181,26 @@ impl ReplicaBarrier {
     }
 
     /// Waits until a round that began after the write of `record` in `slot` (a bucket's
-    /// keys, or with [`Bucket::seat_home`] the event's own) has reached the replicas, and
-    /// says whether the master that round reached had the record.
-    pub async fn confirm(&self, slot: Bucket, record: Record) -> anyhow::Result<Replicated> {
+    /// keys, or with [`Bucket::seat_home`] the event's own) has reached the replicas. Ok
+    /// when they have it, or when fewer than `redis.wait_replicas` answered within
+    /// `redis.wait_timeout_ms` (a replica down or far behind: the write then stands on
+    /// its master's word, logged at most every 10 s — a stopped replica must not stop
+    /// the sale); else why it is not known to be kept.
+    pub async fn kept(&self, slot: Bucket, record: Record) -> Result<(), NotKept> {
+        match self.confirm(slot, record).await {
+            Ok(Replicated::Yes) => Ok(()),
+            Ok(Replicated::TimedOut { acks }) => {
+                self.warn_timed_out(acks);
+                Ok(())
+            }
+            Ok(Replicated::Lost) => Err(NotKept::Lost),
+            Ok(Replicated::Unknown) => Err(NotKept::Unknown),
+            Err(e) => Err(NotKept::Failed(e)),
+        }
+    }
+
+    /// One round's verdict on `record`: whether the master that round reached had it.
+    async fn confirm(&self, slot: Bucket, record: Record) -> anyhow::Result<Replicated> {
         let rounds_of = {
             // Milliseconds of a monotonic clock: a jump of the wall clock prunes nothing.
             static START: std::sync::LazyLock<std::time::Instant> =
@@ -267,7 +295,7 @@ impl ReplicaBarrier {
     }
 
     /// Logs, at most every 10 s, that writes stand on their master alone.
-    pub fn warn_timed_out(&self, acks: u32) {
+    fn warn_timed_out(&self, acks: u32) {
         let now = chrono::Utc::now().timestamp_millis() as u64;
         let last = self.warned_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= 10_000
