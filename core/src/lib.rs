@@ -4,6 +4,11 @@
 //! `order_tables`, `messaging`, `infra`, `shutdown`, …); `app` wires it all and
 //! `main.rs` runs it.
 #![forbid(unsafe_code)]
+// The reconciler's pass (admin::stats::reconcile) awaits a heal, a drain, a move and its
+// replica barrier round, one future inside the next: a clean build computing its layout
+// went past the default depth of 128 (by 2) once the barrier's verdict became a future
+// of its own. An incremental build had not noticed.
+#![recursion_limit = "256"]
 
 pub mod admin;
 pub mod admission;
