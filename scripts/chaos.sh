@@ -129,7 +129,7 @@ for name in "${wanted[@]}"; do
       echo "chaos: $name: the core was not ready; no sale" >>"$out/$name.err"
     else
       "$BENCH" sale --buyers 3000 --units 400 --categories 2 --seats 5x10 --per-user-limit 2 \
-        --connections 64 --max-seconds 90 --settle-timeout-s "${SETTLE_TIMEOUT_S:-120}" --json "${args[@]}" \
+        --connections 64 --max-seconds 90 --quiet-s 0 --settle-timeout-s "${SETTLE_TIMEOUT_S:-120}" --json "${args[@]}" \
         >"$out/$name.json" 2>>"$out/$name.err" || true
     fi
     # The stack as it was before the experiment, whatever the fault left down (a second

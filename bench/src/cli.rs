@@ -169,6 +169,11 @@ pub struct SaleArgs {
     pub open_in_s: u64,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Before the event is created, wait up to this many seconds for the Redis masters
+    /// to run fewer than 50 scripts a second (an earlier sale's overdue orders being
+    /// cancelled, say), so the sale's per-node counters are its own; 0: don't wait.
+    #[arg(long, default_value_t = 60)]
+    pub quiet_s: u64,
     /// A fault to inject mid-sale: a shell command (`sh -c`) run once, --fault-after-ms
     /// after the open, while the burst goes on (the chaos suite's; see scripts/chaos.sh).
     #[arg(long)]

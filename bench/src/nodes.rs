@@ -1,6 +1,8 @@
 //! What a sale cost each Redis node (EVALSHA calls and CPU seconds, from INFO), so the
 //! spread of admissions over a cluster's masters is measured, not assumed.
 
+use std::time::{Duration, Instant};
+
 use serde::Serialize;
 
 use crate::stack::Stack;
@@ -57,6 +59,51 @@ fn parse(url: &str, info: &str) -> NodeUse {
         evalsha_calls,
         cpu_s: cpu("used_cpu_user") + cpu("used_cpu_sys"),
     }
+}
+
+/// Scripts a second, every master added up, below which the stack counts as quiet:
+/// an idle stack's lock renewals and stream claims run a few a second.
+pub const QUIET_SCRIPTS_PER_S: f64 = 50.0;
+
+/// Waits, at most `most`, until the masters run fewer than [`QUIET_SCRIPTS_PER_S`]
+/// scripts a second over one second; says on stderr what it waited for. Returns the
+/// last rate measured (the background the sale's counters include).
+pub async fn wait_quiet(stack: &Stack, most: Duration) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + most;
+    let mut said = false;
+    loop {
+        let before = snapshot(stack).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rate = scripts(&between(&before, &snapshot(stack).await?)) as f64;
+        if rate < QUIET_SCRIPTS_PER_S {
+            if said {
+                eprintln!("Redis is quiet ({rate:.0} scripts/s)");
+            }
+            return Ok(rate);
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "warning: Redis still runs {rate:.0} scripts/s after {} s; the per-node counters include that work",
+                most.as_secs()
+            );
+            return Ok(rate);
+        }
+        if !said {
+            eprintln!(
+                "waiting for Redis to go quiet: the masters run {rate:.0} scripts/s (an earlier sale's overdue orders being cancelled?); at most {} s",
+                most.as_secs()
+            );
+            said = true;
+        }
+    }
+}
+
+/// Scripts the masters ran, added up.
+fn scripts(uses: &[NodeUse]) -> u64 {
+    uses.iter()
+        .filter(|u| u.role == "master")
+        .map(|u| u.evalsha_calls)
+        .sum()
 }
 
 /// Each node's use between two snapshots (nodes in both, in order).
