@@ -447,6 +447,12 @@ impl Admission {
             let reserve::Outcome::Refill = outcome else {
                 return Ok(outcome.into_result());
             };
+            // The refill this one waited for may have found the category flagged: at a
+            // sale's end every purchase queued here would otherwise ask the pool in
+            // turn, each a script on the event's master to learn what this core knows.
+            if self.refills.flagged_recently(event, category) {
+                return Ok(Err(Refusal::SoldOut));
+            }
             let mover = crate::buckets::Mover {
                 redis: self.redis.clone(),
                 keys: self.keys.clone(),
