@@ -63,7 +63,7 @@ fn parse(url: &str, info: &str) -> NodeUse {
 
 /// Scripts a second, every master added up, below which the stack counts as quiet:
 /// an idle stack's lock renewals and stream claims run a few a second.
-pub const QUIET_SCRIPTS_PER_S: f64 = 50.0;
+pub const QUIET_SCRIPTS_PER_S: f64 = 25.0;
 
 /// Waits, at most `most`, until the masters run fewer than [`QUIET_SCRIPTS_PER_S`]
 /// scripts a second over one second; says on stderr what it waited for. Returns the
