@@ -179,6 +179,7 @@ impl App {
             max_stream_depth: s.orders.max_stream_depth,
             replicas,
             refills: Default::default(),
+            refill_outcomes: metrics.bucket_refills.clone(),
         };
         let lifecycle = Lifecycle {
             mysql: mysql.clone(),

@@ -34,6 +34,9 @@ pub struct Metrics {
     pub purchase_answers: IntCounterVec,
     /// `purchase_answers` of QUEUED, looked up once (the answer of every admission).
     pub purchases_queued: IntCounter,
+    /// Purchases that found their bucket dry (events of several buckets), by what came
+    /// of it (docs/scaling.md "Refill without oversell").
+    pub bucket_refills: IntCounterVec,
     /// Per event and category: total − (Redis stock + queued + unpaid + paid).
     pub conservation_gap: IntGaugeVec,
     /// Per event and category: MySQL remain − (total − unpaid − paid + unsynced).
@@ -137,6 +140,18 @@ impl Metrics {
             &["answer"],
         )
         .expect("valid metric");
+        let bucket_refills = IntCounterVec::new(
+            Opts::new(
+                "stampede_bucket_refills_total",
+                "Purchases that found their bucket dry, by outcome: moved (units came, the \
+                 bucket is tried again), sold_out (the whole event had fewer), flagged (the \
+                 pool or a drain found the category flagged), busy (no units within the \
+                 wait), remembered (answered SOLD_OUT from this core's memo of the flag, \
+                 the pool not asked)",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
         let conservation_gap = IntGaugeVec::new(
             Opts::new(
                 "stampede_conservation_gap",
@@ -176,6 +191,7 @@ impl Metrics {
             Box::new(mysql_calls_cut.clone()),
             Box::new(mysql_sessions_ended.clone()),
             Box::new(purchase_answers.clone()),
+            Box::new(bucket_refills.clone()),
             Box::new(conservation_gap.clone()),
             Box::new(remain_gap.clone()),
             Box::new(oversold_units.clone()),
@@ -199,6 +215,7 @@ impl Metrics {
             mysql_sessions_ended,
             purchases_queued: purchase_answers.with_label_values(&["QUEUED"]),
             purchase_answers,
+            bucket_refills,
             conservation_gap,
             remain_gap,
             oversold_units,

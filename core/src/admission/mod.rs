@@ -117,6 +117,8 @@ pub struct Admission {
     pub replicas: Option<Arc<replicated::ReplicaBarrier>>,
     /// One refill at a time per bucket and category (events of several buckets).
     pub refills: crate::buckets::RefillGates,
+    /// `stampede_bucket_refills_total`, by outcome.
+    pub refill_outcomes: prometheus::IntCounterVec,
 }
 
 impl Admission {
@@ -438,7 +440,7 @@ impl Admission {
             };
             let event = purchase.bucket.event;
             if self.refills.flagged_recently(event, category) {
-                return Ok(Err(Refusal::SoldOut));
+                return Ok(Err(self.refilled("remembered", Refusal::SoldOut)));
             }
             // Whoever refilled the bucket while this one waited may have brought enough.
             let gate = self.refills.gate(purchase.bucket, category);
@@ -451,7 +453,7 @@ impl Admission {
             // sale's end every purchase queued here would otherwise ask the pool in
             // turn, each a script on the event's master to learn what this core knows.
             if self.refills.flagged_recently(event, category) {
-                return Ok(Err(Refusal::SoldOut));
+                return Ok(Err(self.refilled("remembered", Refusal::SoldOut)));
             }
             let mover = crate::buckets::Mover {
                 redis: self.redis.clone(),
@@ -462,16 +464,28 @@ impl Admission {
                 .refill(purchase.bucket, category, purchase.quantity)
                 .await?;
             match refill {
-                crate::buckets::Refill::Retry => {}
-                crate::buckets::Refill::SoldOut => return Ok(Err(Refusal::SoldOut)),
+                crate::buckets::Refill::Retry => {
+                    self.refill_outcomes.with_label_values(&["moved"]).inc();
+                }
+                crate::buckets::Refill::SoldOut => {
+                    return Ok(Err(self.refilled("sold_out", Refusal::SoldOut)));
+                }
                 crate::buckets::Refill::Flagged => {
                     self.refills.saw_flag(event, category);
-                    return Ok(Err(Refusal::SoldOut));
+                    return Ok(Err(self.refilled("flagged", Refusal::SoldOut)));
                 }
-                crate::buckets::Refill::Busy => return Ok(Err(Refusal::Busy)),
+                crate::buckets::Refill::Busy => {
+                    return Ok(Err(self.refilled("busy", Refusal::Busy)));
+                }
             }
         }
         Ok(Err(Refusal::Busy))
+    }
+
+    /// Counts a dry bucket's `outcome` and gives back the refusal it ends in.
+    fn refilled(&self, outcome: &str, refusal: Refusal) -> Refusal {
+        self.refill_outcomes.with_label_values(&[outcome]).inc();
+        refusal
     }
 }
 
