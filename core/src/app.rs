@@ -167,6 +167,7 @@ impl App {
                 taken_over: metrics.reservations_taken_over.clone(),
                 idle: Default::default(),
                 reading: Default::default(),
+                claims: Default::default(),
             })
         });
         let admission = Admission {

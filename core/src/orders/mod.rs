@@ -68,6 +68,8 @@ pub struct Pipeline {
     pub idle: Mutex<HashMap<Bucket, (std::time::Instant, std::time::Duration)>>,
     /// Batches of new reservations per bucket at a time in this core.
     pub reading: Turns,
+    /// Whose turn it is to look in each stream for reservations left idle.
+    pub claims: Claims,
 }
 
 impl Pipeline {
@@ -137,10 +139,60 @@ impl Drop for Turn<'_> {
     }
 }
 
+/// When one of this core's workers last looked in each stream for reservations a
+/// consumer left idle (`claim_stale.lua`): one worker a core looks, every half of
+/// `orders.claim_idle_ms`. Each worker used to, so an idle cluster with 11 sales of 3
+/// buckets listed ran 110 of those scripts a second (4 workers × 2 cores × 33 streams
+/// every 2.5 s).
+#[derive(Default)]
+pub struct Claims(Mutex<HashMap<Bucket, Instant>>);
+
+impl Claims {
+    /// True (and the turn taken) for the first worker to ask `every` after the last.
+    pub fn due(&self, bucket: Bucket, every: Duration, now: Instant) -> bool {
+        let mut last = self.0.lock().expect("not poisoned");
+        if last.get(&bucket).is_some_and(|at| now < *at + every) {
+            return false;
+        }
+        last.insert(bucket, now);
+        true
+    }
+
+    /// Forgets the buckets no longer listed (retired sales).
+    pub fn keep(&self, listed: &[Bucket]) {
+        let mut last = self.0.lock().expect("not poisoned");
+        last.retain(|b, _| listed.contains(b));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::domain::EventId;
+
+    #[test]
+    fn one_worker_a_core_looks_for_idle_reservations_per_stream_and_period() {
+        let claims = Claims::default();
+        let (a, b) = (Bucket::only(EventId(1)), Bucket::only(EventId(2)));
+        let every = Duration::from_millis(2_500);
+        let t0 = Instant::now();
+        assert!(claims.due(a, every, t0), "the first to ask looks");
+        assert!(!claims.due(a, every, t0), "the next worker does not");
+        assert!(
+            !claims.due(a, every, t0 + every / 2),
+            "nor before the period is over"
+        );
+        assert!(claims.due(b, every, t0), "each stream has its own turn");
+        assert!(
+            claims.due(a, every, t0 + every),
+            "and again after the period"
+        );
+        claims.keep(&[b]);
+        assert!(
+            claims.due(a, every, t0 + every),
+            "a stream no longer listed is forgotten"
+        );
+    }
 
     #[test]
     fn turns_per_bucket_up_to_the_limit_until_given_back_or_lapsed() {

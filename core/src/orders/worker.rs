@@ -80,7 +80,6 @@ impl Pipeline {
         let mut grouped: HashSet<Bucket> = HashSet::new();
         let mut events: Vec<Bucket> = Vec::new();
         let mut events_read = Instant::now() - Duration::from_secs(60);
-        let mut claimed = Instant::now();
         let claim_idle = Duration::from_millis(self.settings.claim_idle_ms);
         // This consumer's own unacknowledged entries are read first at start and after
         // any Redis error (Redis restarted: its AOF brings them back as pending).
@@ -100,6 +99,7 @@ impl Pipeline {
                             .lock()
                             .expect("not poisoned")
                             .retain(|b, _| ids.contains(b));
+                        self.claims.keep(&ids);
                         events = ids;
                     }
                     Err(e) => tracing::warn!(
@@ -108,10 +108,6 @@ impl Pipeline {
                     ),
                 }
                 events_read = Instant::now();
-            }
-            let claim_now = claimed.elapsed() > claim_idle / 2;
-            if claim_now {
-                claimed = Instant::now();
             }
             let mut busy = false;
             for &bucket in &events {
@@ -160,7 +156,7 @@ impl Pipeline {
                         }
                     }
                 }
-                if entries.is_empty() && claim_now {
+                if entries.is_empty() && self.claims.due(bucket, claim_idle / 2, Instant::now()) {
                     match redis::claim_stale(
                         &mut redis,
                         &self.keys,
