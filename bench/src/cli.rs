@@ -170,7 +170,7 @@ pub struct SaleArgs {
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
     /// Before the event is created, wait up to this many seconds for the Redis masters
-    /// to run fewer than 25 scripts a second (an earlier sale's overdue orders being
+    /// to run fewer than 50 scripts a second (an earlier sale's overdue orders being
     /// cancelled, say), so the sale's per-node counters are its own; 0: don't wait.
     #[arg(long, default_value_t = 60)]
     pub quiet_s: u64,
