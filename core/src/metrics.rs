@@ -146,7 +146,7 @@ impl Metrics {
                 "Purchases that found their bucket dry, by outcome: moved (units came, the \
                  bucket is tried again), sold_out (the whole event had fewer), flagged (the \
                  pool or a drain found the category flagged), busy (no units within the \
-                 wait), remembered (answered SOLD_OUT from this core's memo of the flag, \
+                 wait), failed (a move failed: SALE_BUSY, nothing reserved), remembered (answered SOLD_OUT from this core's memo of the flag, \
                  the pool not asked)",
             ),
             &["outcome"],

@@ -460,9 +460,23 @@ impl Admission {
                 keys: self.keys.clone(),
                 replicas: self.replicas.clone(),
             };
-            let refill = mover
+            let refill = match mover
                 .refill(purchase.bucket, category, purchase.quantity)
-                .await?;
+                .await
+            {
+                Ok(refill) => refill,
+                // Nothing is reserved for this purchase (its bucket answered REFILL), so
+                // a move that failed (a failover, a call timed out) is SALE_BUSY, which
+                // certainly admitted nothing: not 500, and not OUTCOME_UNKNOWN.
+                Err(e) => {
+                    tracing::warn!(
+                        event_id = %event,
+                        error = format!("{e:#}"),
+                        "a dry bucket's refill failed; nothing reserved, answering SALE_BUSY"
+                    );
+                    return Ok(Err(self.refilled("failed", Refusal::Busy)));
+                }
+            };
             match refill {
                 crate::buckets::Refill::Retry => {
                     self.refill_outcomes.with_label_values(&["moved"]).inc();

@@ -533,6 +533,57 @@ async fn purchases_queued_behind_a_refill_do_not_each_ask_the_pool_once_it_is_fl
     );
 }
 
+/// A refill that fails (here the pool is not a hash; on a cluster, a failover of its
+/// master) is SALE_BUSY with nothing reserved, not a 500: the buyer's bucket had
+/// answered REFILL, so the purchase holds nothing, and the same key is admitted once
+/// the units can move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refill_that_fails_is_sale_busy_with_nothing_reserved() {
+    let app = spawn_app_with(|_| {}).await;
+    // One unit dealt to each bucket, nine in the pool.
+    let (event, categories) = app.create_event(bucketed_sale(12, 2, BUCKETS)).await;
+    let ga = categories[0];
+    app.publish(event).await;
+    let buyers = app.buyers(12).await;
+    let first = &buyers[0];
+    let bucket = Bucket::of_buyer(event, BUCKETS, UserId(first.user_id));
+    let body = json!({"category_id": ga, "quantity": 1});
+    let (status, answer) = app.buy(event, first, "k1", body.clone()).await;
+    assert_eq!(status, 202, "{answer}");
+    let mut r = app.redis.clone();
+    let dry: i64 = r.hget(app.keys().stock(bucket), ga).await.unwrap();
+    assert_eq!(dry, 0, "the bucket's one unit is taken");
+
+    let pool_key = app.keys().pool(event);
+    let pool: HashMap<String, String> = r.hgetall(&pool_key).await.unwrap();
+    let _: () = r.del(&pool_key).await.unwrap();
+    let _: () = r.set(&pool_key, "not a hash").await.unwrap();
+    let (status, answer) = app.buy(event, first, "k2", body.clone()).await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "SALE_BUSY", "{answer}");
+    let held: Option<i64> = r
+        .hget(app.keys().held(bucket), first.user_id)
+        .await
+        .unwrap();
+    assert_eq!(held, Some(1), "nothing more held for the refused purchase");
+    assert_eq!(
+        app.counter("stampede_bucket_refills_total{outcome=\"failed\"}")
+            .await,
+        Some(1)
+    );
+
+    let _: () = r.del(&pool_key).await.unwrap();
+    let pool: Vec<(String, String)> = pool.into_iter().collect();
+    let _: () = r.hset_multiple(&pool_key, &pool).await.unwrap();
+    let (status, answer) = app.buy(event, first, "k2", body).await;
+    assert_eq!(status, 202, "the same key, once units can move: {answer}");
+    let held: Option<i64> = r
+        .hget(app.keys().held(bucket), first.user_id)
+        .await
+        .unwrap();
+    assert_eq!(held, Some(2));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_are_refused_out_of_range() {
     let app = spawn_app_with(|_| {}).await;
