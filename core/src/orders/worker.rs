@@ -168,6 +168,9 @@ impl Pipeline {
                     .await
                     {
                         Ok(found) if !found.entries.is_empty() => {
+                            if found.entries.len() >= self.settings.batch_size {
+                                self.claims.again(bucket);
+                            }
                             if found.others > 0 {
                                 tracing::warn!(
                                     event_id = %bucket.event,
