@@ -34,8 +34,10 @@ pub struct Metrics {
     pub purchase_answers: IntCounterVec,
     /// `purchase_answers` of QUEUED, looked up once (the answer of every admission).
     pub purchases_queued: IntCounter,
-    /// Purchases that found their bucket dry (events of several buckets), by what came
-    /// of it (docs/scaling.md "Refill without oversell").
+    /// Each time a purchase found its bucket dry (events of several buckets), what came
+    /// of it (docs/scaling.md "Refill without oversell"): `moved` once per refill that
+    /// brought units, then the purchase's last turn ends in any label, or in none when
+    /// its bucket then admitted it.
     pub bucket_refills: IntCounterVec,
     /// Per event and category: total − (Redis stock + queued + unpaid + paid).
     pub conservation_gap: IntGaugeVec,
@@ -143,10 +145,11 @@ impl Metrics {
         let bucket_refills = IntCounterVec::new(
             Opts::new(
                 "stampede_bucket_refills_total",
-                "Purchases that found their bucket dry, by outcome: moved (units came, the \
-                 bucket is tried again), sold_out (the whole event had fewer), flagged (the \
+                "Each time a purchase found its bucket dry, the outcome: moved (units came, \
+                 the bucket is tried again), sold_out (the whole event had fewer), flagged (the \
                  pool or a drain found the category flagged), busy (no units within the \
-                 wait), failed (a move failed: SALE_BUSY, nothing reserved), remembered (answered SOLD_OUT from this core's memo of the flag, \
+                 wait, or others took the units each time), failed (a move failed: \
+                 SALE_BUSY, nothing reserved), remembered (answered SOLD_OUT from this core's memo of the flag, \
                  the pool not asked)",
             ),
             &["outcome"],

@@ -469,7 +469,7 @@ impl Admission {
                 // a move that failed (a failover, a call timed out) is SALE_BUSY, which
                 // certainly admitted nothing: not 500, and not OUTCOME_UNKNOWN.
                 Err(e) => {
-                    tracing::warn!(
+                    tracing::error!(
                         event_id = %event,
                         error = format!("{e:#}"),
                         "a dry bucket's refill failed; nothing reserved, answering SALE_BUSY"
@@ -493,7 +493,7 @@ impl Admission {
                 }
             }
         }
-        Ok(Err(Refusal::Busy))
+        Ok(Err(self.refilled("busy", Refusal::Busy)))
     }
 
     /// Counts a dry bucket's `outcome` and gives back the refusal it ends in.
