@@ -218,16 +218,10 @@ pub async fn compare(
         "sale: {} buyers for {} units",
         sale_args.buyers, sale_args.units
     ));
-    // The wait for quiet Redis is not the sale's CPU: done here, before the snapshot.
-    if sale_args.quiet_s > 0 {
-        crate::nodes::wait_quiet(stack, Duration::from_secs(sale_args.quiet_s)).await?;
-    }
-    let sale_args = sale::SaleArgs {
-        quiet_s: 0,
-        ..sale_args.clone()
-    };
+    // Before the snapshot: the wait for quiet Redis is not the sale's CPU.
+    crate::nodes::wait_quiet(stack, sale_args.quiet_s).await?;
     let t0 = cpu::snapshot();
-    let sale = sale::run(stack, &sale_args).await?;
+    let sale = sale::run(stack, sale_args).await?;
     breakdown.push((
         "sale burst, set-up to audit (per request)",
         cpu::between(&t0, &cpu::snapshot(), sale.requests),

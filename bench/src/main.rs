@@ -70,6 +70,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     match cli.command {
         Command::ServeTrivial { .. } => unreachable!("handled above"),
         Command::Sale { sale, json, plot } => {
+            nodes::wait_quiet(&stack, sale.quiet_s).await?;
             let report = sale::run(&stack, &sale).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);

@@ -68,10 +68,15 @@ fn parse(url: &str, info: &str) -> NodeUse {
 /// a second.
 pub const QUIET_SCRIPTS_PER_S: f64 = 50.0;
 
-/// Waits, at most `most`, until the masters run fewer than [`QUIET_SCRIPTS_PER_S`]
-/// scripts a second over one second; says on stderr what it waited for. Returns the
-/// last rate measured (the background the sale's counters include).
-pub async fn wait_quiet(stack: &Stack, most: Duration) -> anyhow::Result<f64> {
+/// Waits, at most `most_s` seconds (0: not at all), until the masters run fewer than
+/// [`QUIET_SCRIPTS_PER_S`] scripts a second over one second; says on stderr what it
+/// waited for. Called before a sale's event is created and its counters read (`sale`'s
+/// `--quiet-s`).
+pub async fn wait_quiet(stack: &Stack, most_s: u64) -> anyhow::Result<()> {
+    if most_s == 0 {
+        return Ok(());
+    }
+    let most = Duration::from_secs(most_s);
     let deadline = Instant::now() + most;
     let mut said = false;
     loop {
@@ -82,14 +87,14 @@ pub async fn wait_quiet(stack: &Stack, most: Duration) -> anyhow::Result<f64> {
             if said {
                 eprintln!("Redis is quiet ({rate:.0} scripts/s)");
             }
-            return Ok(rate);
+            return Ok(());
         }
         if Instant::now() >= deadline {
             eprintln!(
                 "warning: Redis still runs {rate:.0} scripts/s after {} s; the per-node counters include that work",
                 most.as_secs()
             );
-            return Ok(rate);
+            return Ok(());
         }
         if !said {
             eprintln!(

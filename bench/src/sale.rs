@@ -97,9 +97,6 @@ pub async fn run(stack: &Stack, a: &SaleArgs) -> anyhow::Result<SaleReport> {
             && (0.0..=1.0).contains(&a.seat_share),
         "shares are between 0 and 1"
     );
-    if a.quiet_s > 0 {
-        nodes::wait_quiet(stack, Duration::from_secs(a.quiet_s)).await?;
-    }
     if a.waiting_room {
         return room::run(stack, a).await;
     }

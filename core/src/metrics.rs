@@ -146,11 +146,11 @@ impl Metrics {
             Opts::new(
                 "stampede_bucket_refills_total",
                 "Each time a purchase found its bucket dry, the outcome: moved (units came, \
-                 the bucket is tried again), sold_out (the whole event had fewer), flagged (the \
-                 pool or a drain found the category flagged), busy (no units within the \
-                 wait, or others took the units each time), failed (a move failed: \
-                 SALE_BUSY, nothing reserved), remembered (answered SOLD_OUT from this core's memo of the flag, \
-                 the pool not asked)",
+                 the bucket is tried again), sold_out (the whole event had fewer), flagged \
+                 (the pool or a drain found the category flagged), busy (no units within \
+                 the wait, or others took the units each time), failed (a move failed: \
+                 SALE_BUSY, nothing reserved), remembered (answered SOLD_OUT from this \
+                 core's memo of the flag, the pool not asked)",
             ),
             &["outcome"],
         )

@@ -142,9 +142,9 @@ impl Drop for Turn<'_> {
 /// When one of this core's workers last looked in each stream for reservations a
 /// consumer left idle (`claim_stale.lua`): one worker a core looks, every half of
 /// `orders.claim_idle_ms`, and the next at once when a look found a full batch (so a
-/// backlog is taken over as fast as before). Each worker used to, so an idle cluster with 11 sales of 3
-/// buckets listed ran 110 of those scripts a second (4 workers × 2 cores × 33 streams
-/// every 2.5 s).
+/// backlog is taken over as fast as before). Each worker used to, so an idle cluster
+/// with 11 sales of 3 buckets listed ran 110 of those scripts a second (4 workers × 2
+/// cores × 33 streams every 2.5 s).
 #[derive(Default)]
 pub struct Claims(Mutex<HashMap<Bucket, Instant>>);
 

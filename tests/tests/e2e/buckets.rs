@@ -28,6 +28,15 @@ pub(crate) fn bucketed_sale(units: u32, per_user_limit: u32, buckets: u16) -> Va
     })
 }
 
+/// A published event of [`BUCKETS`] buckets: its id and its one category's.
+async fn open_bucketed_sale(app: &TestApp, units: u32, per_user_limit: u32) -> (u64, u64) {
+    let (event, categories) = app
+        .create_event(bucketed_sale(units, per_user_limit, BUCKETS))
+        .await;
+    app.publish(event).await;
+    (event, categories[0])
+}
+
 fn mover(app: &TestApp) -> Mover {
     Mover {
         redis: app.redis.clone(),
@@ -385,9 +394,7 @@ async fn a_bucketed_event_sells_every_unit_once_and_says_sold_out_only_when_all_
 async fn a_move_a_stopped_core_left_is_finished_by_the_sweeper_and_one_of_an_older_generation_is_void()
  {
     let app = spawn_app_with(|s| s.orders.enabled = true).await;
-    let (event, categories) = app.create_event(bucketed_sale(30, 4, BUCKETS)).await;
-    let ga = categories[0];
-    app.publish(event).await;
+    let (event, ga) = open_bucketed_sale(&app, 30, 4).await;
     let mut r = app.redis.clone();
     let target = Bucket {
         event: EventId(event),
@@ -502,9 +509,7 @@ async fn a_move_a_stopped_core_left_is_finished_by_the_sweeper_and_one_of_an_old
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purchases_queued_behind_a_refill_do_not_each_ask_the_pool_once_it_is_flagged() {
     let app = spawn_app_with(|_| {}).await;
-    let (event, categories) = app.create_event(bucketed_sale(30, 1, BUCKETS)).await;
-    let ga = categories[0];
-    app.publish(event).await;
+    let (event, ga) = open_bucketed_sale(&app, 30, 1).await;
     let buyers = app.buyers(240).await;
     let (admitted, sold_out) = stampede(&app, event, ga, &buyers).await;
     assert_eq!((admitted.len(), sold_out), (30, 210));
@@ -541,9 +546,7 @@ async fn purchases_queued_behind_a_refill_do_not_each_ask_the_pool_once_it_is_fl
 async fn a_refill_that_fails_is_sale_busy_with_nothing_reserved() {
     let app = spawn_app_with(|_| {}).await;
     // One unit dealt to each bucket, nine in the pool.
-    let (event, categories) = app.create_event(bucketed_sale(12, 2, BUCKETS)).await;
-    let ga = categories[0];
-    app.publish(event).await;
+    let (event, ga) = open_bucketed_sale(&app, 12, 2).await;
     let buyers = app.buyers(12).await;
     let first = &buyers[0];
     let bucket = Bucket::of_buyer(event, BUCKETS, UserId(first.user_id));
