@@ -81,8 +81,8 @@ pub struct SaleReport {
     pub train: Option<TrainReport>,
     /// The waiting room's figures and checks (--waiting-room).
     pub waiting_room: Option<RoomReport>,
-    /// (bucket start s, admitted, rejected) per 100 ms.
-    #[serde(skip)]
+    /// [bucket start s, admitted, rejected] per 100 ms (in the JSON too: where a burst's
+    /// time went, admissions against refusals, without reading the SVG).
     pub timeline: Vec<(f64, u64, u64)>,
 }
 

@@ -147,6 +147,7 @@ impl App {
             call_timeout.clone(),
         );
         let reconciler = Reconciler::new(preloader.clone(), s, &metrics, replicas.clone());
+        let idle_streams = Arc::new(crate::orders::IdleStreams::default());
         let pipeline = s.orders.enabled.then(|| {
             Arc::new(Pipeline {
                 redis: redis.clone(),
@@ -165,7 +166,7 @@ impl App {
                 refused: metrics.reservations_refused.clone(),
                 rewinds: metrics.redis_rewinds.clone(),
                 taken_over: metrics.reservations_taken_over.clone(),
-                idle: Default::default(),
+                idle: idle_streams.clone(),
                 reading: Default::default(),
                 claims: Default::default(),
             })
@@ -181,6 +182,7 @@ impl App {
             replicas,
             refills: Default::default(),
             refill_outcomes: metrics.bucket_refills.clone(),
+            streams: idle_streams,
         };
         let lifecycle = Lifecycle {
             mysql: mysql.clone(),

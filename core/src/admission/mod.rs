@@ -119,6 +119,9 @@ pub struct Admission {
     pub refills: crate::buckets::RefillGates,
     /// `stampede_bucket_refills_total`, by outcome.
     pub refill_outcomes: prometheus::IntCounterVec,
+    /// Woken for the stream a purchase was queued in: this core's order workers read it
+    /// within `orders::IDLE_AWAKE` however long it had been empty.
+    pub streams: Arc<crate::orders::IdleStreams>,
 }
 
 impl Admission {
@@ -175,6 +178,9 @@ impl Admission {
             }
             other => other?,
         };
+        if reserved.request_id == request_id {
+            self.streams.admitted(purchase.bucket);
+        }
         if let Some(replicas) = &self.replicas {
             let record = replicated::Record::admission(
                 &self.keys,

@@ -28,33 +28,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// rows') is tried order by order: the cause may touch only some of its orders.
 const SPLIT_AFTER_REFUSALS: u32 = 3;
 
-/// The longest a stream found empty waits before this core reads it again, and the
-/// first wait (doubled while it stays empty).
-const IDLE_MAX: Duration = Duration::from_millis(200);
-const IDLE_FIRST: Duration = Duration::from_millis(10);
-
 impl Pipeline {
-    /// Whether this core's workers should read the stream for new entries now.
-    fn due(&self, bucket: Bucket) -> bool {
-        let idle = self.idle.lock().expect("not poisoned");
-        idle.get(&bucket)
-            .is_none_or(|(next, _)| Instant::now() >= *next)
-    }
-
-    /// After a read of new entries: an empty stream waits longer each time, up to
-    /// [`IDLE_MAX`]; one with entries is read again at once.
-    fn read_new(&self, bucket: Bucket, found: bool) {
-        let mut idle = self.idle.lock().expect("not poisoned");
-        if found {
-            idle.remove(&bucket);
-            return;
-        }
-        let wait = idle
-            .get(&bucket)
-            .map_or(IDLE_FIRST, |(_, wait)| (*wait * 2).min(IDLE_MAX));
-        idle.insert(bucket, (Instant::now() + wait, wait));
-    }
-
     /// Every bucket of every event that has a sale (open or not: a closed sale may
     /// still hold work); each bucket has its stream.
     async fn events_with_sales(&self) -> anyhow::Result<Vec<Bucket>> {
@@ -95,10 +69,7 @@ impl Pipeline {
                     Ok(ids) => {
                         // A retired sale's streams are read no more: forget them.
                         grouped.retain(|b| ids.contains(b));
-                        self.idle
-                            .lock()
-                            .expect("not poisoned")
-                            .retain(|b, _| ids.contains(b));
+                        self.idle.keep(&ids);
                         self.claims.keep(&ids);
                         events = ids;
                     }
@@ -198,7 +169,7 @@ impl Pipeline {
                 }
                 // `batches_per_stream` batches of new reservations per bucket at a time
                 // in this core (held until the batch is created, or TURN_LAPSE).
-                let turn = if entries.is_empty() && self.due(bucket) {
+                let turn = if entries.is_empty() && self.idle.due(bucket, Instant::now()) {
                     let at_once = self.settings.batches_per_stream;
                     self.reading.take(bucket, at_once, Instant::now())
                 } else {
@@ -216,7 +187,7 @@ impl Pipeline {
                     .await
                     {
                         Ok(found) => {
-                            self.read_new(bucket, !found.is_empty());
+                            self.idle.read(bucket, !found.is_empty(), Instant::now());
                             first_delivery = true;
                             entries = found;
                         }
