@@ -37,6 +37,24 @@ local function stamp(versions)
   return table.concat(pairs_, ",")
 end
 
+-- A sale that is not on — closed, or more than LIVE_MARGIN_MS from its window — is
+-- answered NOT_OPEN from its entry in the sales index, read every tick; its flags, seat
+-- stamp and room settings are read again only every QUIET_S, unless it has a waiting
+-- room or a train's seat stamp (read every tick: a room is polled before its sale opens,
+-- a stamp answers seat maps at any time). Every listed sale was read every tick: with
+-- sales published days ahead, each edge read 20 keys a second for each.
+local QUIET_S, LIVE_MARGIN_MS = 1, 2000
+
+-- Whether `ev` (from the index, this tick) may keep what `before` (this worker's last
+-- snapshot of it) read, at `now` (s).
+local function quiet(ev, before, now)
+  if not before or not before.read_at or now - before.read_at >= QUIET_S then return false end
+  if before.room or before.seat_stamp then return false end
+  local now_ms = now * 1000
+  local live = ev.open and now_ms >= ev.start_ms - LIVE_MARGIN_MS and now_ms < ev.end_ms + LIVE_MARGIN_MS
+  return not live
+end
+
 -- Reads everything from Redis (one Redis, or the nodes of a cluster that own the keys);
 -- the snapshot table, or nil and an error.
 local function pull()
@@ -49,21 +67,32 @@ local function pull()
   local sales, overrides = first[1], first[2]
   local snap = { events = {}, limits = {} }
   local ids, cmds = {}, {}
+  local now = ngx.now()
   for i = 1, #sales, 2 do
     local id = sales[i]
     local status, start_ms, end_ms = string.match(sales[i + 1], "^(%a+):(%d+):(%d+)$")
     if status then
-      ids[#ids + 1] = id
-      snap.events[id] = { open = status == "open", start_ms = tonumber(start_ms), end_ms = tonumber(end_ms),
-        sold = {}, journeys = {} }
-      cmds[#cmds + 1] = { "hgetall", p .. format(layout.sold_out, id) }
-      cmds[#cmds + 1] = { "hmget", p .. format(layout.meta, id), "categories", "epoch" }
-      cmds[#cmds + 1] = { "hgetall", p .. format(layout.segment_versions, id) }
-      cmds[#cmds + 1] = room.settings_cmd(p, id)
+      local ev = { open = status == "open", start_ms = tonumber(start_ms), end_ms = tonumber(end_ms),
+        sold = {}, journeys = {}, read_at = now }
+      snap.events[id] = ev
+      local before = events[id]
+      if quiet(ev, before, now) then
+        ev.sold, ev.journeys, ev.all_sold, ev.read_at = before.sold, before.journeys, before.all_sold, before.read_at
+      else
+        ids[#ids + 1] = id
+        cmds[#cmds + 1] = { "hgetall", p .. format(layout.sold_out, id) }
+        cmds[#cmds + 1] = { "hmget", p .. format(layout.meta, id), "categories", "epoch" }
+        cmds[#cmds + 1] = { "hgetall", p .. format(layout.segment_versions, id) }
+        cmds[#cmds + 1] = room.settings_cmd(p, id)
+      end
     end
   end
-  local replies, perr = store.run(cmds)
-  if not replies then return nil, "events: " .. tostring(perr) end
+  local replies = {}
+  if #cmds > 0 then
+    local perr
+    replies, perr = store.run(cmds)
+    if not replies then return nil, "events: " .. tostring(perr) end
+  end
   local more, takers = {}, {}
   local now_ms = floor(ngx.now() * 1000)
   for i, id in ipairs(ids) do

@@ -58,7 +58,53 @@ async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
     .await;
     assert!(learned, "the edge never answered SOLD_OUT itself");
 
-    // Watch every command Redis receives while 200 more buyers try.
+    // Watch every command on the event's meta key while 200 more buyers try.
+    let meta = format!("{}\"", app.keys().event_meta(event));
+    let watched = meta.clone();
+    let ((), seen) = monitored(move |line| line.contains(&watched), async {
+        // Each a different buyer: one buyer trying 200 times would meet the rate
+        // limits first.
+        for (i, buyer) in crowd.iter().enumerate() {
+            let (status, body) = app
+                .buy(
+                    event,
+                    buyer,
+                    &format!("k{i}"),
+                    json!({"category_id": ga, "quantity": 1}),
+                )
+                .await;
+            assert_eq!(
+                (status, body["error"]["code"].as_str()),
+                (409, Some("SOLD_OUT"))
+            );
+        }
+    })
+    .await;
+    let scripts: Vec<&String> = seen
+        .iter()
+        // The admission script is the one script given the event's meta key (the order
+        // pipeline's settle and release scripts are not).
+        .filter(|l| l.contains("\"EVALSHA\"") || l.contains("\"EVAL\""))
+        .collect();
+    assert!(
+        scripts.is_empty(),
+        "sold-out requests reached Redis: {scripts:?}"
+    );
+    assert!(
+        !seen.is_empty(),
+        "MONITOR saw the edge's own refreshes of {meta}, so it was watching"
+    );
+}
+
+/// Runs `during` while Redis's MONITOR is read, and returns what it returned and the lines
+/// `keep` kept. MONITOR is read as it goes: a pipe left unread until the end fills in a
+/// fraction of a second on a stack with many sales listed, and then holds only the first
+/// commands of the window.
+async fn monitored<T>(
+    keep: impl Fn(&str) -> bool + Send + 'static,
+    during: impl std::future::Future<Output = T>,
+) -> (T, Vec<String>) {
+    use tokio::io::AsyncBufReadExt;
     let stack = Stack::from_env();
     let mut monitor = tokio::process::Command::new("redis-cli")
         .args(["-p", &stack.redis_port.to_string(), "monitor"])
@@ -66,41 +112,24 @@ async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
         .kill_on_drop(true)
         .spawn()
         .expect("redis-cli");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // Each a different buyer: one buyer trying 200 times would meet the rate limits first.
-    for (i, buyer) in crowd.iter().enumerate() {
-        let (status, body) = app
-            .buy(
-                event,
-                buyer,
-                &format!("k{i}"),
-                json!({"category_id": ga, "quantity": 1}),
-            )
-            .await;
-        assert_eq!(
-            (status, body["error"]["code"].as_str()),
-            (409, Some("SOLD_OUT"))
-        );
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut lines = tokio::io::BufReader::new(monitor.stdout.take().expect("piped")).lines();
+    // Its "OK": watching from here.
+    let ok = lines.next_line().await.expect("MONITOR's answer");
+    assert_eq!(ok.as_deref(), Some("OK"));
+    let reader = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if keep(&line) {
+                kept.push(line);
+            }
+        }
+        kept
+    });
+    let out = during.await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // the last commands' lines
     monitor.start_kill().unwrap();
-    let out = monitor.wait_with_output().await.unwrap();
-    let seen = String::from_utf8_lossy(&out.stdout);
-    let meta = format!("{}\"", app.keys().event_meta(event));
-    let scripts: Vec<&str> = seen
-        .lines()
-        // The admission script is the one script given the event's meta key (the order
-        // pipeline's settle and release scripts are not).
-        .filter(|l| l.contains(&meta) && (l.contains("\"EVALSHA\"") || l.contains("\"EVAL\"")))
-        .collect();
-    assert!(
-        scripts.is_empty(),
-        "sold-out requests reached Redis: {scripts:?}"
-    );
-    assert!(
-        seen.lines().count() > 0,
-        "MONITOR saw the edge's own refreshes, so it was watching"
-    );
+    monitor.wait().await.unwrap();
+    (out, reader.await.unwrap())
 }
 
 #[tokio::test]
@@ -338,5 +367,47 @@ async fn a_sold_out_answer_comes_before_the_rate_limits() {
     assert!(
         selling.iter().any(|a| a == "429 RATE_LIMITED"),
         "ten presses within a second met no limit: {selling:?}"
+    );
+}
+
+/// A sale published ahead is answered NOT_OPEN from its entry in the sales index, which
+/// the edge reads every tick; its flags and settings are read about once a second, a live
+/// sale's every tick (each listed sale was read every tick: with sales published days
+/// ahead, 20 keys a second each, per edge).
+#[tokio::test]
+async fn the_edge_reads_a_sale_published_ahead_about_once_a_second_and_a_live_one_every_tick() {
+    let (app, _edge) = stack_app().await;
+    let (live, _) = open_sale(&app, small_sale(5, 1, 1, 2)).await;
+    let mut later = small_sale(5, 1, 1, 2);
+    later["sale_start"] = json!("2031-01-01T00:00:00Z");
+    let (ahead, categories) = app.admin.create_event(later).await;
+    app.admin.publish(ahead).await;
+    let buyer = app.admin.buyers(1).await.remove(0);
+    let not_open = eventually(Duration::from_secs(3), || async {
+        let body = json!({"category_id": categories[0], "quantity": 1});
+        let (status, body) = app.buy(ahead, &buyer, "early", body).await;
+        status == 403 && body["error"]["code"] == "NOT_OPEN"
+    })
+    .await;
+    assert!(not_open, "a sale published ahead is not open");
+
+    // Each sale's flags are one key of its own: count the edge's reads of each in 4 s.
+    let ((), seen) = monitored(
+        |line| line.to_ascii_lowercase().contains("\"hgetall\"") && line.contains(":soldout\""),
+        tokio::time::sleep(Duration::from_secs(4)),
+    )
+    .await;
+    let reads = |event: u64| {
+        let key = format!("\"{}\"", app.keys().sold_out(event));
+        seen.iter().filter(|l| l.contains(&key)).count()
+    };
+    let (live_reads, ahead_reads) = (reads(live), reads(ahead));
+    assert!(
+        ahead_reads >= 1,
+        "the sale published ahead was not read in 4 s (the live one {live_reads} times)"
+    );
+    assert!(
+        live_reads > 2 * ahead_reads,
+        "in 4 s the live sale's flags were read {live_reads} times, the sale published ahead's {ahead_reads}"
     );
 }
