@@ -674,7 +674,7 @@ async fn sweep_all(mover: &Mover, events: &crate::catalog::EventCache) -> anyhow
         .query_async(&mut mover.redis.clone())
         .await?;
     for id in ids {
-        let Some(event) = events.get(id).await? else {
+        let Some(event) = events.shape(id).await? else {
             continue;
         };
         if event.buckets <= 1 {
@@ -688,7 +688,7 @@ async fn sweep_all(mover: &Mover, events: &crate::catalog::EventCache) -> anyhow
                 "bucket sweep failed; will retry"
             );
         }
-        if event.categories.iter().any(|c| c.seats.is_some()) {
+        if event.seated {
             let mut redis = mover.redis.clone();
             let settled = crate::admission::seat_lock::settle_expired(
                 &mut redis,

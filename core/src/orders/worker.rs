@@ -38,8 +38,8 @@ impl Pipeline {
             .await?;
         let mut buckets = Vec::new();
         for id in ids {
-            let count = match self.events.get(id).await? {
-                Some(event) => event.buckets,
+            let count = match self.events.shape(id).await? {
+                Some(shape) => shape.buckets,
                 None => 1,
             };
             buckets.extend(Bucket::all(EventId(id), count));

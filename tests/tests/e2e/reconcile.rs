@@ -776,3 +776,33 @@ impl Scripts {
             .unwrap()
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loops_over_the_listed_sales_read_each_event_from_mysql_once() {
+    // A core of its own (its own key prefix: its sales index holds these sales only),
+    // with order workers: they and the bucket sweeper walk every listed sale each
+    // second. Through the event cache's 1 s ttl that was a MySQL read of each event a
+    // second, three queries each, whatever the sale was doing.
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let mut ahead = small_sale(5, 1, 1, 2);
+    ahead["sale_start"] = json!("2031-01-01T00:00:00Z");
+    const SALES: u64 = 20;
+    for _ in 0..SALES {
+        let (event, _) = app.create_event(ahead.clone()).await;
+        app.publish(event).await;
+    }
+    let reads = || async {
+        app.counter("stampede_event_reads_total")
+            .await
+            .expect("the event reads counter")
+    };
+    // Every sale seen by the workers and the sweeper (the index is read every second).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = reads().await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let read = reads().await - before;
+    assert!(
+        read < SALES,
+        "{read} event reads from MySQL in 4 s with {SALES} sales listed and nothing sold"
+    );
+}
