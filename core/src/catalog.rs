@@ -20,7 +20,7 @@ pub struct EventCache {
     /// next caller reads again.
     call_timeout: CallTimeout,
     events: moka::future::Cache<u64, Option<std::sync::Arc<EventRecord>>>,
-    /// What never changes once an event is created, kept without the ttl ([`shape`]).
+    /// What never changes once an event is created, kept 10 minutes ([`shape`]).
     shapes: moka::future::Cache<u64, Shape>,
     listing: moka::future::Cache<(), std::sync::Arc<Vec<EventRecord>>>,
     /// The largest event id MySQL had when last asked, and when: an id above it is no
@@ -62,7 +62,12 @@ impl EventCache {
                 .max_capacity(10_000)
                 .time_to_live(ttl)
                 .build(),
-            shapes: moka::future::Cache::builder().max_capacity(100_000).build(),
+            // Kept 10 minutes, not for good: a database restored under a running core
+            // may bring an id back with another shape.
+            shapes: moka::future::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(std::time::Duration::from_secs(600))
+                .build(),
             listing: moka::future::Cache::builder()
                 .max_capacity(1)
                 .time_to_live(ttl)
@@ -105,9 +110,9 @@ impl EventCache {
     }
 
     /// The event's [`Shape`], for the loops that walk every listed sale each second (the
-    /// order workers, the bucket sweeper): read once per event, not once per `ttl`. Through
-    /// the ttl, 213 listed sales (200 published a day ahead) cost an idle MariaDB about
-    /// 360 event reads a second, three queries each. A missing event is not kept: one
+    /// order workers, the bucket sweeper): read once per event every 10 minutes, not once
+    /// per `ttl`. Through the ttl, 213 listed sales (200 published a day ahead) cost an
+    /// idle MariaDB about 190 event reads a second, three queries each. A missing event is not kept: one
     /// another core created a moment ago is found at the next ask.
     pub async fn shape(&self, event_id: u64) -> anyhow::Result<Option<Shape>> {
         if let Some(shape) = self.shapes.get(&event_id).await {

@@ -119,9 +119,19 @@ pub struct Admission {
     pub refills: crate::buckets::RefillGates,
     /// `stampede_bucket_refills_total`, by outcome.
     pub refill_outcomes: prometheus::IntCounterVec,
-    /// Woken for the stream a purchase was queued in: this core's order workers read it
-    /// within `orders::IDLE_AWAKE` however long it had been empty.
+    /// Woken for the stream of each purchase that reaches the script: this core's order
+    /// workers read it within `orders::IDLE_AWAKE` however long it had been empty.
     pub streams: Arc<crate::orders::IdleStreams>,
+}
+
+/// Wakes this core's order workers for a stream when dropped
+/// ([`crate::orders::IdleStreams::woken`]).
+struct WakeStream<'a>(&'a crate::orders::IdleStreams, crate::keys::Bucket);
+
+impl Drop for WakeStream<'_> {
+    fn drop(&mut self) {
+        self.0.woken(self.1, std::time::Instant::now());
+    }
 }
 
 impl Admission {
@@ -157,6 +167,9 @@ impl Admission {
         };
         let seats_elsewhere = matches!(purchase.seats, Seats::Best { .. } | Seats::Chosen { .. })
             && !purchase.bucket.holds_seats();
+        // Whatever comes of it — admitted, refused, an error, or this request dropped
+        // with the script's answer unread — the purchase may be in its stream now.
+        let _wake = WakeStream(&self.streams, purchase.bucket);
         let outcome = if seats_elsewhere {
             self.reserve_seats_elsewhere(
                 &purchase,
@@ -178,9 +191,6 @@ impl Admission {
             }
             other => other?,
         };
-        if reserved.request_id == request_id {
-            self.streams.admitted(purchase.bucket);
-        }
         if let Some(replicas) = &self.replicas {
             let record = replicated::Record::admission(
                 &self.keys,

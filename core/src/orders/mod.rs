@@ -151,9 +151,11 @@ pub const IDLE_MAX: Duration = Duration::from_secs(2);
 /// Streams found empty, per bucket: when this core's workers last read each and how long
 /// they wait before the next read. A stream with entries is read again at once. Every
 /// listed sale's streams are read by every core, so what an idle stack spends grows
-/// with the sales listed: 275 listed on the test stack were 1 240 XREADGROUPs a second
+/// with the sales listed: 275 listed on the test stack were 1 145 XREADGROUPs a second
 /// when every empty stream was read every 200 ms. A stream waits up to [`IDLE_MAX`] now,
-/// and this core's own admissions bring its next read back within [`IDLE_AWAKE`].
+/// and a purchase this core tries to queue in it brings its next read back within
+/// [`IDLE_AWAKE`]: reservations queued by another core (whose workers read them at
+/// once) wait here up to [`IDLE_MAX`].
 #[derive(Default)]
 pub struct IdleStreams(Mutex<HashMap<Bucket, Idle>>);
 
@@ -161,6 +163,8 @@ pub struct IdleStreams(Mutex<HashMap<Bucket, Idle>>);
 struct Idle {
     read_at: Instant,
     wait: Duration,
+    /// When this core last tried to queue a purchase in the stream.
+    woken_at: Option<Instant>,
 }
 
 impl IdleStreams {
@@ -170,31 +174,44 @@ impl IdleStreams {
         idle.get(&bucket).is_none_or(|i| now >= i.read_at + i.wait)
     }
 
-    /// After a read of new entries: an empty stream waits longer each time; one with
-    /// entries is read again at once.
-    pub fn read(&self, bucket: Bucket, found: bool, now: Instant) {
+    /// After a read of new entries that started at `started`: an empty stream waits
+    /// longer each time, unless a purchase was queued while it was read (its entry may
+    /// have come after the read: [`IDLE_FIRST`]); one with entries is read again at once.
+    pub fn read(&self, bucket: Bucket, found: bool, started: Instant, now: Instant) {
         let mut idle = self.0.lock().expect("not poisoned");
         if found {
             idle.remove(&bucket);
             return;
         }
-        let wait = idle
-            .get(&bucket)
-            .map_or(IDLE_FIRST, |i| (i.wait * 2).min(IDLE_MAX));
-        idle.insert(bucket, Idle { read_at: now, wait });
+        let wait = match idle.get(&bucket) {
+            None => IDLE_FIRST,
+            Some(i) if i.woken_at.is_some_and(|at| at >= started) => IDLE_FIRST,
+            Some(i) => (i.wait * 2).min(IDLE_MAX),
+        };
+        idle.insert(
+            bucket,
+            Idle {
+                read_at: now,
+                wait,
+                woken_at: None,
+            },
+        );
     }
 
-    /// This core admitted a purchase into the stream: read it within [`IDLE_AWAKE`] of
-    /// the last read (at once if that is past).
-    pub fn admitted(&self, bucket: Bucket) {
+    /// This core tried to queue a purchase in the stream (admitted or not: a script
+    /// whose answer was lost may have queued it): read it within [`IDLE_AWAKE`] of the
+    /// last read (at once if that is past).
+    pub fn woken(&self, bucket: Bucket, now: Instant) {
         let mut idle = self.0.lock().expect("not poisoned");
         if let Some(i) = idle.get_mut(&bucket) {
             i.wait = i.wait.min(IDLE_AWAKE);
+            i.woken_at = Some(now);
         }
     }
 
     /// Forgets the buckets no longer listed (retired sales).
     pub fn keep(&self, listed: &[Bucket]) {
+        let listed: std::collections::HashSet<&Bucket> = listed.iter().collect();
         let mut idle = self.0.lock().expect("not poisoned");
         idle.retain(|b, _| listed.contains(b));
     }
@@ -228,6 +245,7 @@ impl Claims {
 
     /// Forgets the buckets no longer listed (retired sales).
     pub fn keep(&self, listed: &[Bucket]) {
+        let listed: std::collections::HashSet<&Bucket> = listed.iter().collect();
         let mut last = self.0.lock().expect("not poisoned");
         last.retain(|b, _| listed.contains(b));
     }
@@ -239,7 +257,7 @@ mod tests {
     use crate::domain::EventId;
 
     #[test]
-    fn an_empty_stream_waits_longer_until_this_core_admits_into_it() {
+    fn an_empty_stream_waits_longer_until_this_core_queues_in_it() {
         let idle = IdleStreams::default();
         let (a, b) = (Bucket::only(EventId(1)), Bucket::only(EventId(2)));
         let t0 = Instant::now();
@@ -248,7 +266,7 @@ mod tests {
         let mut t = t0;
         let mut waits = Vec::new();
         for _ in 0..12 {
-            idle.read(a, false, t);
+            idle.read(a, false, t, t);
             let mut wait = Duration::ZERO;
             while !idle.due(a, t + wait) {
                 wait += Duration::from_millis(1);
@@ -261,29 +279,45 @@ mod tests {
             [10, 20, 40, 80, 160, 320, 640, 1280, 2000, 2000, 2000, 2000]
         );
         assert!(idle.due(b, t), "each stream has its own wait");
-        // An idle stream (waiting IDLE_MAX) this core admits into: due IDLE_AWAKE after
+        // An idle stream (waiting IDLE_MAX) this core queues in: due IDLE_AWAKE after
         // its last read.
         let quiet = |at: Instant| {
             for _ in 0..10 {
-                idle.read(a, false, at);
+                idle.read(a, false, at, at);
             }
         };
         quiet(t);
         assert!(!idle.due(a, t + IDLE_AWAKE), "waiting IDLE_MAX");
-        idle.admitted(a);
+        idle.woken(a, t + Duration::from_millis(100));
         assert!(!idle.due(a, t + IDLE_AWAKE - Duration::from_millis(1)));
         assert!(idle.due(a, t + IDLE_AWAKE));
-        // An admission 900 ms after the read: due at once.
+        // A purchase 900 ms after the read: due at once.
         quiet(t);
         let later = t + Duration::from_millis(900);
         assert!(!idle.due(a, later));
-        idle.admitted(a);
+        idle.woken(a, later);
         assert!(idle.due(a, later));
+        // Queued while a read was under way (the read may have missed it): the first
+        // wait, not double IDLE_AWAKE. Queued before the read began: the read saw it.
+        quiet(t);
+        let (started, woke, ended) = (
+            t + Duration::from_millis(1),
+            t + Duration::from_millis(2),
+            t + Duration::from_millis(3),
+        );
+        idle.woken(a, woke);
+        idle.read(a, false, started, ended);
+        assert!(idle.due(a, ended + IDLE_FIRST));
+        quiet(t);
+        idle.woken(a, t);
+        idle.read(a, false, started, ended);
+        assert!(!idle.due(a, ended + IDLE_AWAKE), "doubled from IDLE_AWAKE");
+        assert!(idle.due(a, ended + 2 * IDLE_AWAKE));
         // Entries found: read at once; a shorter wait is never lengthened.
-        idle.read(a, true, t);
+        idle.read(a, true, t, t);
         assert!(idle.due(a, t));
-        idle.read(a, false, t);
-        idle.admitted(a);
+        idle.read(a, false, t, t);
+        idle.woken(a, t);
         assert!(idle.due(a, t + IDLE_FIRST), "still the first wait");
         idle.keep(&[b]);
         assert!(idle.due(a, t), "a stream no longer listed is forgotten");

@@ -176,6 +176,7 @@ impl Pipeline {
                     None
                 };
                 if turn.is_some() {
+                    let started = Instant::now();
                     match redis::read(
                         &mut redis,
                         &self.keys,
@@ -187,7 +188,8 @@ impl Pipeline {
                     .await
                     {
                         Ok(found) => {
-                            self.idle.read(bucket, !found.is_empty(), Instant::now());
+                            self.idle
+                                .read(bucket, !found.is_empty(), started, Instant::now());
                             first_delivery = true;
                             entries = found;
                         }

@@ -140,11 +140,27 @@ local function pull()
   return snap
 end
 
+-- Adopts the shared snapshot if it is newer than this worker's.
+local function adopt()
+  local v = dict:get(VERSION)
+  if v and v ~= version then
+    local snap = cjson.decode(dict:get(SNAPSHOT) or "")
+    if snap then
+      events = snap.events
+      snapshot_at = snap.at or 0
+      limit.apply(snap.limits)
+      version = v
+    end
+  end
+end
+
 local last_warning = 0
 local function refresh(premature)
   if premature then return end
-  -- Leader for this tick: the first worker to add the lock pulls from Redis.
+  -- Leader for this tick: the first worker to add the lock pulls from Redis, from the
+  -- newest snapshot (what it may keep of a sale not on is what the last leader read).
   if dict:add(LOCK, true, cfg.interval_s * 0.9) then
+    adopt()
     local snap, err = pull()
     if snap then
       snap.at = ngx.now()
@@ -156,16 +172,7 @@ local function refresh(premature)
     end
   end
   -- Every worker: adopt a newer snapshot.
-  local v = dict:get(VERSION)
-  if v and v ~= version then
-    local snap = cjson.decode(dict:get(SNAPSHOT) or "")
-    if snap then
-      events = snap.events
-      snapshot_at = snap.at or 0
-      limit.apply(snap.limits)
-      version = v
-    end
-  end
+  adopt()
 end
 
 -- opts: {dict, nodes = {"host:port", ...}, cluster, prefix, timeout_ms, interval_s}

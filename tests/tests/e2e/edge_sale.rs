@@ -60,8 +60,7 @@ async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
 
     // Watch every command on the event's meta key while 200 more buyers try.
     let meta = format!("{}\"", app.keys().event_meta(event));
-    let watched = meta.clone();
-    let ((), seen) = monitored(move |line| line.contains(&watched), async {
+    let ((), seen) = monitored(move |line| line.contains(&meta), async {
         // Each a different buyer: one buyer trying 200 times would meet the rate
         // limits first.
         for (i, buyer) in crowd.iter().enumerate() {
@@ -90,10 +89,7 @@ async fn sold_out_is_answered_at_the_edge_without_a_redis_command() {
         scripts.is_empty(),
         "sold-out requests reached Redis: {scripts:?}"
     );
-    assert!(
-        !seen.is_empty(),
-        "MONITOR saw the edge's own refreshes of {meta}, so it was watching"
-    );
+    // `monitored` watched from MONITOR's OK to a marker sent after the last buyer.
 }
 
 /// Runs `during` while Redis's MONITOR is read, and returns what it returned and the lines
@@ -116,20 +112,34 @@ async fn monitored<T>(
     // Its "OK": watching from here.
     let ok = lines.next_line().await.expect("MONITOR's answer");
     assert_eq!(ok.as_deref(), Some("OK"));
+    // Read until a marker sent after `during` comes by: every command before it is in.
+    let marker = format!("end-of-watch-{}", rand_key());
+    let watching = marker.clone();
     let reader = tokio::spawn(async move {
         let mut kept = Vec::new();
         while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains(&watching) {
+                return Some(kept);
+            }
             if keep(&line) {
                 kept.push(line);
             }
         }
-        kept
+        None
     });
     let out = during.await;
-    tokio::time::sleep(Duration::from_millis(200)).await; // the last commands' lines
+    redis::cmd("ECHO")
+        .arg(&marker)
+        .query_async::<String>(&mut stack.redis().await)
+        .await
+        .expect("ECHO");
+    let kept = tokio::time::timeout(Duration::from_secs(30), reader)
+        .await
+        .expect("MONITOR showed the marker")
+        .unwrap()
+        .expect("MONITOR ended before the marker");
     monitor.start_kill().unwrap();
-    monitor.wait().await.unwrap();
-    (out, reader.await.unwrap())
+    (out, kept)
 }
 
 #[tokio::test]
@@ -402,12 +412,20 @@ async fn the_edge_reads_a_sale_published_ahead_about_once_a_second_and_a_live_on
         seen.iter().filter(|l| l.contains(&key)).count()
     };
     let (live_reads, ahead_reads) = (reads(live), reads(ahead));
+    // Every tick (200 ms) would be about 20 reads each; once a second about 4 for the
+    // sale published ahead. A slow machine stretches the ticks (fewer live reads); a
+    // leader that started before the last one's snapshot was out reads it once more.
+    assert!(ahead_reads >= 1, "the sale published ahead is still read");
     assert!(
-        ahead_reads >= 1,
-        "the sale published ahead was not read in 4 s (the live one {live_reads} times)"
+        ahead_reads <= 6 || 2 * ahead_reads <= live_reads,
+        "in 4 s the sale published ahead's flags were read {ahead_reads} times, the live one's {live_reads}"
     );
-    assert!(
-        live_reads > 2 * ahead_reads,
-        "in 4 s the live sale's flags were read {live_reads} times, the sale published ahead's {ahead_reads}"
-    );
+    // Retired once over (a minute after the close): not left listed for later tests.
+    for event in [live, ahead] {
+        let (status, body) = app
+            .admin
+            .post(&format!("/admin/events/{event}/close"), json!({}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
 }

@@ -778,11 +778,12 @@ impl Scripts {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_loops_over_the_listed_sales_read_each_event_from_mysql_once() {
+async fn the_workers_and_the_bucket_sweeper_read_each_listed_event_from_mysql_once() {
     // A core of its own (its own key prefix: its sales index holds these sales only),
     // with order workers: they and the bucket sweeper walk every listed sale each
     // second. Through the event cache's 1 s ttl that was a MySQL read of each event a
-    // second, three queries each, whatever the sale was doing.
+    // second, three queries each, whatever the sale was doing. (The reconciler's passes
+    // read each listed event too, every `reconcile.interval_s`, 10 s here, uncounted.)
     let app = spawn_app_with(|s| s.orders.enabled = true).await;
     let mut ahead = small_sale(5, 1, 1, 2);
     ahead["sale_start"] = json!("2031-01-01T00:00:00Z");
