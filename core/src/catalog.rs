@@ -112,8 +112,8 @@ impl EventCache {
     /// The event's [`Shape`], for the loops that walk every listed sale each second (the
     /// order workers, the bucket sweeper): read once per event every 10 minutes, not once
     /// per `ttl`. Through the ttl, 213 listed sales (200 published a day ahead) cost an
-    /// idle MariaDB about 190 event reads a second, three queries each. A missing event is not kept: one
-    /// another core created a moment ago is found at the next ask.
+    /// idle MariaDB about 190 event reads a second, three queries each. A missing event
+    /// is not kept: one another core created a moment ago is found at the next ask.
     pub async fn shape(&self, event_id: u64) -> anyhow::Result<Option<Shape>> {
         if let Some(shape) = self.shapes.get(&event_id).await {
             return Ok(Some(shape));

@@ -20,7 +20,7 @@ pub mod reservation;
 pub mod tx;
 mod worker;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -62,7 +62,7 @@ pub struct Pipeline {
     /// Reservations taken over from a consumer that left them idle (XAUTOCLAIM).
     pub taken_over: prometheus::IntCounter,
     /// When this core's workers read each stream for new reservations again; shared
-    /// with admission, which wakes the streams it adds to.
+    /// with admission, which wakes the streams it may add to.
     pub idle: Arc<IdleStreams>,
     /// Batches of new reservations per bucket at a time in this core.
     pub reading: Turns,
@@ -138,10 +138,10 @@ impl Drop for Turn<'_> {
 }
 
 /// The first wait before a stream found empty is read again, doubled while it stays
-/// empty: up to [`IDLE_AWAKE`] after this core admitted a purchase into it, else up to
-/// [`IDLE_MAX`].
+/// empty: up to [`IDLE_AWAKE`] after this core tried to queue a purchase in it, else up
+/// to [`IDLE_MAX`].
 pub const IDLE_FIRST: Duration = Duration::from_millis(10);
-/// The longest a stream this core admitted into since its last read waits: a stream
+/// The longest a stream this core tried to queue in since its last read waits: a stream
 /// under this core's admissions is read as it was before idle streams waited longer.
 pub const IDLE_AWAKE: Duration = Duration::from_millis(200);
 /// The longest any listed stream waits (another core's admissions, which that core's
@@ -210,8 +210,7 @@ impl IdleStreams {
     }
 
     /// Forgets the buckets no longer listed (retired sales).
-    pub fn keep(&self, listed: &[Bucket]) {
-        let listed: std::collections::HashSet<&Bucket> = listed.iter().collect();
+    pub fn keep(&self, listed: &HashSet<Bucket>) {
         let mut idle = self.0.lock().expect("not poisoned");
         idle.retain(|b, _| listed.contains(b));
     }
@@ -244,8 +243,7 @@ impl Claims {
     }
 
     /// Forgets the buckets no longer listed (retired sales).
-    pub fn keep(&self, listed: &[Bucket]) {
-        let listed: std::collections::HashSet<&Bucket> = listed.iter().collect();
+    pub fn keep(&self, listed: &HashSet<Bucket>) {
         let mut last = self.0.lock().expect("not poisoned");
         last.retain(|b, _| listed.contains(b));
     }
@@ -319,7 +317,7 @@ mod tests {
         idle.read(a, false, t, t);
         idle.woken(a, t);
         assert!(idle.due(a, t + IDLE_FIRST), "still the first wait");
-        idle.keep(&[b]);
+        idle.keep(&HashSet::from([b]));
         assert!(idle.due(a, t), "a stream no longer listed is forgotten");
     }
 
@@ -346,7 +344,7 @@ mod tests {
             "at once after a look that found a full batch"
         );
         assert!(!claims.due(a, every, t0 + every));
-        claims.keep(&[b]);
+        claims.keep(&HashSet::from([b]));
         assert!(
             claims.due(a, every, t0 + every),
             "a stream no longer listed is forgotten"

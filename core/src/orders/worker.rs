@@ -68,9 +68,10 @@ impl Pipeline {
                 match self.events_with_sales().await {
                     Ok(ids) => {
                         // A retired sale's streams are read no more: forget them.
-                        grouped.retain(|b| ids.contains(b));
-                        self.idle.keep(&ids);
-                        self.claims.keep(&ids);
+                        let listed: HashSet<Bucket> = ids.iter().copied().collect();
+                        grouped.retain(|b| listed.contains(b));
+                        self.idle.keep(&listed);
+                        self.claims.keep(&listed);
                         events = ids;
                     }
                     Err(e) => tracing::warn!(

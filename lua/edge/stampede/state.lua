@@ -94,7 +94,7 @@ local function pull()
     if not replies then return nil, "events: " .. tostring(perr) end
   end
   local more, takers = {}, {}
-  local now_ms = floor(ngx.now() * 1000)
+  local now_ms = floor(now * 1000)
   for i, id in ipairs(ids) do
     local ev = snap.events[id]
     ev.room = room.from_reply(replies[4 * i])
