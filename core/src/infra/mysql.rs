@@ -98,6 +98,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V24__stock_log_batch_index",
         include_str!("../../../sql/V24__stock_log_batch_index.sql"),
     ),
+    (
+        "V25__stock_log_reason",
+        include_str!("../../../sql/V25__stock_log_reason.sql"),
+    ),
 ];
 
 const PER_SHARD_MARK: &str = "-- per-shard:";

@@ -109,8 +109,8 @@ impl Pipeline {
                     let order_no = r.order_no;
                     keep.extend(self.drop_stale(bucket, vec![r], &[order_no]).await.0);
                 }
-                Ok(Ok(persist::Expiry::Refused)) => {
-                    if !self.refuse(bucket, &r, Declined::Before, None).await {
+                Ok(Ok(persist::Expiry::Refused(why))) => {
+                    if !self.refuse(bucket, &r, why, None).await {
                         keep.push(r);
                     }
                 }

@@ -25,7 +25,8 @@ pub enum Declined {
     SeatTaken,
     /// Its order number belongs to another buyer's order (minted twice).
     NumberTaken,
-    /// Turned away before (a replay of the batch): stays turned away.
+    /// Turned away before for a reason not known (a REFUSED row from before stock_log
+    /// kept its reason): stays turned away.
     Before,
 }
 
@@ -38,6 +39,30 @@ impl Declined {
             Declined::SeatTaken => "a chosen seat is taken",
             Declined::NumberTaken => "the order could not be created",
             Declined::Before => "refused",
+        }
+    }
+
+    /// What stock_log's `reason` keeps of a REFUSED row (none for [`Declined::Before`]:
+    /// its reason is not known).
+    pub fn code(self) -> Option<&'static str> {
+        match self {
+            Declined::SoldOut => Some("SOLD_OUT"),
+            Declined::OverLimit => Some("OVER_LIMIT"),
+            Declined::SeatTaken => Some("SEAT_TAKEN"),
+            Declined::NumberTaken => Some("NUMBER_TAKEN"),
+            Declined::Before => None,
+        }
+    }
+
+    /// A REFUSED row's `reason` read back: what the first refusal was, or
+    /// [`Declined::Before`] when the row does not say (older rows, NULL).
+    pub fn from_code(code: Option<&str>) -> Declined {
+        match code {
+            Some("SOLD_OUT") => Declined::SoldOut,
+            Some("OVER_LIMIT") => Declined::OverLimit,
+            Some("SEAT_TAKEN") => Declined::SeatTaken,
+            Some("NUMBER_TAKEN") => Declined::NumberTaken,
+            _ => Declined::Before,
         }
     }
 }
@@ -332,12 +357,21 @@ pub fn minted_twice(existing: &[(u64, u64)], r: &Reservation) -> bool {
 /// What stock_log already says of a batch's fresh reservations, in one read.
 #[derive(Debug, Default)]
 pub struct History {
-    /// Turned away before (a replay): order number → `EXPIRED` (the deadline's) or
-    /// `REFUSED` (the guards'); their rows exist with no order.
-    pub decided: HashMap<u64, String>,
+    /// Turned away before (a replay): order number → what its row says; their rows
+    /// exist with no order.
+    pub decided: HashMap<u64, Decided>,
     /// The largest admission number among them that an order of the event already has:
     /// Redis handed it out again, so it went back in time.
     pub reissued: Option<u64>,
+}
+
+/// A reservation turned away before, as its stock_log row says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// EXPIRED: past its deadline.
+    Expired,
+    /// REFUSED by the guards, for the reason its row keeps.
+    Refused(Declined),
 }
 
 /// One read of stock_log by the reservations' order numbers and admission numbers.
@@ -363,19 +397,56 @@ pub async fn history(
     } else {
         format!(" OR (event_id = {event_id} AND seq IN ({seqs}))")
     };
-    let rows: Vec<(u64, String, Option<u64>)> = tx
+    let rows: Vec<(u64, String, Option<u64>, Option<String>)> = tx
         .query(format!(
-            "SELECT order_no, status, seq FROM stock_log WHERE order_no IN ({numbers}){by_seq}"
+            "SELECT order_no, status, seq, reason FROM stock_log \
+             WHERE order_no IN ({numbers}){by_seq}"
         ))
         .await
         .map_err(classify)?;
-    for (order_no, status, seq) in rows {
+    for (order_no, status, seq, reason) in rows {
         let ours = fresh.iter().any(|r| r.order_no.0 == order_no);
-        if ours && (status == "EXPIRED" || status == "REFUSED") {
-            history.decided.insert(order_no, status);
+        let decided = match status.as_str() {
+            "EXPIRED" => Some(Decided::Expired),
+            "REFUSED" => Some(Decided::Refused(Declined::from_code(reason.as_deref()))),
+            _ => None,
+        };
+        if ours && let Some(decided) = decided {
+            history.decided.insert(order_no, decided);
         } else if !ours && let Some(seq) = seq {
             history.reissued = history.reissued.max(Some(seq));
         }
     }
     Ok(history)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Declined;
+
+    #[test]
+    fn a_refusals_reason_reads_back_as_itself_and_an_unknown_one_as_before() {
+        for why in [
+            Declined::SoldOut,
+            Declined::OverLimit,
+            Declined::SeatTaken,
+            Declined::NumberTaken,
+        ] {
+            assert_eq!(Declined::from_code(why.code()), why);
+        }
+        assert_eq!(Declined::Before.code(), None);
+        for unknown in [
+            None,
+            Some(""),
+            Some("sold out"),
+            Some("sold_out"),
+            Some("BEFORE"),
+        ] {
+            assert_eq!(
+                Declined::from_code(unknown),
+                Declined::Before,
+                "{unknown:?}"
+            );
+        }
+    }
 }

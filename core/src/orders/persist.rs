@@ -293,14 +293,14 @@ async fn attempt(
         return Err(PersistError::Rewound(seq));
     }
     let before = history.decided;
-    fresh.retain(|r| match before.get(&r.order_no.0).map(String::as_str) {
+    fresh.retain(|r| match before.get(&r.order_no.0) {
         None => true,
-        Some("EXPIRED") => {
+        Some(guards::Decided::Expired) => {
             created.expired.push(r.order_no);
             false
         }
-        Some(_) => {
-            created.declined.push((r.order_no, Declined::Before));
+        Some(guards::Decided::Refused(why)) => {
+            created.declined.push((r.order_no, *why));
             false
         }
     });
@@ -370,7 +370,7 @@ async fn attempt(
             }
             let _ = write!(
                 row(&mut logs),
-                "({},{},{},{},'{}','COMMITTED',",
+                "({},{},{},{},'{}','COMMITTED',NULL,",
                 r.order_no,
                 batch.event_id,
                 r.category_id,
@@ -403,19 +403,22 @@ async fn attempt(
     }
     for (r, why) in &verdict.declined {
         tracing::warn!(order_no = %r.order_no, why = why.reason(), "MySQL refused a reservation Redis admitted");
+        // The reason is one of Declined's own codes, never the buyer's text.
         let _ = write!(
             row(&mut logs),
-            "({},{},{},0,'{}','REFUSED',NULL)",
+            "({},{},{},0,'{}','REFUSED',{},NULL)",
             r.order_no,
             batch.event_id,
             r.category_id,
-            batch.batch_id
+            batch.batch_id,
+            why.code().map_or("NULL".into(), |c| format!("'{c}'")),
         );
         created.declined.push((r.order_no, *why));
     }
     if !logs.is_empty() {
         tx.query_drop(format!(
-            "INSERT INTO stock_log (order_no, event_id, category_id, quantity, batch_id, status, seq) \
+            "INSERT INTO stock_log \
+             (order_no, event_id, category_id, quantity, batch_id, status, reason, seq) \
              VALUES {logs}"
         ))
         .await
@@ -482,8 +485,9 @@ pub enum Expiry {
     /// Taken before the event's keys were rebuilt: drop it, never release it.
     Stale,
     /// MySQL turned it away before (a REFUSED row: the worker that committed it never
-    /// told Redis): refuse it, giving nothing back, as a replay of its batch would.
-    Refused,
+    /// told Redis), for the reason its row keeps: refuse it, giving no units back, as
+    /// a replay of its batch would.
+    Refused(Declined),
 }
 
 /// Expires a reservation unless its order exists. The EXPIRED stock_log row takes the
@@ -536,16 +540,18 @@ pub async fn expire(
         // a seat another live order holds), or EXPIRED by an earlier pass. Read after
         // the insert, so the read locks that row, not a gap (a locking read of a missing
         // row first took a gap lock two expiries' inserts deadlocked on: review).
-        let logged: Option<String> = tx
+        let logged: Option<(String, Option<String>)> = tx
             .exec_first(
-                "SELECT status FROM stock_log WHERE order_no = ? FOR UPDATE",
+                "SELECT status, reason FROM stock_log WHERE order_no = ? FOR UPDATE",
                 (r.order_no,),
             )
             .await
             .map_err(classify)?;
-        if logged.as_deref() == Some("REFUSED") {
+        if let Some((status, reason)) = logged
+            && status == "REFUSED"
+        {
             tx.commit().await.map_err(classify)?;
-            return Ok(Expiry::Refused);
+            return Ok(Expiry::Refused(Declined::from_code(reason.as_deref())));
         }
     }
     commit(tx).await?;

@@ -82,10 +82,13 @@ async fn mysql_refuses_units_redis_should_not_have_offered_and_redis_is_correcte
     }
     let refused = scalar(
         &app.mysql,
-        &format!("SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND status = 'REFUSED'"),
+        &format!(
+            "SELECT COUNT(*) FROM stock_log WHERE event_id = {event} AND status = 'REFUSED' \
+             AND reason = 'SOLD_OUT'"
+        ),
     )
     .await;
-    assert_eq!(refused, 5);
+    assert_eq!(refused, 5, "each refusal's row says why");
     assert_eq!(
         app.stock(event, ga).await,
         0,
@@ -141,9 +144,11 @@ async fn mysql_refuses_a_seat_in_two_live_orders_and_a_buyer_over_the_limit() {
         .hdel(app.keys().held(Bucket::only(event)), owner.user_id)
         .await
         .unwrap();
-    assert_eq!(app.buy(event, other, "seat", seat).await.0, 202);
+    let (status, seat_queued) = app.buy(event, other, "seat", seat).await;
+    assert_eq!(status, 202, "{seat_queued}");
     let more = json!({"category_id": ga, "quantity": 1});
-    assert_eq!(app.buy(event, owner, "more", more).await.0, 202);
+    let (status, more_queued) = app.buy(event, owner, "more", more).await;
+    assert_eq!(status, 202, "{more_queued}");
     assert!(drained(&app, event).await);
 
     let taken = app.purchase_status(event, other).await;
@@ -160,6 +165,19 @@ async fn mysql_refuses_a_seat_in_two_live_orders_and_a_buyer_over_the_limit() {
         redis.hget(&held_key, owner.user_id).await.unwrap(),
     );
     assert_eq!(held, (None, Some(1)));
+    // Each REFUSED row says why, by the reservation's order number.
+    for (queued, reason) in [(&seat_queued, "SEAT_TAKEN"), (&more_queued, "OVER_LIMIT")] {
+        let order_no: u64 = queued["request_id"].as_str().unwrap().parse().unwrap();
+        let rows = scalar(
+            &app.mysql,
+            &format!(
+                "SELECT COUNT(*) FROM stock_log WHERE order_no = {order_no} \
+                 AND status = 'REFUSED' AND reason = '{reason}'"
+            ),
+        )
+        .await;
+        assert_eq!(rows, 1, "order {order_no} refused {reason}");
+    }
     assert_eq!(
         ordered_units(&app.mysql, event).await,
         (1, 1),

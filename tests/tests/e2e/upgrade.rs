@@ -94,6 +94,14 @@ async fn a_database_with_orders_from_before_the_rekeying_upgrades_in_place() {
             (1007, "COMMITTED".into())
         ]
     );
+    // A REFUSED row from before V25 does not say why: its reason stays unknown (NULL),
+    // and so does every other row's.
+    let reasons = scalar(
+        &db,
+        "SELECT COUNT(*) FROM stock_log WHERE reason IS NOT NULL",
+    )
+    .await;
+    assert_eq!(reasons, 0);
     // What was synced is now said per batch (V22, V23): an unsynced batch keeps the units
     // of its live orders to subtract (not those of the order cancelled before the sync,
     // never to be subtracted), a synced one is synced, one refused whole is synced with
@@ -163,6 +171,7 @@ async fn a_database_with_orders_from_before_the_rekeying_upgrades_in_place() {
         "V21__order_rows_by_order",
         "V23__stock_log_unflagged",
         "V24__stock_log_batch_index",
+        "V25__stock_log_reason",
     ] {
         let sql = all
             .iter()
