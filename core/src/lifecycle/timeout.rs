@@ -32,14 +32,17 @@ const EXPIRING_AT_ONCE: usize = 64;
 /// of the RocketMQ client's threads for that long — enough early messages at once and
 /// the client has none left for anything else. A batch the task fails to finish (an
 /// error, a core stopped) is cancelled by the overdue sweep ([`OVERDUE_S`] past the
-/// deadline); more than [`EXPIRING_AT_ONCE`] at once go back to the broker.
+/// deadline); more than [`EXPIRING_AT_ONCE`] at once go back to the broker. One message
+/// per delivery: the listener can only hand a delivery back whole, and a delivery of
+/// several handed back for its last message would have its first ones expired again
+/// (changing nothing, but in a cancellation wave, when MySQL is busiest).
 pub fn consumer(lifecycle: Lifecycle, names: &Names) -> Subscription {
     let lifecycle = Arc::new(lifecycle);
     let expiring = Arc::new(tokio::sync::Semaphore::new(EXPIRING_AT_ONCE));
     Subscription {
         topic: names.order_timeout.clone(),
         group: names.timeout_group.clone(),
-        batch_max: 8,
+        batch_max: 1,
         what: "order timeout",
         apply: Arc::new(move |message: BatchMessage| {
             let (lifecycle, expiring) = (lifecycle.clone(), expiring.clone());

@@ -52,7 +52,9 @@ pub struct Subscription {
     /// The topic's name under the namespace, e.g. `Names::stock_sync`.
     pub topic: String,
     pub group: String,
-    /// Messages handed to the listener at once.
+    /// Messages handed to the listener at once. A failure hands the whole delivery
+    /// back (the client's context cannot acknowledge part of it): a flow whose apply
+    /// answers [`Later`] often takes one at a time.
     pub batch_max: u32,
     /// For the logs.
     pub what: &'static str,
