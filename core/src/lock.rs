@@ -115,6 +115,43 @@ impl Lock {
         Owned::from_code(code)
     }
 
+    /// Runs `work` while holding the lock, renewing it every third of `ttl` until the
+    /// work is done, so work that outlasts `ttl` (a rebuild of a large event, MySQL
+    /// slow) keeps it and no second holder starts beside it. The lock found lost or not
+    /// renewed is logged with `what`; the work runs to its end either way (its own
+    /// fences decide what it may still write).
+    pub async fn renewed_while<F: Future>(
+        &self,
+        redis: &Redis,
+        ttl: Duration,
+        what: &str,
+        work: F,
+    ) -> F::Output {
+        tokio::pin!(work);
+        let mut conn = redis.clone();
+        let mut tick = tokio::time::interval(ttl / 3);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                done = &mut work => return done,
+                _ = tick.tick() => match self.renew(&mut conn, ttl).await {
+                    Ok(Owned::Yes) => {}
+                    Ok(Owned::No) => tracing::error!(
+                        key = self.key,
+                        what,
+                        "the lock expired while its work ran"
+                    ),
+                    Err(e) => tracing::warn!(
+                        key = self.key,
+                        what,
+                        error = format!("{e:#}"),
+                        "could not renew the lock"
+                    ),
+                },
+            }
+        }
+    }
+
     pub async fn release(self, redis: &mut Redis) -> anyhow::Result<Owned> {
         let code: i64 = RELEASE
             .key(&self.key)

@@ -23,7 +23,7 @@ use crate::domain::{EventId, UserId};
 use crate::infra::mysql::CallTimeout;
 use crate::infra::redis::Redis;
 use crate::keys::{Bucket, Keys, SeatState};
-use crate::lock::{Lock, Owned};
+use crate::lock::Lock;
 use crate::shutdown::Shutdown;
 
 /// Fields per HSET (or members per SADD) when loading a hash.
@@ -116,25 +116,16 @@ impl Preloader {
         .await
         .context("Failed to take the preload lock")?
         .ok_or(PreloadError::Busy(event.id))?;
-        let result = {
-            // A rebuild of a large event may outlast the lock's time-to-live: renewed
-            // every third of it while the work runs, so no second rebuild starts beside it.
-            let work = self.preload_locked(&mut redis, event);
-            tokio::pin!(work);
-            let mut renew_conn = self.redis.clone();
-            let mut tick = tokio::time::interval(self.lock_ttl / 3);
-            tick.tick().await;
-            loop {
-                tokio::select! {
-                    done = &mut work => break done,
-                    _ = tick.tick() => match lock.renew(&mut renew_conn, self.lock_ttl).await {
-                        Ok(Owned::Yes) => {}
-                        Ok(Owned::No) => tracing::error!(event_id = event.id, "the preload lock expired during a rebuild; the epoch fence keeps the books right"),
-                        Err(e) => tracing::warn!(event_id = event.id, error = format!("{e:#}"), "could not renew the preload lock"),
-                    },
-                }
-            }
-        };
+        // A rebuild of a large event may outlast the lock's time-to-live; the epoch
+        // fence keeps the books right should it be lost all the same.
+        let result = lock
+            .renewed_while(
+                &self.redis,
+                self.lock_ttl,
+                "a preload",
+                self.preload_locked(&mut redis, event),
+            )
+            .await;
         lock.release(&mut redis).await?;
         let report = result?;
         tracing::info!(event_id = event.id, ?report, "preloaded");

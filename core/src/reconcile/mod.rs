@@ -462,11 +462,16 @@ impl Reconciler {
                 // Looked at again under the lock: a purge (retire.rs) may have removed
                 // the keys meanwhile, and a heal on them would give back every
                 // cancelled order again (the given-back sets are gone).
-                let healed = match self.preloader.is_loaded(event).await {
-                    Ok(true) => self.heal_locked(event, &mut actions).await,
-                    Ok(false) => Ok(None),
-                    Err(e) => Err(e),
+                let heal = async {
+                    match self.preloader.is_loaded(event).await {
+                        Ok(true) => self.heal_locked(event, &mut actions).await,
+                        Ok(false) => Ok(None),
+                        Err(e) => Err(e),
+                    }
                 };
+                let healed = lock
+                    .renewed_while(&self.redis, self.preloader.lock_ttl, "a heal", heal)
+                    .await;
                 lock.release(&mut redis).await?;
                 measured = healed?;
             }

@@ -130,7 +130,14 @@ impl Reconciler {
         else {
             return Ok(false);
         };
-        let retired = self.retire_locked(event).await;
+        let retired = lock
+            .renewed_while(
+                &self.redis,
+                self.preloader.lock_ttl,
+                "a retirement",
+                self.retire_locked(event),
+            )
+            .await;
         lock.release(&mut redis).await?;
         retired
     }
@@ -283,7 +290,7 @@ impl Reconciler {
         else {
             return Ok(());
         };
-        let purged = async {
+        let purge = async {
             // Under the lock, as a retirement notes it: the note read may be a retirement
             // before a reopen; the one now is the one to act on, later.
             let noted: Option<i64> = redis::cmd("HGET")
@@ -314,8 +321,10 @@ impl Reconciler {
                 );
             }
             self.unnote_retired(id).await
-        }
-        .await;
+        };
+        let purged = lock
+            .renewed_while(&self.redis, self.preloader.lock_ttl, "a purge", purge)
+            .await;
         lock.release(&mut redis).await?;
         purged
     }

@@ -807,3 +807,61 @@ async fn the_workers_and_the_bucket_sweeper_read_each_listed_event_from_mysql_on
         "{read} event reads from MySQL in 4 s with {SALES} sales listed and nothing sold"
     );
 }
+
+/// A heal holds the event's preload lock for as long as it runs, renewed: one that
+/// outlasts the lock's time-to-live (here by waiting out its confirmation) is never
+/// joined by a second holder — another core's heal, preload or retirement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heal_longer_than_the_locks_ttl_keeps_the_lock() {
+    const TTL: Duration = Duration::from_millis(600);
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        s.reconcile.interval_s = 0;
+        s.reconcile.confirm_ms = 3_000;
+        s.preload.lock_ttl_ms = TTL.as_millis() as u64;
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(20, 1, 1, 4)).await;
+    app.publish(event).await;
+    let ga = categories[0];
+    // A drift (Redis 4 short while the sale runs) makes the heal measure twice, the
+    // confirmation apart.
+    let mut redis = app.redis.clone();
+    let _: i64 = redis
+        .hincr(app.keys().stock(Bucket::only(event)), ga, -4)
+        .await
+        .unwrap();
+    let lock_key = app.keys().preload_lock(event);
+    let healed = std::sync::atomic::AtomicBool::new(false);
+    let heal = async {
+        let report = reconcile(&app, event).await;
+        healed.store(true, Ordering::SeqCst);
+        report
+    };
+    let beside = async {
+        let taken = eventually(Duration::from_secs(5), || async {
+            exists(&app.redis, lock_key.clone()).await
+        })
+        .await;
+        assert!(taken, "the heal took the preload lock");
+        tokio::time::sleep(TTL * 5 / 2).await;
+        assert!(
+            !healed.load(Ordering::SeqCst),
+            "the heal still waits out its confirmation"
+        );
+        stampede_core::lock::Lock::try_acquire(&mut redis, lock_key.clone(), TTL)
+            .await
+            .unwrap()
+    };
+    let (report, second) = tokio::join!(heal, beside);
+    assert!(
+        second.is_none(),
+        "a second holder took the lock beside a heal still running"
+    );
+    assert_eq!(gap(&report, ga), 4, "{report:#}");
+    assert!(
+        !exists(&app.redis, lock_key).await,
+        "released once the heal is done"
+    );
+    app.stop().await;
+}
