@@ -118,18 +118,38 @@ impl Preloader {
         .ok_or(PreloadError::Busy(event.id))?;
         // A rebuild of a large event may outlast the lock's time-to-live; the epoch
         // fence keeps the books right should it be lost all the same.
+        let work = async {
+            let report = self.preload_locked(&mut redis, event).await?;
+            self.status_since(event).await?;
+            anyhow::Ok(report)
+        };
         let result = lock
-            .renewed_while(
-                &self.redis,
-                self.lock_ttl,
-                "a preload",
-                self.preload_locked(&mut redis, event),
-            )
+            .renewed_while(&self.redis, self.lock_ttl, "a preload", work)
             .await;
         lock.release(&mut redis).await?;
         let report = result?;
         tracing::info!(event_id = event.id, ?report, "preloaded");
         Ok(report)
+    }
+
+    /// The metadata a preload just wrote carries the sale status of the caller's record,
+    /// read before the lock. An admin's close or reopen since (it takes no lock: MySQL
+    /// first, then Redis) would be undone by it, and a closed sale admit again: MySQL's
+    /// status, read after the write, is written again where it differs. A close whose
+    /// MySQL write comes after this read writes Redis after it too.
+    async fn status_since(&self, event: &EventRecord) -> anyhow::Result<()> {
+        if let Some(now) = catalog::load(&self.mysql, event.id).await?
+            && now.status != event.status
+        {
+            tracing::info!(
+                event_id = event.id,
+                was = ?event.status,
+                now = ?now.status,
+                "the sale's status changed during a preload; written again"
+            );
+            self.set_sale_status(&now).await?;
+        }
+        Ok(())
     }
 
     async fn preload_locked(

@@ -312,6 +312,46 @@ async fn invalid_purchases_get_400_and_change_nothing() {
     app.stop().await;
 }
 
+/// A preload that read the event before an admin closed its sale (another core's
+/// scheduler, or a rebuild, waiting on the preload lock meanwhile) writes the event's
+/// metadata after the close: the sale stays closed. (It reopened it — the admission
+/// script reads the status there — and a purchase after the close was admitted.)
+#[tokio::test]
+async fn a_preload_that_read_the_event_before_a_close_leaves_the_sale_closed() {
+    let app = spawn_app().await;
+    let (event, ga, _) = sale(&app, 5, 1, 1, 2).await;
+    let before = stampede_core::catalog::load(&app.mysql, event)
+        .await
+        .unwrap()
+        .unwrap();
+    let (status, closed) = app
+        .post(&format!("/admin/events/{event}/close"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{closed}");
+    let other_core = stampede_core::preload::Preloader::new(
+        app.redis.clone(),
+        app.mysql.clone(),
+        app.keys(),
+        &app.settings,
+        stampede_core::infra::mysql::CallTimeout::new(
+            std::time::Duration::from_secs(15),
+            &stampede_core::metrics::Metrics::new(),
+        ),
+    );
+    other_core.preload(&before).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await; // the event cache's ttl
+    let buyer = &app.buyers(1).await[0];
+    let body = json!({"category_id": ga, "quantity": 1});
+    let (status, answer) = app.buy(event, buyer, "after-close", body).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (403, Some("NOT_OPEN")),
+        "{answer}"
+    );
+    assert_eq!(app.stock(event, ga).await, 5, "nothing taken");
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn bad_tokens_get_401_and_closed_sales_403() {
     let app = spawn_app().await;
