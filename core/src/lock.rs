@@ -1,7 +1,8 @@
 //! A Redis lock with an owner token (seed 004): taken with `SET NX PX`, renewed and
 //! released by Lua scripts that check the token, so one core instance can never free
-//! or extend a lock another one holds after its own has expired. Used by preload and
-//! by the order-id worker lease.
+//! or extend a lock another one holds after its own has expired. Used by the per-event
+//! preload lock (a preload, a heal, a retirement, a purge) and by the order-id worker
+//! lease.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -117,9 +118,11 @@ impl Lock {
 
     /// Runs `work` while holding the lock, renewing it every third of `ttl` until the
     /// work is done, so work that outlasts `ttl` (a rebuild of a large event, MySQL
-    /// slow) keeps it and no second holder starts beside it. The lock found lost or not
-    /// renewed is logged with `what`; the work runs to its end either way (its own
-    /// fences decide what it may still write).
+    /// slow) keeps it and no second holder starts beside it. Work with no end keeps it
+    /// too: every caller bounds its work (a pass's `for_pass`, a request's timeout), and
+    /// dropped, it renews no more. A lock found lost is logged once with `what` and not
+    /// renewed again; the work runs to its end either way (its own fences decide what
+    /// it may still write).
     pub async fn renewed_while<F: Future>(
         &self,
         redis: &Redis,
@@ -127,28 +130,36 @@ impl Lock {
         what: &str,
         work: F,
     ) -> F::Output {
-        tokio::pin!(work);
-        let mut conn = redis.clone();
-        let mut tick = tokio::time::interval(ttl / 3);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                done = &mut work => return done,
-                _ = tick.tick() => match self.renew(&mut conn, ttl).await {
+        let renewing = async {
+            let mut conn = redis.clone();
+            let mut tick = tokio::time::interval(ttl / 3);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                match self.renew(&mut conn, ttl).await {
                     Ok(Owned::Yes) => {}
-                    Ok(Owned::No) => tracing::error!(
-                        key = self.key,
-                        what,
-                        "the lock expired while its work ran"
-                    ),
+                    Ok(Owned::No) => {
+                        tracing::error!(
+                            key = self.key,
+                            what,
+                            "the lock expired while its work ran"
+                        );
+                        return std::future::pending::<std::convert::Infallible>().await;
+                    }
                     Err(e) => tracing::warn!(
                         key = self.key,
                         what,
                         error = format!("{e:#}"),
                         "could not renew the lock"
                     ),
-                },
+                }
             }
+        };
+        tokio::pin!(work, renewing);
+        tokio::select! {
+            done = &mut work => done,
+            never = &mut renewing => match never {},
         }
     }
 

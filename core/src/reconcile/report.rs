@@ -29,7 +29,11 @@ pub async fn run_once(config: &Resolved, events: Vec<u64>, dry_run: bool) -> any
         "r_gap"
     );
     for id in events {
-        let Some(report) = reconciler.reconcile(id, !dry_run).await? else {
+        // Bounded as a background pass is: a MySQL call that hangs would otherwise keep
+        // the event's preload lock renewed for as long as this command runs.
+        let pass = reconciler.reconcile(id, !dry_run);
+        let bound = reconciler.preloader.call_timeout.for_pass();
+        let Some(report) = bound.try_within("a reconcile", pass).await? else {
             eprintln!("stampede: no event {id}");
             balanced = false;
             continue;

@@ -813,11 +813,11 @@ async fn the_workers_and_the_bucket_sweeper_read_each_listed_event_from_mysql_on
 /// joined by a second holder — another core's heal, preload or retirement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heal_longer_than_the_locks_ttl_keeps_the_lock() {
-    const TTL: Duration = Duration::from_millis(600);
+    const TTL: Duration = Duration::from_millis(1_500);
     let app = spawn_app_with(|s| {
         s.orders.enabled = true;
         s.reconcile.interval_s = 0;
-        s.reconcile.confirm_ms = 3_000;
+        s.reconcile.confirm_ms = 6_000;
         s.preload.lock_ttl_ms = TTL.as_millis() as u64;
     })
     .await;
