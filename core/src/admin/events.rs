@@ -203,6 +203,10 @@ async fn move_to(
             to,
         ));
     }
+    // This instance's purchases see the new status at once (admission refuses a fresh
+    // purchase of a sale its cached record says is closed); other cores' within their
+    // cache's ttl.
+    state.events.forget(id).await;
     Ok(EventRecord {
         status: to,
         ..current

@@ -170,7 +170,15 @@ impl Admission {
         // Whatever comes of it — admitted, refused, an error, or this request dropped
         // with the script's answer unread — the purchase may be in its stream now.
         let _wake = WakeStream(&self.streams, purchase.bucket);
-        let outcome = if seats_elsewhere {
+        let outcome = if window_closed {
+            // The core's record of the event says the sale is not open: a repeated key
+            // is answered as the first time, anything else is NOT_OPEN whatever the
+            // status in Redis's metadata (written there from an older record, it
+            // admitted purchases of a closed sale). Seats are not touched.
+            self.replay(&purchase, request_id, idempotency_key)
+                .await?
+                .unwrap_or(Err(Refusal::NotOpen))
+        } else if seats_elsewhere {
             self.reserve_seats_elsewhere(
                 &purchase,
                 request_id,

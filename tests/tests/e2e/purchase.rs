@@ -352,6 +352,49 @@ async fn a_preload_that_read_the_event_before_a_close_leaves_the_sale_closed() {
     app.stop().await;
 }
 
+/// The core's own record of a closed sale decides a fresh purchase: whatever status
+/// Redis's metadata holds (here written back to "open" by hand, as an older record's
+/// preload did), it is NOT_OPEN with nothing taken; a key admitted before the close is
+/// answered as the first time.
+#[tokio::test]
+async fn a_closed_sale_refuses_a_fresh_purchase_whatever_redis_metadata_says() {
+    let app = spawn_app().await;
+    let (event, ga, _) = sale(&app, 5, 1, 1, 2).await;
+    let buyers = app.buyers(2).await;
+    let body = json!({"category_id": ga, "quantity": 1});
+    let (status, first) = app.buy(event, &buyers[0], "before", body.clone()).await;
+    assert_eq!(status, 202, "{first}");
+    let (status, closed) = app
+        .post(&format!("/admin/events/{event}/close"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{closed}");
+    let _: () = app
+        .redis
+        .clone()
+        .hset(app.keys().meta(Bucket::only(event)), "status", "open")
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await; // the event cache's ttl
+    let (status, answer) = app.buy(event, &buyers[1], "after", body.clone()).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (403, Some("NOT_OPEN")),
+        "{answer}"
+    );
+    assert_eq!(
+        app.stock(event, ga).await,
+        4,
+        "only the purchase before the close"
+    );
+    let (status, again) = app.buy(event, &buyers[0], "before", body).await;
+    assert_eq!(
+        (status, &again["request_id"]),
+        (202, &first["request_id"]),
+        "{again}"
+    );
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn bad_tokens_get_401_and_closed_sales_403() {
     let app = spawn_app().await;
