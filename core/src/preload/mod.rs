@@ -85,6 +85,10 @@ pub struct Preloader {
     pub call_timeout: CallTimeout,
 }
 
+/// How many times a preload writes the sale's status again while admins keep changing it
+/// ([`Preloader::status_since`]).
+const STATUS_REREADS: usize = 5;
+
 impl Preloader {
     pub fn new(
         redis: Redis,
@@ -134,22 +138,34 @@ impl Preloader {
 
     /// The metadata a preload just wrote carries the sale status of the caller's record,
     /// read before the lock. An admin's close or reopen since (it takes no lock: MySQL
-    /// first, then Redis) would be undone by it, and a closed sale admit again: MySQL's
-    /// status, read after the write, is written again where it differs. A close whose
-    /// MySQL write comes after this read writes Redis after it too.
+    /// first, then Redis) would be undone by it, and a closed sale admit again (the
+    /// other cores' records refuse it; Redis would say open all the same): MySQL's
+    /// status, read after each write, is written again until a read finds what was
+    /// written last. An admin's change whose MySQL write comes after that read writes
+    /// Redis after it too; one that came between a read and the write it led to is seen
+    /// by the next read (two changes racing one preload: a close then a reopen).
     async fn status_since(&self, event: &EventRecord) -> anyhow::Result<()> {
-        if let Some(now) = catalog::load(&self.mysql, event.id).await?
-            && now.status != event.status
-        {
+        let mut written = event.status;
+        for _ in 0..STATUS_REREADS {
+            let Some(now) = catalog::load(&self.mysql, event.id).await? else {
+                return Ok(());
+            };
+            if now.status == written {
+                return Ok(());
+            }
             tracing::info!(
                 event_id = event.id,
-                was = ?event.status,
+                was = ?written,
                 now = ?now.status,
                 "the sale's status changed during a preload; written again"
             );
             self.set_sale_status(&now).await?;
+            written = now.status;
         }
-        Ok(())
+        anyhow::bail!(
+            "event {}'s status kept changing while a preload wrote it; the next pass writes it",
+            event.id
+        )
     }
 
     async fn preload_locked(

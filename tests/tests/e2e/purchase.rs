@@ -339,7 +339,22 @@ async fn a_preload_that_read_the_event_before_a_close_leaves_the_sale_closed() {
         ),
     );
     other_core.preload(&before).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await; // the event cache's ttl
+    // Where the admission script and the edge read it (the core's own record refuses
+    // the purchase below whatever Redis says).
+    let status: String = app
+        .redis
+        .clone()
+        .hget(app.keys().meta(Bucket::only(event)), "status")
+        .await
+        .unwrap();
+    assert_eq!(status, "closed");
+    let listed: String = app
+        .redis
+        .clone()
+        .hget(app.keys().sales_index(), event)
+        .await
+        .unwrap();
+    assert!(listed.starts_with("closed:"), "{listed}");
     let buyer = &app.buyers(1).await[0];
     let body = json!({"category_id": ga, "quantity": 1});
     let (status, answer) = app.buy(event, buyer, "after-close", body).await;
@@ -374,7 +389,6 @@ async fn a_closed_sale_refuses_a_fresh_purchase_whatever_redis_metadata_says() {
         .hset(app.keys().meta(Bucket::only(event)), "status", "open")
         .await
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await; // the event cache's ttl
     let (status, answer) = app.buy(event, &buyers[1], "after", body.clone()).await;
     assert_eq!(
         (status, answer["error"]["code"].as_str()),
