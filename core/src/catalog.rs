@@ -19,7 +19,12 @@ pub struct EventCache {
     /// A read that takes longer fails (every caller waiting on it told so), and the
     /// next caller reads again.
     call_timeout: CallTimeout,
-    events: moka::future::Cache<u64, Option<std::sync::Arc<EventRecord>>>,
+    events: moka::future::Cache<u64, Cached>,
+    /// Counts [`EventCache::forget`]s. A record is kept with the count as it was before
+    /// its read began, and one older than the last forget is read again: a read in
+    /// flight when an admin's change forgot its event may have found MySQL before the
+    /// change, and the cache inserts what it found after the forget all the same.
+    forgets: std::sync::atomic::AtomicU64,
     /// What never changes once an event is created, kept 10 minutes ([`shape`]).
     shapes: moka::future::Cache<u64, Shape>,
     listing: moka::future::Cache<(), std::sync::Arc<Vec<EventRecord>>>,
@@ -41,6 +46,17 @@ pub struct Shape {
     pub seated: bool,
 }
 
+/// An event as read, and the count of forgets before its read began.
+#[derive(Clone)]
+struct Cached {
+    forgets_before: u64,
+    event: Option<std::sync::Arc<EventRecord>>,
+}
+
+/// How many times a read is made again when each one found a forget since it began
+/// (admin changes in a row); the last one is kept until the ttl all the same.
+const FORGOTTEN_REREADS: usize = 3;
+
 /// How often an id above the largest known sends MySQL a look for a newer largest: an
 /// event created on another core is seen at most this late.
 const HIGHEST_FRESH: std::time::Duration = std::time::Duration::from_millis(100);
@@ -56,6 +72,7 @@ impl EventCache {
             pool,
             call_timeout,
             highest: std::sync::atomic::AtomicU64::new(0),
+            forgets: std::sync::atomic::AtomicU64::new(0),
             highest_read: tokio::sync::Mutex::new(None),
             reads,
             events: moka::future::Cache::builder()
@@ -84,7 +101,7 @@ impl EventCache {
         &self,
         event_id: u64,
     ) -> anyhow::Result<Option<std::sync::Arc<EventRecord>>> {
-        if let Some(hit) = self.events.get(&event_id).await {
+        if let Some(hit) = self.cached(event_id).await {
             return Ok(hit);
         }
         // Not cached as missing: an event created since is found at the next look.
@@ -95,18 +112,51 @@ impl EventCache {
     }
 
     pub async fn get(&self, event_id: u64) -> anyhow::Result<Option<std::sync::Arc<EventRecord>>> {
-        self.events
-            .try_get_with(event_id, async {
-                self.reads.inc();
-                let read = load(&self.pool, event_id);
-                let event = self
-                    .call_timeout
-                    .try_within("an event's read", read)
-                    .await?;
-                anyhow::Ok(event.map(std::sync::Arc::new))
-            })
-            .await
-            .map_err(|e| anyhow::Error::new(Shared(e)))
+        use std::sync::atomic::Ordering::Acquire;
+        if let Some(hit) = self.cached(event_id).await {
+            return Ok(hit);
+        }
+        let asked = self.forgets.load(Acquire);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let read = self
+                .events
+                .try_get_with(event_id, async {
+                    let forgets_before = self.forgets.load(Acquire);
+                    self.reads.inc();
+                    let read = load(&self.pool, event_id);
+                    let event = self
+                        .call_timeout
+                        .try_within("an event's read", read)
+                        .await?;
+                    anyhow::Ok(Cached {
+                        forgets_before,
+                        event: event.map(std::sync::Arc::new),
+                    })
+                })
+                .await
+                .map_err(|e| anyhow::Error::new(Shared(e)))?;
+            // A read already in flight when this ask began, from before a forget the
+            // asker may have made itself (close, then buy): not kept, read again.
+            if read.forgets_before >= asked || tries == FORGOTTEN_REREADS {
+                return Ok(read.event);
+            }
+            self.events.invalidate(&event_id).await;
+        }
+    }
+
+    /// The cached record, unless a forget came after its read began.
+    async fn cached(&self, event_id: u64) -> Option<Option<std::sync::Arc<EventRecord>>> {
+        let hit = self.events.get(&event_id).await?;
+        let forgets = self.forgets.load(std::sync::atomic::Ordering::Acquire);
+        if hit.forgets_before < forgets {
+            // Read before some forget; only this event's forget matters, but forgets are
+            // an admin's changes, rare: each cached event is read once more after one.
+            self.events.invalidate(&event_id).await;
+            return None;
+        }
+        Some(hit.event)
     }
 
     /// The event's [`Shape`], for the loops that walk every listed sale each second (the
@@ -169,8 +219,11 @@ impl EventCache {
             .fetch_max(event_id, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Drops the event from this instance's cache (others see a change within the ttl).
+    /// Drops the event from this instance's cache (others see a change within the ttl),
+    /// and a read of it in flight with it.
     pub async fn forget(&self, event_id: u64) {
+        self.forgets
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.events.invalidate(&event_id).await;
     }
 
@@ -386,6 +439,19 @@ type EventRow = (
 
 const EVENT_COLUMNS: &str = "id, title, venue, show_time, sale_start, sale_end, per_user_limit, pay_timeout_s, buckets, status, kind";
 
+/// The event's status alone (one query, where [`load`] makes three).
+pub async fn status_of(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventStatus>> {
+    let mut conn = pool
+        .get_conn()
+        .await
+        .context("Failed to get a MySQL connection")?;
+    let status: Option<String> = conn
+        .exec_first("SELECT status FROM event WHERE id = ?", (event_id,))
+        .await
+        .context("Failed to read the event's status")?;
+    status.as_deref().map(EventStatus::parse).transpose()
+}
+
 /// The event with its categories, or None.
 pub async fn load(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventRecord>> {
     let mut conn = pool
@@ -579,5 +645,81 @@ mod tests {
         );
         let other = anyhow::Error::new(Shared(std::sync::Arc::new(anyhow::anyhow!("bad row"))));
         assert_eq!(Down::of(&other), None);
+    }
+
+    /// The read itself is MySQL's (e2e); here the records are put in as a read would.
+    #[tokio::test]
+    async fn a_record_read_before_a_forget_is_not_served_after_it() {
+        let metrics = crate::metrics::Metrics::new();
+        let cache = EventCache::new(
+            Pool::from_url("mysql://127.0.0.1:9/none").unwrap(),
+            std::time::Duration::from_secs(60),
+            CallTimeout::new(std::time::Duration::from_secs(1), &metrics),
+            metrics.event_reads.clone(),
+        );
+        let record = |forgets_before| Cached {
+            forgets_before,
+            event: Some(std::sync::Arc::new(
+                crate::admission::validate::tests::event(),
+            )),
+        };
+        cache.events.insert(7, record(0)).await;
+        assert!(
+            cache.cached(7).await.is_some(),
+            "a record no forget came after"
+        );
+        // Its read began before a forget (of another event: the count is shared).
+        cache.forget(8).await;
+        assert!(cache.cached(7).await.is_none(), "read before the forget");
+        assert!(cache.events.get(&7).await.is_none(), "and dropped");
+        // A read that began after it is served, until the next forget.
+        cache.events.insert(7, record(1)).await;
+        assert_eq!(cache.cached(7).await.unwrap().unwrap().id, 7);
+        cache.forget(7).await;
+        assert!(cache.cached(7).await.is_none());
+        assert_eq!(metrics.event_reads.get(), 0, "nothing read from MySQL here");
+    }
+
+    /// An ask that joins a read begun before a forget does not take what it found: it
+    /// reads again (here from a MySQL that is not there, so the ask fails rather than
+    /// answer with the record from before).
+    #[tokio::test]
+    async fn an_ask_after_a_forget_does_not_take_a_read_begun_before_it() {
+        let metrics = crate::metrics::Metrics::new();
+        let cache = std::sync::Arc::new(EventCache::new(
+            Pool::from_url("mysql://127.0.0.1:9/none").unwrap(),
+            std::time::Duration::from_secs(60),
+            CallTimeout::new(std::time::Duration::from_secs(1), &metrics),
+            metrics.event_reads.clone(),
+        ));
+        let (began, mut begun) = tokio::sync::mpsc::channel::<()>(1);
+        let in_flight = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                cache
+                    .events
+                    .try_get_with(7, async move {
+                        began.send(()).await.unwrap();
+                        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                        anyhow::Ok(Cached {
+                            forgets_before: 0,
+                            event: Some(std::sync::Arc::new(
+                                crate::admission::validate::tests::event(),
+                            )),
+                        })
+                    })
+                    .await
+                    .map(|c| c.forgets_before)
+            })
+        };
+        begun.recv().await.unwrap();
+        cache.forget(7).await; // the admin's change, while the read is in flight
+        let asked = cache.get(7).await;
+        assert!(
+            asked.is_err(),
+            "took the record read before the forget: {asked:?}"
+        );
+        assert_eq!(metrics.event_reads.get(), 1, "read again once");
+        assert_eq!(in_flight.await.unwrap().unwrap(), 0);
     }
 }

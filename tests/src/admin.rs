@@ -96,6 +96,15 @@ impl AdminClient {
         body
     }
 
+    /// Closes an event's sale; returns the answer's body.
+    pub async fn close(&self, event_id: u64) -> Value {
+        let (status, body) = self
+            .post(&format!("/admin/events/{event_id}/close"), Value::Null)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
     /// `count` new users with tokens valid for an hour.
     pub async fn buyers(&self, count: u64) -> Vec<Buyer> {
         let (status, users) = self

@@ -262,10 +262,11 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The reservations of a committed batch that did not become orders: those MySQL
-    /// turned away are refused in Redis (FAILED, no units given back, the stock capped
-    /// at what MySQL has left when sold out and this attempt judged the category), those expired before are given back. A
-    /// failure here leaves the entry pending; the replay decides the same way.
+    /// The reservations of a committed batch that did not become orders: those MySQL turned
+    /// away are refused in Redis (FAILED, no units given back, the stock capped at what
+    /// MySQL has left when sold out and this attempt judged the category), those expired
+    /// before are given back. A failure here leaves the entry pending; the replay decides
+    /// the same way.
     async fn turn_away(&self, bucket: Bucket, created: &Created, refused: &[Reservation]) {
         for r in refused {
             match created.declined.iter().find(|(no, _)| *no == r.order_no) {

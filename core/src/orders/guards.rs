@@ -43,14 +43,14 @@ impl Declined {
     }
 
     /// What stock_log's `reason` keeps of a REFUSED row (none for [`Declined::Before`]:
-    /// its reason is not known).
+    /// its reason is not known; none for [`Declined::NumberTaken`], which writes no row:
+    /// the number is the other buyer's order's).
     pub fn code(self) -> Option<&'static str> {
         match self {
             Declined::SoldOut => Some("SOLD_OUT"),
             Declined::OverLimit => Some("OVER_LIMIT"),
             Declined::SeatTaken => Some("SEAT_TAKEN"),
-            Declined::NumberTaken => Some("NUMBER_TAKEN"),
-            Declined::Before => None,
+            Declined::NumberTaken | Declined::Before => None,
         }
     }
 
@@ -61,7 +61,6 @@ impl Declined {
             Some("SOLD_OUT") => Declined::SoldOut,
             Some("OVER_LIMIT") => Declined::OverLimit,
             Some("SEAT_TAKEN") => Declined::SeatTaken,
-            Some("NUMBER_TAKEN") => Declined::NumberTaken,
             _ => Declined::Before,
         }
     }
@@ -426,15 +425,11 @@ mod tests {
 
     #[test]
     fn a_refusals_reason_reads_back_as_itself_and_an_unknown_one_as_before() {
-        for why in [
-            Declined::SoldOut,
-            Declined::OverLimit,
-            Declined::SeatTaken,
-            Declined::NumberTaken,
-        ] {
+        for why in [Declined::SoldOut, Declined::OverLimit, Declined::SeatTaken] {
             assert_eq!(Declined::from_code(why.code()), why);
         }
         assert_eq!(Declined::Before.code(), None);
+        assert_eq!(Declined::NumberTaken.code(), None);
         for unknown in [
             None,
             Some(""),

@@ -147,11 +147,16 @@ impl Preloader {
     async fn status_since(&self, event: &EventRecord) -> anyhow::Result<()> {
         let mut written = event.status;
         for _ in 0..STATUS_REREADS {
+            // The status alone, until it differs; then the record, to write it.
+            let status = catalog::status_of(&self.mysql, event.id).await?;
+            if status.is_none_or(|s| s == written) {
+                return Ok(());
+            }
             let Some(now) = catalog::load(&self.mysql, event.id).await? else {
                 return Ok(());
             };
             if now.status == written {
-                return Ok(());
+                return Ok(()); // changed back meanwhile
             }
             tracing::info!(
                 event_id = event.id,

@@ -324,10 +324,7 @@ async fn a_preload_that_read_the_event_before_a_close_leaves_the_sale_closed() {
         .await
         .unwrap()
         .unwrap();
-    let (status, closed) = app
-        .post(&format!("/admin/events/{event}/close"), json!({}))
-        .await;
-    assert_eq!(status, 200, "{closed}");
+    app.close(event).await;
     let other_core = stampede_core::preload::Preloader::new(
         app.redis.clone(),
         app.mysql.clone(),
@@ -379,10 +376,7 @@ async fn a_closed_sale_refuses_a_fresh_purchase_whatever_redis_metadata_says() {
     let body = json!({"category_id": ga, "quantity": 1});
     let (status, first) = app.buy(event, &buyers[0], "before", body.clone()).await;
     assert_eq!(status, 202, "{first}");
-    let (status, closed) = app
-        .post(&format!("/admin/events/{event}/close"), json!({}))
-        .await;
-    assert_eq!(status, 200, "{closed}");
+    app.close(event).await;
     let _: () = app
         .redis
         .clone()
@@ -431,9 +425,7 @@ async fn bad_tokens_get_401_and_closed_sales_403() {
             "{why}"
         );
     }
-    app.post(&format!("/admin/events/{event}/close"), json!({}))
-        .await;
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await; // the event cache's ttl
+    app.close(event).await;
     let (status, answer) = app.buy(event, buyer, "closed", body.clone()).await;
     assert_eq!(
         (status, answer["error"]["code"].as_str()),

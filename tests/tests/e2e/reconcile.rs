@@ -252,12 +252,7 @@ async fn drift_is_healed_downward_during_a_sale_and_upward_only_after_it() {
     assert_eq!(gap(&report, ga), 4, "{report:#}");
     assert_eq!(app.stock(event, ga).await, 13);
     // …and raised once it is closed.
-    assert_eq!(
-        app.post(&format!("/admin/events/{event}/close"), json!({}))
-            .await
-            .0,
-        200
-    );
+    app.close(event).await;
     let report = reconcile(&app, event).await;
     assert_eq!(gap(&report, ga), 0, "{report:#}");
     assert_eq!(app.stock(event, ga).await, 17);
@@ -570,10 +565,7 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
     // A close writes no metadata into keys that are gone (it would read as loaded); a
     // reopen then rebuilds it all from MySQL and lists it again.
     purger.halt().await;
-    let (status, closed) = app
-        .post(&format!("/admin/events/{one}/close"), json!({}))
-        .await;
-    assert_eq!(status, 200, "{closed}");
+    app.close(one).await;
     assert!(!exists(&app.redis, keys.meta(b)).await);
     let (status, reopened) = app
         .post(&format!("/admin/events/{one}/reopen"), json!({}))

@@ -567,10 +567,7 @@ async fn a_train_sells_journeys_through_the_api() {
         [(2, 1, 1), (2, 2, 0), (2, 2, 0)],
         "{report:#}"
     );
-    let (status, closed) = app
-        .post(&format!("/admin/events/{event}/close"), json!({}))
-        .await;
-    assert_eq!(status, 200, "{closed}");
+    app.close(event).await;
     let report = heal().await;
     let seats: HashMap<String, String> = redis.hgetall(&key).await.unwrap();
     assert_eq!(seats[&seat], "011", "{report:#}");
