@@ -8,7 +8,8 @@
 //!   at the price that someone failing that often can hold the account for the rest of
 //!   the window;
 //! - a bound on the Argon2 checks running at once (each ~20 ms of CPU and 19 MiB), the
-//!   slot held by the check itself, so a client that hangs up frees nothing early.
+//!   slot held by the check itself, so a client that hangs up frees nothing early; a
+//!   login waits for a slot in turn, up to `login.check_wait_ms`.
 //!
 //! Failures live in Redis (small keys that expire), so every core instance counts the
 //! same failures. Unknown usernames are counted too: the answers must not tell which
@@ -31,7 +32,7 @@ pub enum Held {
     /// attempt after this long.
     #[error("too many failed logins for this account; retry in {0} s")]
     Waiting(u64),
-    /// Every password check slot is busy.
+    /// Every password check slot stayed busy for `login.check_wait_ms`.
     #[error("too many logins at once; retry in a moment")]
     Busy,
 }
@@ -76,11 +77,21 @@ impl LoginGuard {
         if failures.is_some_and(|n| n >= self.settings.account_max_failures) {
             return Ok(Err(Held::Waiting(ttl_s.max(1) as u64)));
         }
-        Ok(self
-            .checks
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| Held::Busy))
+        Ok(self.slot().await)
+    }
+
+    /// A password check slot, waited for in turn up to `check_wait_ms`.
+    async fn slot(&self) -> Result<OwnedSemaphorePermit, Held> {
+        let checks = self.checks.clone();
+        if self.settings.check_wait_ms == 0 {
+            return checks.try_acquire_owned().map_err(|_| Held::Busy);
+        }
+        let wait = Duration::from_millis(self.settings.check_wait_ms);
+        match tokio::time::timeout(wait, checks.acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            // Timed out (the semaphore is never closed).
+            _ => Err(Held::Busy),
+        }
     }
 
     /// Records a failed attempt, in one round trip: the wait before this address's next.
@@ -149,6 +160,7 @@ mod tests {
             failure_window_s: 900,
             account_max_failures: 100,
             max_concurrent_checks: 2,
+            check_wait_ms: 0,
         })
     }
 
@@ -172,5 +184,28 @@ mod tests {
         assert!(g.checks.clone().try_acquire_owned().is_err());
         drop(a);
         assert!(g.checks.clone().try_acquire_owned().is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_login_waits_its_turn_for_a_slot_up_to_check_wait_ms() {
+        let mut g = guard();
+        g.settings.check_wait_ms = 50;
+        let a = g.slot().await.unwrap();
+        let _b = g.slot().await.unwrap();
+        // Both busy for the whole wait: turned away once it has passed.
+        let started = std::time::Instant::now();
+        assert_eq!(g.slot().await.unwrap_err(), Held::Busy);
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        // A slot freed during the wait is the waiter's (a wait far longer than needed).
+        g.settings.check_wait_ms = 60_000;
+        let freed = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(a);
+        });
+        let _c = g.slot().await.unwrap();
+        freed.await.unwrap();
+        // 0: no wait at all (the slot taken above is still held).
+        g.settings.check_wait_ms = 0;
+        assert_eq!(g.slot().await.unwrap_err(), Held::Busy);
     }
 }

@@ -145,8 +145,12 @@ pub struct LoginSettings {
     /// no attempt at all until the window ends.
     pub account_max_failures: u32,
     /// Password checks (Argon2, ~20 ms of CPU and 19 MiB each) running at once; more
-    /// answer 503 with Retry-After instead of queueing without bound.
+    /// wait for a slot up to `check_wait_ms`, then answer 503 with Retry-After instead of
+    /// queueing without bound.
     pub max_concurrent_checks: usize,
+    /// How long a login waits for a password check slot (0: not at all): a burst of
+    /// sign-ins before a sale is served in turn, not turned away at the first full slot.
+    pub check_wait_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -53,6 +53,11 @@ impl Settings {
                 "login.max_concurrent_checks must be positive".into(),
             ));
         }
+        if self.login.check_wait_ms >= self.server.request_timeout_ms {
+            return Err(ConfigError(
+                "login.check_wait_ms must be below server.request_timeout_ms".into(),
+            ));
+        }
         if self.server.worker_threads > super::MAX_WORKER_THREADS {
             return Err(ConfigError(format!(
                 "server.worker_threads must be 0 (one per CPU) … {}",
@@ -399,11 +404,15 @@ mod tests {
             &|s| s.login.max_concurrent_checks = 0,
             "login.max_concurrent_checks",
         );
+        refused(
+            &|s| s.login.check_wait_ms = s.server.request_timeout_ms,
+            "login.check_wait_ms",
+        );
         refused(&|s| s.orders.deadline_s = 0, "orders.deadline_s");
         let mut s = with_secrets();
         (s.server.max_connections, s.server.read_timeout_ms) = (1, 100);
         (s.server.request_timeout_ms, s.orders.deadline_s) = (100, 1);
-        s.login.max_concurrent_checks = 1;
+        (s.login.max_concurrent_checks, s.login.check_wait_ms) = (1, 0);
         assert!(s.resolve().is_ok(), "the smallest allowed values");
     }
 

@@ -93,7 +93,10 @@ async fn failed_logins_make_that_account_wait_longer_and_longer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn password_checks_at_once_are_bounded_with_503_and_retry_after() {
-    let app = stampede_e2e::spawn_app_with(|s| s.login.max_concurrent_checks = 1).await;
+    let app = stampede_e2e::spawn_app_with(|s| {
+        (s.login.max_concurrent_checks, s.login.check_wait_ms) = (1, 0);
+    })
+    .await;
     let (_, users) = app
         .admin_api
         .post(
@@ -129,6 +132,52 @@ async fn password_checks_at_once_are_bounded_with_503_and_retry_after() {
     assert!(
         answers.iter().filter(|(s, _)| *s == 503).all(|(_, r)| *r),
         "Retry-After on every 503"
+    );
+    app.stop().await;
+}
+
+/// A burst of sign-ins larger than the slots is served in turn while each waits less
+/// than `login.check_wait_ms` (one slot here, a wait far longer than the burst needs):
+/// every login succeeds. Without the wait all but the first answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_logins_waits_its_turn_for_the_password_checks() {
+    let app = stampede_e2e::spawn_app_with(|s| {
+        (s.login.max_concurrent_checks, s.login.check_wait_ms) = (1, 14_000);
+    })
+    .await;
+    let (status, users) = app
+        .admin_api
+        .post(
+            "/admin/users",
+            json!({"count": 6, "password": "right-password"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{users}");
+    let first = users["first_user_id"].as_u64().unwrap();
+    let mut logins = tokio::task::JoinSet::new();
+    for user in first..first + 6 {
+        let (http, url) = (app.http.clone(), app.public_url.clone());
+        logins.spawn(async move {
+            let resp = http
+                .post(format!("{url}/api/login"))
+                .json(&json!({"username": format!("user{user}"), "password": "right-password"}))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let body: serde_json::Value = resp.json().await.unwrap();
+            (status, body["user_id"].as_u64(), user)
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(a) = logins.join_next().await {
+        answers.push(a.unwrap());
+    }
+    assert!(
+        answers
+            .iter()
+            .all(|&(s, id, user)| s == 200 && id == Some(user)),
+        "{answers:?}"
     );
     app.stop().await;
 }
