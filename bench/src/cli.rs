@@ -261,3 +261,36 @@ fn parse_grid(s: &str) -> Result<(u32, u32), String> {
     }
     Ok((rows, cols))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command};
+    use crate::stack::StackMode;
+
+    #[test]
+    fn the_arguments_are_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// The stack's options are taken before or after the command (`sale --cluster`).
+    #[test]
+    fn the_stack_is_named_before_or_after_the_command() {
+        for line in [
+            &["stampede-bench", "--cluster", "sale"][..],
+            &["stampede-bench", "sale", "--cluster"],
+            &["stampede-bench", "compare", "--stack-mode", "cluster"],
+        ] {
+            let cli = Cli::try_parse_from(line).unwrap();
+            assert!(
+                cli.stack.cluster || cli.stack.stack_mode == Some(StackMode::Cluster),
+                "{line:?}"
+            );
+        }
+        let cli = Cli::try_parse_from(["stampede-bench", "sale", "--stack-dir", "/x"]).unwrap();
+        assert_eq!(cli.stack.stack_dir, std::path::PathBuf::from("/x"));
+        assert!(matches!(cli.command, Command::Sale { .. }));
+        assert!(Cli::try_parse_from(["stampede-bench", "sale", "--cluster=yes"]).is_err());
+    }
+}

@@ -16,31 +16,44 @@ use stampede_core::config::{RedisMode, RedisSettings};
 use crate::load::{self, Request};
 
 /// The stack under test; defaults are `make up`'s, and the same variables as
-/// `scripts/stack.sh` override them.
+/// `scripts/stack.sh` override them. Given before or after the command.
 #[derive(Debug, Clone, Args)]
 pub struct StackArgs {
     /// The state directory holding admin.token and mysql.password.
-    #[arg(long, env = "STACK_DIR", default_value = ".stack")]
+    #[arg(long, global = true, env = "STACK_DIR", default_value = ".stack")]
     pub stack_dir: PathBuf,
-    #[arg(long, env = "EDGE_PORT", default_value_t = 8080)]
+    #[arg(long, global = true, env = "EDGE_PORT", default_value_t = 8080)]
     pub edge_port: u16,
-    #[arg(long, env = "ADMIN_PORT", default_value_t = 9091)]
+    #[arg(long, global = true, env = "ADMIN_PORT", default_value_t = 9091)]
     pub admin_port: u16,
-    #[arg(long, env = "MYSQL_PORT", default_value_t = 3306)]
+    #[arg(long, global = true, env = "MYSQL_PORT", default_value_t = 3306)]
     pub mysql_port: u16,
-    #[arg(long, env = "REDIS_PORT", default_value_t = 6379)]
+    #[arg(long, global = true, env = "REDIS_PORT", default_value_t = 6379)]
     pub redis_port: u16,
     /// `cluster`: the stack of `STACK_MODE=cluster make up` — a Redis Cluster on
     /// REDIS_CLUSTER_PORT … +5 and a second edge on EDGE2_PORT; connections are spread
     /// over both edges and Redis is read through the cluster. By default, the mode the
     /// stack in --stack-dir was started in (its `mode` file), else single.
-    #[arg(long, env = "STACK_MODE")]
+    #[arg(long, global = true, env = "STACK_MODE")]
     pub stack_mode: Option<StackMode>,
-    #[arg(long, env = "REDIS_CLUSTER_PORT", default_value_t = 7001)]
+    /// The cluster stack: `--stack-mode cluster`, whatever STACK_MODE or --stack-mode say.
+    #[arg(long, global = true)]
+    pub cluster: bool,
+    #[arg(
+        long,
+        global = true,
+        env = "REDIS_CLUSTER_PORT",
+        default_value_t = 7001
+    )]
     pub redis_cluster_port: u16,
-    #[arg(long, env = "EDGE2_PORT", default_value_t = 8084)]
+    #[arg(long, global = true, env = "EDGE2_PORT", default_value_t = 8084)]
     pub edge2_port: u16,
-    #[arg(long, env = "MYSQL_DATABASE", default_value = "stampede")]
+    #[arg(
+        long,
+        global = true,
+        env = "MYSQL_DATABASE",
+        default_value = "stampede"
+    )]
     pub mysql_database: String,
 }
 
@@ -77,7 +90,8 @@ impl Stack {
         let edge = SocketAddr::from(([127, 0, 0, 1], a.edge_port));
         let mut redis = stampede_core::Settings::defaults().redis;
         redis.url = format!("redis://127.0.0.1:{}/", a.redis_port);
-        let mode = a.stack_mode.unwrap_or_else(|| {
+        let mode = a.cluster.then_some(StackMode::Cluster);
+        let mode = mode.or(a.stack_mode).unwrap_or_else(|| {
             match std::fs::read_to_string(a.stack_dir.join("mode")).as_deref() {
                 Ok("cluster\n") | Ok("cluster") => StackMode::Cluster,
                 _ => StackMode::Single,

@@ -11,7 +11,7 @@ async fn bench(args: &[&str], limit_s: u64) -> serde_json::Value {
 }
 
 /// `stampede-bench <command> <args> --json` (the debug build), within `limit_s`: its report.
-async fn run_bench(command: &str, args: &[&str], limit_s: u64) -> serde_json::Value {
+pub(crate) async fn run_bench(command: &str, args: &[&str], limit_s: u64) -> serde_json::Value {
     let mut bench = tokio::process::Command::new(root().join("target/debug/stampede-bench"));
     bench
         .arg(command)

@@ -1,12 +1,13 @@
 //! On the cluster stack only (`make test-cluster`: STACK_MODE=cluster, a Redis Cluster of
 //! three masters with a replica each, two cores, two edges): a master killed mid-sale, a
 //! 202 waiting for its replica, one of two cores killed mid-sale, two edges agreeing, a
-//! bucketed event's admissions on every master, a seat lock or a move its master lost
-//! before its replica had it.
+//! bucketed event's admissions on every master (and `stampede-bench sale --cluster`
+//! measuring them), a seat lock or a move its master lost before its replica had it.
 //! `make test` runs this module through `scripts/test-cluster.sh --short`; its own stack
 //! skips it.
 
 mod barrier;
+mod bench;
 mod buckets;
 mod cores;
 mod failover;
