@@ -9,7 +9,14 @@
 //!   the window;
 //! - a bound on the Argon2 checks running at once (each ~20 ms of CPU and 19 MiB), the
 //!   slot held by the check itself, so a client that hangs up frees nothing early; a
-//!   login waits for a slot in turn, up to `login.check_wait_ms`.
+//!   login waits for a slot in turn, up to `login.check_wait_ms`, at most
+//!   `login.max_waiting` of them at once.
+//!
+//! A slot is taken before the failures are read and held until the attempt's failure is
+//! recorded: with one slot, a burst of guesses is judged one at a time against every
+//! failure before it, and with N no more than N − 1 guesses past the limits (review:
+//! read before the wait, a burst all waiting passed the same read, some 200 guesses a
+//! second past "5 free failures").
 //!
 //! Failures live in Redis (small keys that expire), so every core instance counts the
 //! same failures. Unknown usernames are counted too: the answers must not tell which
@@ -40,6 +47,17 @@ pub enum Held {
 pub struct LoginGuard {
     settings: LoginSettings,
     checks: Arc<Semaphore>,
+    /// Logins waiting for a slot now.
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One login counted among the waiting while it waits.
+struct Waiting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl LoginGuard {
@@ -47,18 +65,25 @@ impl LoginGuard {
         LoginGuard {
             settings: settings.clone(),
             checks: Arc::new(Semaphore::new(settings.max_concurrent_checks.max(1))),
+            waiting: Default::default(),
         }
     }
 
-    /// A slot to check a password in, unless the account must wait or all are busy.
+    /// A slot to check a password in, unless all stay busy or the account must wait.
+    /// The failures are read once the slot is held, as they are then (keep the slot
+    /// until this attempt's failure is recorded).
     pub async fn admit(
         &self,
         redis: &mut Redis,
         keys: &Keys,
         username: &str,
         address: &str,
-        now_ms: i64,
     ) -> Result<Result<OwnedSemaphorePermit, Held>, redis::RedisError> {
+        let slot = match self.slot().await {
+            Ok(slot) => slot,
+            Err(busy) => return Ok(Err(busy)),
+        };
+        let now_ms = chrono::Utc::now().timestamp_millis();
         let all = keys.login_failures_all(username);
         let ((n, last_ms), failures, ttl_s): ((Option<u32>, Option<i64>), Option<u32>, i64) =
             redis::pipe()
@@ -77,16 +102,27 @@ impl LoginGuard {
         if failures.is_some_and(|n| n >= self.settings.account_max_failures) {
             return Ok(Err(Held::Waiting(ttl_s.max(1) as u64)));
         }
-        Ok(self.slot().await)
+        Ok(Ok(slot))
     }
 
-    /// A password check slot, waited for in turn up to `check_wait_ms`.
+    /// A password check slot, waited for in turn up to `check_wait_ms` by at most
+    /// `max_waiting` logins at once (more are Busy at once).
     async fn slot(&self) -> Result<OwnedSemaphorePermit, Held> {
+        use std::sync::atomic::Ordering::Relaxed;
         let checks = self.checks.clone();
-        if self.settings.check_wait_ms == 0 {
-            return checks.try_acquire_owned().map_err(|_| Held::Busy);
+        if let Ok(free) = checks.clone().try_acquire_owned() {
+            return Ok(free);
         }
-        let wait = Duration::from_millis(self.settings.check_wait_ms);
+        let s = &self.settings;
+        if s.check_wait_ms == 0 {
+            return Err(Held::Busy);
+        }
+        if self.waiting.fetch_add(1, Relaxed) >= s.max_waiting {
+            self.waiting.fetch_sub(1, Relaxed);
+            return Err(Held::Busy);
+        }
+        let _waiting = Waiting(self.waiting.clone());
+        let wait = Duration::from_millis(s.check_wait_ms);
         match tokio::time::timeout(wait, checks.acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             // Timed out (the semaphore is never closed).
@@ -161,6 +197,7 @@ mod tests {
             account_max_failures: 100,
             max_concurrent_checks: 2,
             check_wait_ms: 0,
+            max_waiting: 1,
         })
     }
 
@@ -207,5 +244,32 @@ mod tests {
         // 0: no wait at all (the slot taken above is still held).
         g.settings.check_wait_ms = 0;
         assert_eq!(g.slot().await.unwrap_err(), Held::Busy);
+        assert_eq!(g.waiting.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn no_more_than_max_waiting_logins_wait_for_a_slot() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut g = guard();
+        g.settings.check_wait_ms = 60_000;
+        let g = Arc::new(g);
+        let _a = g.slot().await.unwrap();
+        let _b = g.slot().await.unwrap();
+        // The one login allowed to wait (max_waiting = 1)…
+        let waiter = tokio::spawn({
+            let g = g.clone();
+            async move { g.slot().await.map(drop) }
+        });
+        while g.waiting.load(Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // …and the next is turned away at once, not after the minute.
+        let started = std::time::Instant::now();
+        assert_eq!(g.slot().await.unwrap_err(), Held::Busy);
+        assert!(started.elapsed() < Duration::from_secs(30));
+        assert_eq!(g.waiting.load(Relaxed), 1);
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(g.waiting.load(Relaxed), 0, "a waiter gone is not counted");
     }
 }

@@ -151,6 +151,9 @@ pub struct LoginSettings {
     /// How long a login waits for a password check slot (0: not at all): a burst of
     /// sign-ins before a sale is served in turn, not turned away at the first full slot.
     pub check_wait_ms: u64,
+    /// Logins waiting for a slot at once; more answer 503 at once (each holds a
+    /// connection while it waits).
+    pub max_waiting: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -53,9 +53,9 @@ impl Settings {
                 "login.max_concurrent_checks must be positive".into(),
             ));
         }
-        if self.login.check_wait_ms >= self.server.request_timeout_ms {
+        if self.login.check_wait_ms > self.server.request_timeout_ms / 2 {
             return Err(ConfigError(
-                "login.check_wait_ms must be below server.request_timeout_ms".into(),
+                "login.check_wait_ms must be at most half of server.request_timeout_ms".into(),
             ));
         }
         if self.server.worker_threads > super::MAX_WORKER_THREADS {
@@ -405,7 +405,7 @@ mod tests {
             "login.max_concurrent_checks",
         );
         refused(
-            &|s| s.login.check_wait_ms = s.server.request_timeout_ms,
+            &|s| s.login.check_wait_ms = s.server.request_timeout_ms / 2 + 1,
             "login.check_wait_ms",
         );
         refused(&|s| s.orders.deadline_s = 0, "orders.deadline_s");
@@ -413,6 +413,7 @@ mod tests {
         (s.server.max_connections, s.server.read_timeout_ms) = (1, 100);
         (s.server.request_timeout_ms, s.orders.deadline_s) = (100, 1);
         (s.login.max_concurrent_checks, s.login.check_wait_ms) = (1, 0);
+        s.login.max_waiting = 0;
         assert!(s.resolve().is_ok(), "the smallest allowed values");
     }
 

@@ -69,10 +69,9 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
         _ => (None, DECOY.clone()),
     };
     let mut redis = state.redis.clone();
-    let now_ms = Utc::now().timestamp_millis();
     let guard = &state.login;
     let slot = match guard
-        .admit(&mut redis, &state.keys, &account, &address, now_ms)
+        .admit(&mut redis, &state.keys, &account, &address)
         .await?
     {
         Ok(slot) => slot,
@@ -80,21 +79,24 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
         Err(busy @ Held::Busy) => return Err(ApiError::Unavailable(busy.to_string())),
     };
     let password = creds.password;
-    let matches = tokio::task::spawn_blocking(move || {
+    let (matches, slot) = tokio::task::spawn_blocking(move || {
         // Held by the check itself: a request dropped meanwhile (the client hung up, the
         // deadline passed) does not free a slot while Argon2 still runs.
-        let _slot = slot;
-        PasswordHash::new(&hash)
+        let matches = PasswordHash::new(&hash)
             .map(|parsed| {
                 argon2::Argon2::default()
                     .verify_password(password.as_bytes(), &parsed)
                     .is_ok()
             })
-            .unwrap_or(false)
+            .unwrap_or(false);
+        (matches, slot)
     })
     .await
     .context("the password check panicked")?;
+    // Kept until the outcome is recorded: the next attempt on this slot reads it.
+    let _slot = slot;
     let Some(user_id) = user_id.filter(|_| matches) else {
+        let now_ms = Utc::now().timestamp_millis();
         let wait = guard
             .failed(&mut redis, &state.keys, &account, &address, now_ms)
             .await?;

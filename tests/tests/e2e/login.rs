@@ -142,7 +142,7 @@ async fn password_checks_at_once_are_bounded_with_503_and_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_logins_waits_its_turn_for_the_password_checks() {
     let app = stampede_e2e::spawn_app_with(|s| {
-        (s.login.max_concurrent_checks, s.login.check_wait_ms) = (1, 14_000);
+        (s.login.max_concurrent_checks, s.login.check_wait_ms) = (1, 7_000);
     })
     .await;
     let (status, users) = app
@@ -179,5 +179,53 @@ async fn a_burst_of_logins_waits_its_turn_for_the_password_checks() {
             .all(|&(s, id, user)| s == 200 && id == Some(user)),
         "{answers:?}"
     );
+    app.stop().await;
+}
+
+/// A burst of guesses at one account from one address, all at once and each willing to
+/// wait for a slot: each is judged once it holds a slot, against every failure recorded
+/// before it, so no more than `free_failures` + (slots − 1) passwords are checked; the
+/// others wait their turn and are told to wait (429). Read before the wait, the whole
+/// burst passed the same read and every guess was checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_guesses_gets_no_more_checks_than_the_free_failures() {
+    let app = stampede_e2e::spawn_app_with(|s| {
+        (s.login.max_concurrent_checks, s.login.check_wait_ms) = (2, 7_000);
+        (s.login.free_failures, s.login.max_waiting) = (3, 100);
+    })
+    .await;
+    let (status, users) = app
+        .admin_api
+        .post(
+            "/admin/users",
+            json!({"count": 1, "password": "right-password"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{users}");
+    let user = format!("user{}", users["first_user_id"].as_u64().unwrap());
+    let mut guesses = tokio::task::JoinSet::new();
+    for n in 0..24 {
+        let (http, url, user) = (app.http.clone(), app.public_url.clone(), user.clone());
+        guesses.spawn(async move {
+            let resp = http
+                .post(format!("{url}/api/login"))
+                .header("X-Forwarded-For", "127.0.0.9")
+                .json(&json!({"username": user, "password": format!("guess-{n}")}))
+                .send()
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(a) = guesses.join_next().await {
+        answers.push(a.unwrap());
+    }
+    let checked = answers.iter().filter(|s| **s == 401).count();
+    assert!(
+        answers.iter().all(|s| *s == 401 || *s == 429),
+        "{answers:?}"
+    );
+    assert!((3..=4).contains(&checked), "passwords checked: {answers:?}");
     app.stop().await;
 }
