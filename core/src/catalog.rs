@@ -21,10 +21,13 @@ pub struct EventCache {
     call_timeout: CallTimeout,
     events: moka::future::Cache<u64, Cached>,
     /// Counts [`EventCache::forget`]s. A record is kept with the count as it was before
-    /// its read began, and one older than the last forget is read again: a read in
-    /// flight when an admin's change forgot its event may have found MySQL before the
+    /// its read began, and one older than its event's last forget is read again: a read
+    /// in flight when an admin's change forgot its event may have found MySQL before the
     /// change, and the cache inserts what it found after the forget all the same.
     forgets: std::sync::atomic::AtomicU64,
+    /// Each forgotten event's count at its last forget, kept past the life of any record
+    /// read before it (looked at only when a forget came since a record's read began).
+    forgotten: moka::future::Cache<u64, u64>,
     /// What never changes once an event is created, kept 10 minutes ([`shape`]).
     shapes: moka::future::Cache<u64, Shape>,
     listing: moka::future::Cache<(), std::sync::Arc<Vec<EventRecord>>>,
@@ -53,8 +56,8 @@ struct Cached {
     event: Option<std::sync::Arc<EventRecord>>,
 }
 
-/// How many times a read is made again when each one found a forget since it began
-/// (admin changes in a row); the last one is kept until the ttl all the same.
+/// How many reads one ask makes while each finds its event forgotten since it began
+/// (admin changes in a row): the last is this ask's answer, and the next ask reads again.
 const FORGOTTEN_REREADS: usize = 3;
 
 /// How often an id above the largest known sends MySQL a look for a newer largest: an
@@ -73,6 +76,9 @@ impl EventCache {
             call_timeout,
             highest: std::sync::atomic::AtomicU64::new(0),
             forgets: std::sync::atomic::AtomicU64::new(0),
+            forgotten: moka::future::Cache::builder()
+                .time_to_live(ttl * 2 + std::time::Duration::from_secs(1))
+                .build(),
             highest_read: tokio::sync::Mutex::new(None),
             reads,
             events: moka::future::Cache::builder()
@@ -116,7 +122,6 @@ impl EventCache {
         if let Some(hit) = self.cached(event_id).await {
             return Ok(hit);
         }
-        let asked = self.forgets.load(Acquire);
         let mut tries = 0;
         loop {
             tries += 1;
@@ -137,26 +142,51 @@ impl EventCache {
                 })
                 .await
                 .map_err(|e| anyhow::Error::new(Shared(e)))?;
-            // A read already in flight when this ask began, from before a forget the
-            // asker may have made itself (close, then buy): not kept, read again.
-            if read.forgets_before >= asked || tries == FORGOTTEN_REREADS {
+            // A read already in flight when the event was forgotten (the asker may have
+            // made the change itself: close, then buy) is not kept: read again.
+            if tries == FORGOTTEN_REREADS || !self.outdated(event_id, &read).await {
                 return Ok(read.event);
             }
-            self.events.invalidate(&event_id).await;
+            self.drop_outdated(event_id, &read).await;
         }
     }
 
-    /// The cached record, unless a forget came after its read began.
+    /// The cached record, unless its event was forgotten after its read began.
     async fn cached(&self, event_id: u64) -> Option<Option<std::sync::Arc<EventRecord>>> {
         let hit = self.events.get(&event_id).await?;
-        let forgets = self.forgets.load(std::sync::atomic::Ordering::Acquire);
-        if hit.forgets_before < forgets {
-            // Read before some forget; only this event's forget matters, but forgets are
-            // an admin's changes, rare: each cached event is read once more after one.
-            self.events.invalidate(&event_id).await;
+        if self.outdated(event_id, &hit).await {
+            self.drop_outdated(event_id, &hit).await;
             return None;
         }
         Some(hit.event)
+    }
+
+    /// Whether the event was forgotten after the read of `record` began: one atomic
+    /// load while no forget at all came since (the purchase path's every ask).
+    async fn outdated(&self, event_id: u64, record: &Cached) -> bool {
+        let forgets = self.forgets.load(std::sync::atomic::Ordering::Acquire);
+        record.forgets_before < forgets
+            && self
+                .forgotten
+                .get(&event_id)
+                .await
+                .is_some_and(|at| at > record.forgets_before)
+    }
+
+    /// Drops `record` from the cache if it is still the one there: buyers holding the
+    /// outdated record do not drop the one read again meanwhile.
+    async fn drop_outdated(&self, event_id: u64, record: &Cached) {
+        use moka::ops::compute::Op;
+        let stale = record.forgets_before;
+        self.events
+            .entry(event_id)
+            .and_compute_with(|entry| {
+                std::future::ready(match entry {
+                    Some(e) if e.value().forgets_before == stale => Op::Remove,
+                    _ => Op::Nop,
+                })
+            })
+            .await;
     }
 
     /// The event's [`Shape`], for the loops that walk every listed sale each second (the
@@ -220,11 +250,14 @@ impl EventCache {
     }
 
     /// Drops the event from this instance's cache (others see a change within the ttl),
-    /// and a read of it in flight with it.
+    /// and a read of it in flight with it; the listing is read again too.
     pub async fn forget(&self, event_id: u64) {
-        self.forgets
+        let at = 1 + self
+            .forgets
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.forgotten.insert(event_id, at).await;
         self.events.invalidate(&event_id).await;
+        self.listing.invalidate(&()).await;
     }
 
     /// Events buyers may see (published or closed), newest first, without categories.
@@ -666,17 +699,26 @@ mod tests {
         cache.events.insert(7, record(0)).await;
         assert!(
             cache.cached(7).await.is_some(),
-            "a record no forget came after"
+            "no forget came after its read"
         );
-        // Its read began before a forget (of another event: the count is shared).
+        // Another event's forget leaves it be.
         cache.forget(8).await;
+        assert!(cache.cached(7).await.is_some(), "another event forgotten");
+        // A record whose read began before its own event's forget (put back by a read
+        // in flight at the forget, as moka does) is not served, and is dropped.
+        cache.forget(7).await;
+        cache.events.insert(7, record(1)).await;
         assert!(cache.cached(7).await.is_none(), "read before the forget");
         assert!(cache.events.get(&7).await.is_none(), "and dropped");
         // A read that began after it is served, until the next forget.
-        cache.events.insert(7, record(1)).await;
+        cache.events.insert(7, record(2)).await;
         assert_eq!(cache.cached(7).await.unwrap().unwrap().id, 7);
         cache.forget(7).await;
         assert!(cache.cached(7).await.is_none());
+        // A holder of an outdated record does not drop a newer one.
+        cache.events.insert(7, record(3)).await;
+        cache.drop_outdated(7, &record(2)).await;
+        assert!(cache.cached(7).await.is_some());
         assert_eq!(metrics.event_reads.get(), 0, "nothing read from MySQL here");
     }
 
