@@ -42,6 +42,7 @@ teardown # whatever an interrupted run left behind
 STACK_DIR=$ROOT/.stack-test STACK_MODE=single scripts/stack.sh down >/dev/null 2>&1 || true
 trap teardown EXIT
 scripts/stack.sh up
+cargo build --quiet -p stampede-bench # run by cluster::bench
 
 show_logs() {
   local log

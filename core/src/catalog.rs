@@ -26,7 +26,8 @@ pub struct EventCache {
     /// change, and the cache inserts what it found after the forget all the same.
     forgets: std::sync::atomic::AtomicU64,
     /// Each forgotten event's count at its last forget, kept past the life of any record
-    /// read before it (looked at only when a forget came since a record's read began).
+    /// read before it: a read may last the MySQL call timeout, then its record lives the
+    /// ttl (looked at only when a forget came since a record's read began).
     forgotten: moka::future::Cache<u64, u64>,
     /// What never changes once an event is created, kept 10 minutes ([`shape`]).
     shapes: moka::future::Cache<u64, Shape>,
@@ -71,13 +72,14 @@ impl EventCache {
         call_timeout: CallTimeout,
         reads: prometheus::IntCounter,
     ) -> EventCache {
+        let forgets_kept = ttl + call_timeout.limit + std::time::Duration::from_secs(1);
         EventCache {
             pool,
             call_timeout,
             highest: std::sync::atomic::AtomicU64::new(0),
             forgets: std::sync::atomic::AtomicU64::new(0),
             forgotten: moka::future::Cache::builder()
-                .time_to_live(ttl * 2 + std::time::Duration::from_secs(1))
+                .time_to_live(forgets_kept)
                 .build(),
             highest_read: tokio::sync::Mutex::new(None),
             reads,
@@ -174,7 +176,8 @@ impl EventCache {
     }
 
     /// Drops `record` from the cache if it is still the one there: buyers holding the
-    /// outdated record do not drop the one read again meanwhile.
+    /// outdated record do not drop one read again and inserted before this looks (one
+    /// inserted while it looks may be dropped: one more read).
     async fn drop_outdated(&self, event_id: u64, record: &Cached) {
         use moka::ops::compute::Op;
         let stale = record.forgets_before;
@@ -255,7 +258,11 @@ impl EventCache {
         let at = 1 + self
             .forgets
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        self.forgotten.insert(event_id, at).await;
+        // The largest count: two forgets of one event may insert in either order.
+        self.forgotten
+            .entry(event_id)
+            .and_upsert_with(|last| std::future::ready(last.map_or(at, |e| at.max(*e.value()))))
+            .await;
         self.events.invalidate(&event_id).await;
         self.listing.invalidate(&()).await;
     }

@@ -12,11 +12,12 @@
 //!   login waits for a slot in turn, up to `login.check_wait_ms`, at most
 //!   `login.max_waiting` of them at once.
 //!
-//! A slot is taken before the failures are read and held until the attempt's failure is
-//! recorded: with one slot, a burst of guesses is judged one at a time against every
-//! failure before it, and with N no more than N − 1 guesses past the limits (review:
-//! read before the wait, a burst all waiting passed the same read, some 200 guesses a
-//! second past "5 free failures").
+//! The failures are read again once a slot is held, and the slot is kept until the
+//! attempt's failure is recorded (unless the client hangs up first, when it learns
+//! nothing): a burst of guesses is judged against every failure recorded before it, so
+//! with N slots at most N − 1 guesses get past the limits (review: read only before the
+//! wait, a burst all waiting passed the same read, some 200 guesses a second past "5 free
+//! failures").
 //!
 //! Failures live in Redis (small keys that expire), so every core instance counts the
 //! same failures. Unknown usernames are counted too: the answers must not tell which
@@ -69,9 +70,10 @@ impl LoginGuard {
         }
     }
 
-    /// A slot to check a password in, unless all stay busy or the account must wait.
-    /// The failures are read once the slot is held, as they are then (keep the slot
-    /// until this attempt's failure is recorded).
+    /// A slot to check a password in, unless the account must wait or all slots stay
+    /// busy. The failures are read before the wait (an attempt that must wait is told
+    /// so at once, taking no place in the queue) and again once the slot is held, as
+    /// they are then (keep the slot until this attempt's failure is recorded).
     pub async fn admit(
         &self,
         redis: &mut Redis,
@@ -79,10 +81,29 @@ impl LoginGuard {
         username: &str,
         address: &str,
     ) -> Result<Result<OwnedSemaphorePermit, Held>, redis::RedisError> {
+        if let Some(wait) = self.must_wait(redis, keys, username, address).await? {
+            return Ok(Err(wait));
+        }
         let slot = match self.slot().await {
             Ok(slot) => slot,
             Err(busy) => return Ok(Err(busy)),
         };
+        Ok(
+            match self.must_wait(redis, keys, username, address).await? {
+                Some(wait) => Err(wait),
+                None => Ok(slot),
+            },
+        )
+    }
+
+    /// The wait the account's failures ask of an attempt from `address` now, if any.
+    async fn must_wait(
+        &self,
+        redis: &mut Redis,
+        keys: &Keys,
+        username: &str,
+        address: &str,
+    ) -> Result<Option<Held>, redis::RedisError> {
         let now_ms = chrono::Utc::now().timestamp_millis();
         let all = keys.login_failures_all(username);
         let ((n, last_ms), failures, ttl_s): ((Option<u32>, Option<i64>), Option<u32>, i64) =
@@ -96,13 +117,15 @@ impl LoginGuard {
         if let (Some(n), Some(last_ms)) = (n, last_ms) {
             let until = last_ms + self.wait_after(n).as_millis() as i64;
             if until > now_ms {
-                return Ok(Err(Held::Waiting(((until - now_ms) as u64).div_ceil(1000))));
+                return Ok(Some(Held::Waiting(
+                    ((until - now_ms) as u64).div_ceil(1000),
+                )));
             }
         }
         if failures.is_some_and(|n| n >= self.settings.account_max_failures) {
-            return Ok(Err(Held::Waiting(ttl_s.max(1) as u64)));
+            return Ok(Some(Held::Waiting(ttl_s.max(1) as u64)));
         }
-        Ok(Ok(slot))
+        Ok(None)
     }
 
     /// A password check slot, waited for in turn up to `check_wait_ms` by at most

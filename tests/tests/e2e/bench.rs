@@ -11,12 +11,23 @@ async fn bench(args: &[&str], limit_s: u64) -> serde_json::Value {
 }
 
 /// `stampede-bench <command> <args> --json` (the debug build), within `limit_s`: its report.
-pub(crate) async fn run_bench(command: &str, args: &[&str], limit_s: u64) -> serde_json::Value {
+async fn run_bench(command: &str, args: &[&str], limit_s: u64) -> serde_json::Value {
+    run_bench_with(command, args, &[], limit_s).await
+}
+
+/// [`run_bench`] with variables set in the bench's environment.
+pub(crate) async fn run_bench_with(
+    command: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit_s: u64,
+) -> serde_json::Value {
     let mut bench = tokio::process::Command::new(root().join("target/debug/stampede-bench"));
     bench
         .arg(command)
         .args(args)
         .arg("--json")
+        .envs(env.iter().copied())
         .kill_on_drop(true);
     if command == "sale" {
         // The other tests' scripts run beside it: the test stack is never quiet.

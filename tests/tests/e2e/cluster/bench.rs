@@ -5,13 +5,14 @@
 use stampede_e2e::{Stack, stack_app};
 
 use super::cluster_port;
-use crate::bench::run_bench;
+use crate::bench::run_bench_with;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bench_sells_a_bucketed_event_over_the_three_masters_and_its_audit_passes() {
     cluster_port(&Stack::from_env()); // the cluster stack, or a clear failure
     let (_app, _edge) = stack_app().await;
-    let report = run_bench(
+    // STACK_MODE says single (and the stack dir's mode file, cluster): --cluster decides.
+    let report = run_bench_with(
         "sale",
         &[
             "--cluster",
@@ -30,6 +31,7 @@ async fn the_bench_sells_a_bucketed_event_over_the_three_masters_and_its_audit_p
             "--settle-timeout-s",
             "90",
         ],
+        &[("STACK_MODE", "single")],
         240,
     )
     .await;
