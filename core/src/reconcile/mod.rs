@@ -104,6 +104,16 @@ fn queued(
         .filter(move |r| r.epoch >= epoch)
 }
 
+/// A published sale opening more than [`OPEN_MARGIN`] from `now`: no purchase of it can
+/// have been admitted (each core checks the window by its own clock, and a core's clock
+/// may run ahead of this one's).
+fn not_yet_open(event: &EventRecord, now: chrono::DateTime<chrono::Utc>) -> bool {
+    event.status == EventStatus::Published && now + OPEN_MARGIN < event.sale_start
+}
+
+/// How far ahead of its open a sale is measured as any other.
+const OPEN_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+
 impl Reconciler {
     /// Shares the preloader's connections; exports into `metrics`.
     pub fn new(
@@ -515,6 +525,18 @@ impl Reconciler {
         let Some(event) = catalog::load(&self.mysql, id).await? else {
             return Ok(());
         };
+        if not_yet_open(&event, chrono::Utc::now()) {
+            // Nothing can have been sold: no books to measure in MySQL (a published-ahead
+            // sale cost every pass seven queries for nothing), only its keys to keep.
+            if !self.preloader.is_loaded(&event).await? {
+                self.preloader.preload(&event).await?;
+                tracing::warn!(
+                    event_id = id,
+                    "rebuilt a sale's missing keys before its open"
+                );
+            }
+            return Ok(());
+        }
         let report = self.pass(&event, true).await?;
         if !self.retire_if_over(&event, &report).await? {
             self.list_if_selling(&event, &report).await?;
@@ -583,6 +605,37 @@ impl Reconciler {
             if let Err(e) = self.purge_due().await {
                 tracing::warn!(error = format!("{e:#}"), "purging retired sales failed");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_published_sale_more_than_a_minute_from_its_open_is_not_yet_open() {
+        let event = crate::admission::validate::tests::event(); // opens 2030-01-01 00:00
+        let at = |s: &str| {
+            chrono::DateTime::parse_from_rfc3339(s)
+                .unwrap()
+                .with_timezone(&chrono::Utc)
+        };
+        assert!(not_yet_open(&event, at("2029-12-31T23:58:59Z")));
+        assert!(
+            !not_yet_open(&event, at("2029-12-31T23:59:00Z")),
+            "within the margin"
+        );
+        assert!(!not_yet_open(&event, at("2030-01-01T06:00:00Z")), "selling");
+        for status in [EventStatus::Closed, EventStatus::Draft] {
+            let other = EventRecord {
+                status,
+                ..event.clone()
+            };
+            assert!(
+                !not_yet_open(&other, at("2029-01-01T00:00:00Z")),
+                "{status:?}"
+            );
         }
     }
 }

@@ -857,3 +857,51 @@ async fn a_heal_longer_than_the_locks_ttl_keeps_the_lock() {
     );
     app.stop().await;
 }
+
+/// The periodic pass does not measure a published sale that opens later than a minute
+/// from now (nothing can have been sold: its MySQL reads were for nothing, seven queries
+/// an event a pass), but still puts back its keys when Redis has lost them. A sale on
+/// now is measured as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_not_yet_open_has_its_keys_kept_without_its_books_measured() {
+    let app = spawn_app_with(|s| s.reconcile.interval_s = 1).await;
+    let mut later = small_sale(7, 1, 1, 2);
+    later["sale_start"] = json!("2031-01-01T00:00:00Z");
+    let (ahead, ahead_categories) = app.create_event(later).await;
+    app.publish(ahead).await;
+    let (open, _) = app.create_event(small_sale(5, 1, 1, 2)).await;
+    app.publish(open).await;
+    let gauged = |event: u64| {
+        let app = &app;
+        async move {
+            let (status, metrics) = app.get("/metrics").await;
+            assert_eq!(status, 200);
+            let label = format!("event=\"{event}\"");
+            metrics
+                .as_str()
+                .unwrap_or("")
+                .lines()
+                .any(|l| l.starts_with("stampede_conservation_gap{") && l.contains(&label))
+        }
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || gauged(open)).await,
+        "the sale on now is measured"
+    );
+    assert!(!gauged(ahead).await, "the sale opening in 2031 is not");
+    // Its keys lost: the next pass rebuilds them from MySQL.
+    let stock = app.keys().stock(Bucket::only(ahead));
+    let _: () = app.redis.clone().del(&stock).await.unwrap();
+    let ga = ahead_categories[0];
+    let rebuilt = eventually(Duration::from_secs(20), || {
+        let (app, stock) = (&app, &stock);
+        async move {
+            let units: Option<i64> = app.redis.clone().hget(stock, ga).await.unwrap();
+            units == Some(7)
+        }
+    })
+    .await;
+    assert!(rebuilt, "the keys of the sale not yet open were put back");
+    assert!(!gauged(ahead).await);
+    app.stop().await;
+}
