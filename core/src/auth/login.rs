@@ -40,7 +40,8 @@ pub enum Held {
     /// attempt after this long.
     #[error("too many failed logins for this account; retry in {0} s")]
     Waiting(u64),
-    /// Every password check slot stayed busy for `login.check_wait_ms`.
+    /// Every password check slot stayed busy for `login.check_wait_ms`, or
+    /// `login.max_waiting` logins were waiting already.
     #[error("too many logins at once; retry in a moment")]
     Busy,
 }
