@@ -33,7 +33,7 @@ use crate::keys::{Bucket, Keys};
 use crate::lock::Lock;
 use crate::metrics::Metrics;
 use crate::order_tables::OrderStatus;
-use crate::preload::Preloader;
+use crate::preload::{PreloadError, Preloader};
 use crate::shutdown::Shutdown;
 
 /// Longest backlog counted per category (XRANGE is work for Redis; stats are polled).
@@ -104,15 +104,23 @@ fn queued(
         .filter(move |r| r.epoch >= epoch)
 }
 
-/// A published sale opening more than [`OPEN_MARGIN`] from `now`: no purchase of it can
-/// have been admitted (each core checks the window by its own clock, and a core's clock
-/// may run ahead of this one's).
-fn not_yet_open(event: &EventRecord, now: chrono::DateTime<chrono::Utc>) -> bool {
-    event.status == EventStatus::Published && now + OPEN_MARGIN < event.sale_start
+/// A published sale opening more than `margin` from `now`: no purchase of it can have
+/// been admitted (each core checks the window by its own clock, and a core's clock may
+/// run ahead of this one's).
+fn not_yet_open(
+    event: &EventRecord,
+    now: chrono::DateTime<chrono::Utc>,
+    margin: chrono::TimeDelta,
+) -> bool {
+    event.status == EventStatus::Published && now + margin < event.sale_start
 }
 
-/// How far ahead of its open a sale is measured as any other.
-const OPEN_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+/// How far ahead of its open a sale is measured as any other: a minute, and at least
+/// three passes, so that a rewind is fenced and a low stock raised before the open.
+fn open_margin(interval: Duration) -> chrono::TimeDelta {
+    let passes = chrono::TimeDelta::from_std(interval * 3).unwrap_or(chrono::TimeDelta::MAX);
+    passes.max(chrono::TimeDelta::seconds(60))
+}
 
 impl Reconciler {
     /// Shares the preloader's connections; exports into `metrics`.
@@ -521,19 +529,26 @@ impl Reconciler {
 
     /// A periodic pass over one event: heal, then retire the event if its sale is over
     /// and nothing is left to do (retire.rs).
-    async fn pass_and_retire(&self, id: u64) -> anyhow::Result<()> {
+    async fn pass_and_retire(&self, id: u64, margin: chrono::TimeDelta) -> anyhow::Result<()> {
         let Some(event) = catalog::load(&self.mysql, id).await? else {
             return Ok(());
         };
-        if not_yet_open(&event, chrono::Utc::now()) {
+        if not_yet_open(&event, chrono::Utc::now(), margin) {
             // Nothing can have been sold: no books to measure in MySQL (a published-ahead
-            // sale cost every pass seven queries for nothing), only its keys to keep.
+            // sale cost every pass seven queries for nothing), only its keys to keep. Its
+            // gauges go until it is measured again (a stats call may have set them).
+            self.forget_gauges(&event);
             if !self.preloader.is_loaded(&event).await? {
-                self.preloader.preload(&event).await?;
-                tracing::warn!(
-                    event_id = id,
-                    "rebuilt a sale's missing keys before its open"
-                );
+                match self.preloader.preload(&event).await {
+                    Ok(r) if r.epoch > 0 => tracing::warn!(
+                        event_id = id,
+                        epoch = r.epoch,
+                        "rebuilt a sale's missing keys before its open"
+                    ),
+                    // Loaded meanwhile, or another core is loading it.
+                    Ok(_) | Err(PreloadError::Busy(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
             return Ok(());
         }
@@ -582,6 +597,7 @@ impl Reconciler {
             }
             let limit = &self.preloader.call_timeout;
             let per_event = limit.for_pass();
+            let margin = open_margin(interval);
             let ids = match limit
                 .try_within("the events to reconcile", self.events(window_s))
                 .await
@@ -593,7 +609,7 @@ impl Reconciler {
                 }
             };
             for id in ids {
-                let pass = self.pass_and_retire(id);
+                let pass = self.pass_and_retire(id, margin);
                 if let Err(e) = per_event.try_within("a reconcile pass", pass).await {
                     tracing::warn!(
                         event_id = id,
@@ -621,19 +637,28 @@ mod tests {
                 .unwrap()
                 .with_timezone(&chrono::Utc)
         };
-        assert!(not_yet_open(&event, at("2029-12-31T23:58:59Z")));
+        let minute = open_margin(Duration::from_secs(10));
+        assert_eq!(minute, chrono::TimeDelta::seconds(60));
+        assert!(not_yet_open(&event, at("2029-12-31T23:58:59Z"), minute));
         assert!(
-            !not_yet_open(&event, at("2029-12-31T23:59:00Z")),
+            !not_yet_open(&event, at("2029-12-31T23:59:00Z"), minute),
             "within the margin"
         );
-        assert!(!not_yet_open(&event, at("2030-01-01T06:00:00Z")), "selling");
+        assert!(
+            !not_yet_open(&event, at("2030-01-01T06:00:00Z"), minute),
+            "selling"
+        );
+        // Passes a minute apart: three of them before the open.
+        let three = open_margin(Duration::from_secs(60));
+        assert_eq!(three, chrono::TimeDelta::seconds(180));
+        assert!(!not_yet_open(&event, at("2029-12-31T23:58:59Z"), three));
         for status in [EventStatus::Closed, EventStatus::Draft] {
             let other = EventRecord {
                 status,
                 ..event.clone()
             };
             assert!(
-                !not_yet_open(&other, at("2029-01-01T00:00:00Z")),
+                !not_yet_open(&other, at("2029-01-01T00:00:00Z"), minute),
                 "{status:?}"
             );
         }

@@ -340,8 +340,8 @@ impl Reconciler {
     }
 
     /// A retired event's gauges are no longer kept up to date: they go, rather than
-    /// show its last pass's figures for ever.
-    fn forget_gauges(&self, event: &EventRecord) {
+    /// show its last pass's figures for ever (so do a sale's not yet open, mod.rs).
+    pub(super) fn forget_gauges(&self, event: &EventRecord) {
         let id = event.id.to_string();
         for c in &event.categories {
             let labels = [id.as_str(), &c.id.to_string()];

@@ -889,6 +889,17 @@ async fn a_sale_not_yet_open_has_its_keys_kept_without_its_books_measured() {
         "the sale on now is measured"
     );
     assert!(!gauged(ahead).await, "the sale opening in 2031 is not");
+    // Measured on demand, its gauges are set; the next periodic pass drops them rather
+    // than leave them stale until its open.
+    let (status, body) = app
+        .post(&format!("/admin/events/{ahead}/reconcile"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(gauged(ahead).await, "measured on demand");
+    assert!(
+        eventually(Duration::from_secs(20), || async { !gauged(ahead).await }).await,
+        "its gauges dropped by the periodic pass"
+    );
     // Its keys lost: the next pass rebuilds them from MySQL.
     let stock = app.keys().stock(Bucket::only(ahead));
     let _: () = app.redis.clone().del(&stock).await.unwrap();
