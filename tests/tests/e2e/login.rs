@@ -23,6 +23,39 @@ async fn login_from(
         .unwrap()
 }
 
+/// Logins sent all at once from one client address, each `(username, password)`: each
+/// answer's status, whether it carried Retry-After, and its body, in the order sent.
+async fn logins_at_once(
+    app: &stampede_e2e::TestApp,
+    address: &str,
+    attempts: Vec<(String, String)>,
+) -> Vec<(u16, bool, serde_json::Value)> {
+    let mut logins = tokio::task::JoinSet::new();
+    for (i, (user, password)) in attempts.into_iter().enumerate() {
+        let (http, url) = (app.http.clone(), app.public_url.clone());
+        let address = address.to_owned();
+        logins.spawn(async move {
+            let resp = http
+                .post(format!("{url}/api/login"))
+                .header("X-Forwarded-For", address)
+                .json(&json!({"username": user, "password": password}))
+                .send()
+                .await
+                .unwrap();
+            let retry = resp.headers().get("retry-after").is_some();
+            let status = resp.status().as_u16();
+            let body = resp.json().await.unwrap_or(serde_json::Value::Null);
+            (i, (status, retry, body))
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(a) = logins.join_next().await {
+        answers.push(a.unwrap());
+    }
+    answers.sort_by_key(|(i, _)| *i);
+    answers.into_iter().map(|(_, a)| a).collect()
+}
+
 #[tokio::test]
 async fn failed_logins_make_that_account_wait_longer_and_longer() {
     let app = stampede_e2e::spawn_app_with(|s| {
@@ -105,24 +138,12 @@ async fn password_checks_at_once_are_bounded_with_503_and_retry_after() {
         )
         .await;
     let user = format!("user{}", users["first_user_id"].as_u64().unwrap());
-    let mut logins = tokio::task::JoinSet::new();
-    for _ in 0..12 {
-        let (http, url, user) = (app.http.clone(), app.public_url.clone(), user.clone());
-        logins.spawn(async move {
-            let resp = http
-                .post(format!("{url}/api/login"))
-                .json(&json!({"username": user, "password": "right-password"}))
-                .send()
-                .await
-                .unwrap();
-            let retry = resp.headers().get("retry-after").is_some();
-            (resp.status().as_u16(), retry)
-        });
-    }
-    let mut answers = Vec::new();
-    while let Some(a) = logins.join_next().await {
-        answers.push(a.unwrap());
-    }
+    let attempts = vec![(user, "right-password".to_owned()); 12];
+    let answers: Vec<(u16, bool)> = logins_at_once(&app, "127.0.0.1", attempts)
+        .await
+        .into_iter()
+        .map(|(status, retry, _)| (status, retry))
+        .collect();
     assert!(
         answers.iter().all(|(s, _)| *s == 200 || *s == 503),
         "{answers:?}"
@@ -154,25 +175,15 @@ async fn a_burst_of_logins_waits_its_turn_for_the_password_checks() {
         .await;
     assert_eq!(status, 201, "{users}");
     let first = users["first_user_id"].as_u64().unwrap();
-    let mut logins = tokio::task::JoinSet::new();
-    for user in first..first + 6 {
-        let (http, url) = (app.http.clone(), app.public_url.clone());
-        logins.spawn(async move {
-            let resp = http
-                .post(format!("{url}/api/login"))
-                .json(&json!({"username": format!("user{user}"), "password": "right-password"}))
-                .send()
-                .await
-                .unwrap();
-            let status = resp.status().as_u16();
-            let body: serde_json::Value = resp.json().await.unwrap();
-            (status, body["user_id"].as_u64(), user)
-        });
-    }
-    let mut answers = Vec::new();
-    while let Some(a) = logins.join_next().await {
-        answers.push(a.unwrap());
-    }
+    let attempts = (first..first + 6)
+        .map(|user| (format!("user{user}"), "right-password".to_owned()))
+        .collect();
+    let answers: Vec<(u16, Option<u64>, u64)> = logins_at_once(&app, "127.0.0.1", attempts)
+        .await
+        .into_iter()
+        .zip(first..)
+        .map(|((status, _, body), user)| (status, body["user_id"].as_u64(), user))
+        .collect();
     assert!(
         answers
             .iter()
@@ -203,24 +214,14 @@ async fn a_burst_of_guesses_gets_no_more_checks_than_the_free_failures() {
         .await;
     assert_eq!(status, 201, "{users}");
     let user = format!("user{}", users["first_user_id"].as_u64().unwrap());
-    let mut guesses = tokio::task::JoinSet::new();
-    for n in 0..24 {
-        let (http, url, user) = (app.http.clone(), app.public_url.clone(), user.clone());
-        guesses.spawn(async move {
-            let resp = http
-                .post(format!("{url}/api/login"))
-                .header("X-Forwarded-For", "127.0.0.9")
-                .json(&json!({"username": user, "password": format!("guess-{n}")}))
-                .send()
-                .await
-                .unwrap();
-            resp.status().as_u16()
-        });
-    }
-    let mut answers = Vec::new();
-    while let Some(a) = guesses.join_next().await {
-        answers.push(a.unwrap());
-    }
+    let attempts = (0..24)
+        .map(|n| (user.clone(), format!("guess-{n}")))
+        .collect();
+    let answers: Vec<u16> = logins_at_once(&app, "127.0.0.9", attempts)
+        .await
+        .into_iter()
+        .map(|(status, _, _)| status)
+        .collect();
     let checked = answers.iter().filter(|s| **s == 401).count();
     assert!(
         answers.iter().all(|s| *s == 401 || *s == 429),
