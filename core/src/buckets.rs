@@ -200,6 +200,21 @@ pub enum Refill {
     Flagged,
     /// No units came within the wait (drains of others under way): SALE_BUSY.
     Busy,
+    /// The whole event had fewer units than asked for in its places, but units of the
+    /// category were moving between them: SALE_BUSY, not SOLD_OUT.
+    Moving,
+}
+
+/// What a drain under the lock found ([`Mover::drain_and_judge`]).
+enum Drained {
+    /// At least the quantity asked for: the pool has it now.
+    Enough,
+    /// Fewer, and units of the category are moving between places.
+    Moving,
+    /// None anywhere, nothing moving: the category is flagged sold out for the edge.
+    Flagged,
+    /// Fewer, nothing moving: the pool holds what the whole event has.
+    Short,
 }
 
 /// One refill at a time per (bucket, category) in this process: the purchases that
@@ -406,14 +421,15 @@ impl Mover {
             let key = self.keys.drain_lock(event, category);
             let ttl = self.drain_lock_ttl(bucket.count);
             if let Some(lock) = Lock::try_acquire(&mut redis, key, ttl).await? {
-                let found = self.drain(event, bucket.count, category, quantity, 2).await;
+                let drained = self
+                    .drain_and_judge(event, bucket.count, category, quantity)
+                    .await;
                 lock.release(&mut redis).await?;
-                let found = found?;
-                if found == 0 && self.flag_if_empty(event, category).await? {
-                    return Ok(Refill::Flagged);
-                }
-                if found >= i64::from(quantity) {
-                    continue;
+                match drained? {
+                    Drained::Enough => continue,
+                    Drained::Flagged => return Ok(Refill::Flagged),
+                    Drained::Moving => return Ok(Refill::Moving),
+                    Drained::Short => {}
                 }
                 // Every bucket had fewer than asked and gave all it had: the pool now
                 // holds the whole event (with what an earlier drain left there).
@@ -434,6 +450,38 @@ impl Mover {
             }
             tokio::time::sleep(DRAIN_POLL).await;
         }
+    }
+
+    /// Under the category's drain lock: drains every bucket for `quantity`, then says
+    /// whether that was enough; when it was not, whether units of the category are
+    /// still between places (a move another purchase or a stopped core left under way,
+    /// into the pool or out of it: SOLD_OUT now would turn a buyer away from units about
+    /// to land), and when the drain found none, flags the category for the edge if the
+    /// pool is still empty. Under the lock, no drain of another core starts moves out of
+    /// the buckets between the look and the flag.
+    async fn drain_and_judge(
+        &self,
+        event: EventId,
+        count: u16,
+        category: CategoryId,
+        quantity: u32,
+    ) -> anyhow::Result<Drained> {
+        let found = self.drain(event, count, category, quantity, 2).await?;
+        if found >= i64::from(quantity) {
+            return Ok(Drained::Enough);
+        }
+        if self
+            .moving(event, count)
+            .await?
+            .iter()
+            .any(|&(c, _)| c == category.0)
+        {
+            return Ok(Drained::Moving);
+        }
+        if found == 0 && self.flag_if_empty(event, category).await? {
+            return Ok(Drained::Flagged);
+        }
+        Ok(Drained::Short)
     }
 
     /// The drain lock's life: [`DRAIN_LOCK_TTL`], plus with `redis.wait_replicas` the
@@ -488,7 +536,7 @@ impl Mover {
     ) -> anyhow::Result<i64> {
         let mut found = 0;
         for b in Bucket::all(event, count) {
-            found += self
+            let moved = self
                 .transfer(
                     Place::Bucket(b),
                     Place::Pool(event),
@@ -496,8 +544,16 @@ impl Mover {
                     at_least,
                     share,
                 )
-                .await?
-                .max(0);
+                .await?;
+            // Not loaded (being rebuilt) or the call too late: what the bucket holds is
+            // not known, and counting it as none could tell a buyer SOLD_OUT, and flag
+            // the category for the edge, while it holds units.
+            anyhow::ensure!(
+                moved >= 0,
+                "bucket {} of event {event} took no part in a drain (not loaded, or the call came too late)",
+                b.index
+            );
+            found += moved;
         }
         Ok(found)
     }

@@ -148,8 +148,10 @@ impl Metrics {
                 "Each time a purchase found its bucket dry, the outcome: moved (units came, \
                  the bucket is tried again), sold_out (the whole event had fewer), flagged \
                  (the pool or a drain found the category flagged), busy (no units within \
-                 the wait, or others took the units each time), failed (a move failed: \
-                 SALE_BUSY, nothing reserved), remembered (answered SOLD_OUT from this \
+                 the wait, or others took the units each time), moving (too few in the \
+                 event's places with units of the category between them: SALE_BUSY), \
+                 failed (a move failed, or a bucket took no part in a drain: SALE_BUSY, \
+                 nothing reserved), remembered (answered SOLD_OUT from this \
                  core's memo of the flag, the pool not asked)",
             ),
             &["outcome"],

@@ -515,6 +515,9 @@ impl Admission {
                 crate::buckets::Refill::Busy => {
                     return Ok(Err(self.refilled("busy", Refusal::Busy)));
                 }
+                crate::buckets::Refill::Moving => {
+                    return Ok(Err(self.refilled("moving", Refusal::Busy)));
+                }
             }
         }
         Ok(Err(self.refilled("busy", Refusal::Busy)))

@@ -587,6 +587,133 @@ async fn a_refill_that_fails_is_sale_busy_with_nothing_reserved() {
     assert_eq!(held, Some(2));
 }
 
+/// A sale of 12 units over three buckets whose Redis state the test then sets by hand
+/// (no preload or reconcile pass to write it back), a buyer, their bucket and another.
+async fn hand_set_sale(app: &TestApp) -> (u64, u64, Buyer, Bucket, Bucket) {
+    let (event, ga) = open_bucketed_sale(app, 12, 2).await;
+    let buyer = app.buyers(1).await.remove(0);
+    let theirs = Bucket::of_buyer(event, BUCKETS, UserId(buyer.user_id));
+    let other = Bucket {
+        index: (theirs.index + 1) % BUCKETS,
+        ..theirs
+    };
+    (event, ga, buyer, theirs, other)
+}
+
+/// Every place of the category emptied, except `left` units in `keep` (if any).
+async fn only_left(app: &TestApp, event: u64, ga: u64, keep: Option<Bucket>, left: i64) {
+    let mut r = app.redis.clone();
+    let _: () = r.hset(app.keys().pool(event), ga, 0).await.unwrap();
+    for b in Bucket::all(EventId(event), BUCKETS) {
+        let units = if Some(b) == keep { left } else { 0 };
+        let _: () = r.hset(app.keys().stock(b), ga, units).await.unwrap();
+    }
+}
+
+fn settings_for_hand_set(s: &mut stampede_core::Settings) {
+    s.preload.interval_s = 3600;
+    s.reconcile.interval_s = 0;
+}
+
+/// A drain that finds fewer units than asked for while units of the category are on
+/// their way between two places (here a move a stopped core left: out of the pool, not
+/// yet in a bucket) answers SALE_BUSY, not SOLD_OUT, and flags nothing: those units are
+/// for sale once they land, and the same key is admitted then (after the sweeper
+/// finishes the move).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_short_while_units_move_is_sale_busy_not_sold_out() {
+    let app = spawn_app_with(settings_for_hand_set).await;
+    let (event, ga, buyer, _, other) = hand_set_sale(&app).await;
+    only_left(&app, event, ga, None, 0).await;
+    let mut r = app.redis.clone();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let epoch: u64 = r.hget(app.keys().event_meta(event), "epoch").await.unwrap();
+    let _: () = r
+        .hset(
+            app.keys().pool_moves(event),
+            "stopped-core-move",
+            format!("{}|{ga}|1|{now_ms}|{epoch}", other.index),
+        )
+        .await
+        .unwrap();
+    let body = json!({"category_id": ga, "quantity": 1});
+    let (status, answer) = app.buy(event, &buyer, "k1", body.clone()).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (503, Some("SALE_BUSY")),
+        "a unit is on its way: {answer}"
+    );
+    assert!(
+        !flagged(&app, event, ga).await,
+        "nothing flagged for the edge"
+    );
+    assert_eq!(
+        app.counter("stampede_bucket_refills_total{outcome=\"moving\"}")
+            .await,
+        Some(1)
+    );
+    let landed = eventually(
+        stampede_core::buckets::STALE_MOVE + Duration::from_secs(10),
+        || async {
+            let units: i64 = app
+                .redis
+                .clone()
+                .hget(app.keys().stock(other), ga)
+                .await
+                .unwrap();
+            units == 1
+        },
+    )
+    .await;
+    assert!(landed, "the sweeper finished the move");
+    let (status, answer) = app.buy(event, &buyer, "k1", body).await;
+    assert_eq!(
+        status, 202,
+        "the landed unit, to the buyer told SALE_BUSY: {answer}"
+    );
+    assert_eq!(available(&app, event, ga).await, 0);
+}
+
+/// A bucket that takes no part in a drain (here not loaded: its metadata gone, as while
+/// it is rebuilt) is not counted as empty: the buyer is told SALE_BUSY, and the edge's
+/// flag is not set, while that bucket holds units; once it is loaded again the same key
+/// gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_that_takes_no_part_in_a_drain_is_not_counted_empty() {
+    let app = spawn_app_with(settings_for_hand_set).await;
+    let (event, ga, buyer, _, other) = hand_set_sale(&app).await;
+    only_left(&app, event, ga, Some(other), 1).await;
+    let mut r = app.redis.clone();
+    let meta: Vec<(String, String)> = r.hgetall(app.keys().meta(other)).await.unwrap();
+    assert!(!meta.is_empty());
+    let _: () = r.del(app.keys().meta(other)).await.unwrap();
+    let body = json!({"category_id": ga, "quantity": 1});
+    let (status, answer) = app.buy(event, &buyer, "k1", body.clone()).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (503, Some("SALE_BUSY")),
+        "bucket {} holds a unit: {answer}",
+        other.index
+    );
+    assert!(
+        !flagged(&app, event, ga).await,
+        "nothing flagged for the edge"
+    );
+    let _: () = r
+        .hset_multiple(app.keys().meta(other), &meta)
+        .await
+        .unwrap();
+    let (status, answer) = app.buy(event, &buyer, "k1", body).await;
+    assert_eq!(
+        status, 202,
+        "the same key, once the bucket is loaded: {answer}"
+    );
+    assert_eq!(available(&app, event, ga).await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_are_refused_out_of_range() {
     let app = spawn_app_with(|_| {}).await;
