@@ -174,6 +174,18 @@ impl Pipeline {
             event_id: event.id,
             orders: Vec::new(),
         };
+        // Read before the transaction reads what MySQL has left: a sold-out refusal's cap
+        // applies only if no cancelled order was given back into the bucket since (a
+        // unit given back in between is not in the cap). Unread, no refusal caps.
+        let restocks = redis::restocks(&mut self.redis.clone(), &self.keys, bucket)
+            .await
+            .inspect_err(|e| {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "restocked count not read; a refusal of this batch will not lower the stock"
+                );
+            })
+            .ok();
         let local = {
             let (pool, shards, event, batch, limit) = (
                 self.mysql.clone(),
@@ -221,7 +233,7 @@ impl Pipeline {
         };
         let (refused, made): (Vec<Reservation>, Vec<Reservation>) =
             reservations.iter().cloned().partition(turned_away);
-        self.turn_away(bucket, &created, &refused).await;
+        self.turn_away(bucket, &created, &refused, restocks).await;
         // Counted when committed, once: a replay (a settle in Redis that failed) finds
         // its orders there and inserts none.
         self.orders_created.inc_by(created.inserted as u64);
@@ -264,17 +276,26 @@ impl Pipeline {
 
     /// The reservations of a committed batch that did not become orders: those MySQL turned
     /// away are refused in Redis (FAILED, no units given back, the stock capped at what
-    /// MySQL has left when sold out and this attempt judged the category), those expired
-    /// before are given back. A failure here leaves the entry pending; the replay decides
-    /// the same way.
-    async fn turn_away(&self, bucket: Bucket, created: &Created, refused: &[Reservation]) {
+    /// MySQL has left when sold out and this attempt judged the category, unless units
+    /// were given back into the bucket after `restocks` was read), those expired before
+    /// are given back. A failure here leaves the entry pending; the replay decides the
+    /// same way.
+    async fn turn_away(
+        &self,
+        bucket: Bucket,
+        created: &Created,
+        refused: &[Reservation],
+        restocks: Option<u64>,
+    ) {
         for r in refused {
             match created.declined.iter().find(|(no, _)| *no == r.order_no) {
                 Some(&(_, why)) => {
                     self.refused.inc();
                     let cap = (why == Declined::SoldOut)
                         .then(|| created.room.get(&r.category_id.0).copied())
-                        .flatten();
+                        .flatten()
+                        .zip(restocks)
+                        .map(|(units, restocks)| redis::Cap { units, restocks });
                     self.refuse(bucket, r, why, cap).await;
                 }
                 None => {
@@ -294,7 +315,7 @@ impl Pipeline {
         bucket: Bucket,
         r: &Reservation,
         why: Declined,
-        cap: Option<i64>,
+        cap: Option<redis::Cap>,
     ) -> bool {
         let keep_share = matches!(why, Declined::OverLimit | Declined::Before);
         let refused = redis::refuse(

@@ -423,16 +423,36 @@ pub async fn release(
     Released::from_code(code)
 }
 
+/// What MySQL had left of a category when it refused a reservation sold out, and what
+/// Redis had given back before MySQL read it: the bucket's restocked set's size, read
+/// before the batch's transaction ([`restocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cap {
+    pub units: i64,
+    pub restocks: u64,
+}
+
+/// How many cancelled orders were given back into the bucket so far (its restocked
+/// set's size): read before a batch's transaction, so that a refusal's [`Cap`] applies
+/// only if none was given back since.
+pub async fn restocks(redis: &mut Redis, keys: &Keys, bucket: Bucket) -> anyhow::Result<u64> {
+    Ok(redis::cmd("SCARD")
+        .arg(keys.restocked(bucket))
+        .query_async(redis)
+        .await?)
+}
+
 /// Marks a reservation MySQL turned away FAILED with `reason`, giving no stock back;
-/// lowers the category's stock to `cap` when given. The buyer's share in Redis is given
-/// back unless `keep_share` (refuse.lua says why).
+/// lowers the category's stock to `cap` when given and no cancelled order was given
+/// back into the bucket since it was read. The buyer's share in Redis is given back
+/// unless `keep_share` (refuse.lua says why).
 pub async fn refuse(
     redis: &mut Redis,
     keys: &Keys,
     bucket: Bucket,
     r: &Reservation,
     reason: &str,
-    cap: Option<i64>,
+    cap: Option<Cap>,
     keep_share: bool,
 ) -> anyhow::Result<Refused> {
     let code: i64 = REFUSE
@@ -442,15 +462,17 @@ pub async fn refuse(
         .key(keys.dry(bucket))
         .key(keys.held(bucket))
         .key(keys.meta(bucket))
+        .key(keys.restocked(bucket))
         .arg(GROUP)
         .arg(&r.entry_id)
         .arg(r.order_no)
         .arg(r.user_id)
         .arg(r.category_id)
         .arg(reason)
-        .arg(cap.map_or(-1, |c| c.max(0)))
+        .arg(cap.map_or(-1, |c| c.units.max(0)))
         .arg(if keep_share { 0 } else { r.quantity })
         .arg(r.epoch)
+        .arg(cap.map_or(0, |c| c.restocks))
         .invoke_async(redis)
         .await?;
     Refused::from_code(code)

@@ -52,10 +52,11 @@ async fn mysql_refuses_units_redis_should_not_have_offered_and_redis_is_correcte
     assert_eq!(buy_one_each(&app, event, ga, &first).await, vec![202; 10]);
     assert!(drained(&app, event).await);
     assert_eq!(ordered_units(&app.mysql, event).await, (10, 10));
-    // Redis loses what it sold (as if it had restarted from an old copy) and offers 5.
+    // Redis loses what it sold (as if it had restarted from an old copy) and offers 6;
+    // 5 are bought, so without the refusals' cap 1 would stay on offer.
     let mut redis = app.redis.clone();
     let _: () = redis
-        .hset(app.keys().stock(Bucket::only(event)), ga, 5)
+        .hset(app.keys().stock(Bucket::only(event)), ga, 6)
         .await
         .unwrap();
     let _: () = redis.hdel(app.keys().sold_out(event), ga).await.unwrap();
@@ -99,6 +100,70 @@ async fn mysql_refuses_units_redis_should_not_have_offered_and_redis_is_correcte
     let answer = buy_one_each(&app, event, ga, &app.buyers(1).await).await;
     assert_eq!(answer, vec![409], "sold out at admission again");
     app.stop().await;
+}
+
+/// A sold-out refusal lowers Redis's stock to what MySQL had left, but not over a
+/// cancelled order given back into the bucket after the batch read that: the unit given
+/// back is not in the cap, and lowering the stock to it would take that unit off sale
+/// for the rest of the sale (Redis's stock is raised only once a sale is over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusals_cap_does_not_take_back_a_unit_given_back_since() {
+    use stampede_core::orders::redis::{self as workers, Cap};
+    use stampede_core::orders::reservation::Reservation;
+    let app = spawn_app_with(|_| {}).await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 2, 2)).await;
+    app.publish(event).await;
+    let ga = categories[0];
+    let buyers = app.buyers(2).await;
+    assert_eq!(buy_one_each(&app, event, ga, &buyers).await, vec![202; 2]);
+    let bucket = Bucket::only(event);
+    let (keys, mut redis) = (app.keys(), app.redis.clone());
+    workers::ensure_group(&mut redis, &keys, bucket)
+        .await
+        .unwrap();
+    let entries = workers::read(&mut redis, &keys, bucket, "test", 2, workers::Entries::New)
+        .await
+        .unwrap();
+    let reservations: Vec<Reservation> = entries
+        .iter()
+        .map(|e| Reservation::from_entry(e).unwrap())
+        .collect();
+    assert_eq!(reservations.len(), 2);
+    // What a batch reads before its transaction; MySQL then says nothing is left.
+    let restocks = workers::restocks(&mut redis, &keys, bucket).await.unwrap();
+    let cap = Some(Cap { units: 0, restocks });
+    let conn = app.redis.clone();
+    let refuse = |r: Reservation| {
+        let (keys, mut redis) = (keys.clone(), conn.clone());
+        async move {
+            workers::refuse(&mut redis, &keys, bucket, &r, "sold out", cap, false)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        refuse(reservations[0].clone()).await,
+        workers::Refused::Refused
+    );
+    assert_eq!(app.stock(event, ga).await, 0, "nothing given back: capped");
+    // A cancelled order given back into the bucket after the read.
+    let _: () = redis::pipe()
+        .sadd(keys.restocked(bucket), 990_001)
+        .hincr(keys.stock(bucket), ga, 1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        refuse(reservations[1].clone()).await,
+        workers::Refused::Refused
+    );
+    assert_eq!(
+        app.stock(event, ga).await,
+        1,
+        "the unit given back after the read stays on sale"
+    );
+    let status = app.purchase_status(event, &buyers[1]).await;
+    assert_eq!(status["status"], "FAILED", "refused all the same: {status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
