@@ -421,8 +421,16 @@ impl Mover {
             let key = self.keys.drain_lock(event, category);
             let ttl = self.drain_lock_ttl(bucket.count);
             if let Some(lock) = Lock::try_acquire(&mut redis, key, ttl).await? {
-                let drained = self
-                    .drain_and_judge(event, bucket.count, category, quantity)
+                // Renewed while it runs: a drain slowed by retries or replica rounds past
+                // the lock's life would otherwise be joined by a second one, which finds
+                // the buckets emptied by the first's moves under way.
+                let drained = lock
+                    .renewed_while(
+                        &self.redis,
+                        ttl,
+                        "a drain",
+                        self.drain_and_judge(event, bucket.count, category, quantity),
+                    )
                     .await;
                 lock.release(&mut redis).await?;
                 match drained? {
@@ -510,7 +518,14 @@ impl Mover {
         let Some(lock) = Lock::acquire(&mut redis, key, ttl, REFILL_WAIT).await? else {
             return Ok(None);
         };
-        let drained = self.drain(event, count, category, 0, 1).await;
+        let drained = lock
+            .renewed_while(
+                &self.redis,
+                ttl,
+                "a drain",
+                self.drain(event, count, category, 0, 1),
+            )
+            .await;
         let pool: redis::RedisResult<Option<i64>> = redis::cmd("HGET")
             .arg(self.keys.pool(event))
             .arg(category)
