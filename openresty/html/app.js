@@ -24,7 +24,8 @@ const MESSAGES = {
   SEAT_TAKEN: "Someone was faster: a seat you picked is taken. Pick another.",
   DUPLICATE: "This purchase was already submitted.",
   SALE_BUSY: "The sale is very busy. Try again in a moment.",
-  OUTCOME_UNKNOWN: "Your purchase was sent but not confirmed yet; checking what became of it…",
+  OUTCOME_UNKNOWN: "Your purchase was sent but not confirmed yet; asking again…",
+  STILL_UNKNOWN: "Your purchase was sent but could not be confirmed. Look at your orders before buying again.",
   INVALID: "That request was not valid.",
   NOT_FOUND: "Not found.",
   NOT_PAYABLE: "This order can no longer be paid.",
@@ -681,7 +682,22 @@ async function eventView(id) {
       tick();
       return;
     }
-    const r = await api("POST", `/api/events/${id}/orders`, body, crypto.randomUUID(), pass ? { "Queue-Pass": pass } : {});
+    // Sent again with the same key while its outcome is not known (OUTCOME_UNKNOWN, or
+    // no answer at all): the core answers a repeated key with its first answer. The
+    // buyer's status is not asked instead: it is their latest admitted purchase, another
+    // one's when this one was not admitted.
+    const key = crypto.randomUUID();
+    let r;
+    for (let tries = 1; ; tries++) {
+      r = await api("POST", `/api/events/${id}/orders`, body, key, pass ? { "Queue-Pass": pass } : {});
+      const unsure = r.status === 0 || (r.body && r.body.error && r.body.error.code === "OUTCOME_UNKNOWN");
+      if (!unsure || tries >= 5) break;
+      $("#progress").hidden = false;
+      $("#pstatus").className = "status QUEUED";
+      $("#pstatus").textContent = "CHECKING";
+      $("#buy-error").textContent = MESSAGES.OUTCOME_UNKNOWN;
+      await new Promise((ok) => setTimeout(ok, 1000));
+    }
     busy = false;
     // A pass admits one purchase: spent once it is queued (a refused one is given back).
     if (pass && r.status === 202) {
@@ -692,20 +708,20 @@ async function eventView(id) {
       hiddenPass = null;
       if (roomOn() && joined) poll(true);
     }
-    const unknown = r.body && r.body.error && r.body.error.code === "OUTCOME_UNKNOWN";
-    if (r.status === 202 || unknown) {
-      // Unknown: the status says whether it was admitted; nothing is untrue meanwhile.
+    if (r.status === 202) {
       $("#pstatus").className = "status QUEUED";
-      $("#pstatus").textContent = unknown ? "CHECKING" : "QUEUED";
-      if (unknown) $("#buy-error").textContent = errorText(r);
+      $("#pstatus").textContent = "QUEUED";
+      $("#buy-error").textContent = "";
       picked.clear();
       follow();
       renderPicker();
       if (train) refresh();
     } else {
       if (r.status === 429) blockedUntil = Date.now() + 1000 * Math.max(1, r.retryAfter);
-      const soldOut = r.body && r.body.error && r.body.error.code === "SOLD_OUT";
-      $("#buy-error").textContent = train && soldOut ? MESSAGES.SOLD_OUT_JOURNEY : errorText(r);
+      const code = r.body && r.body.error && r.body.error.code;
+      if (code === "OUTCOME_UNKNOWN" || r.status === 0) $("#pstatus").textContent = "UNKNOWN";
+      $("#buy-error").textContent = train && code === "SOLD_OUT" ? MESSAGES.SOLD_OUT_JOURNEY
+        : code === "OUTCOME_UNKNOWN" ? MESSAGES.STILL_UNKNOWN : errorText(r);
       refresh();
       renderPicker();
     }

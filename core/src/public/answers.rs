@@ -80,8 +80,9 @@ pub fn purchase_failed(event_id: u64, e: AdmissionError) -> ApiError {
 
 fn outcome_unknown(event_id: u64) -> ApiError {
     ApiError::OutcomeUnknown {
-        message: "the purchase was sent but not confirmed in time; its status, or the \
-                  same request with the same Idempotency-Key, tells what became of it"
+        message: "the purchase was sent but not confirmed in time; the same request with \
+                  the same Idempotency-Key tells what became of it (status_url shows your \
+                  latest admitted purchase in this event: this one only if it was admitted)"
             .into(),
         status_url: format!("/api/events/{event_id}/orders/status"),
     }
