@@ -210,6 +210,7 @@ impl App {
             lifecycle,
             pipeline,
             seat_maps: crate::public::SeatMaps::new(),
+            availability: crate::public::Availability::new(),
         });
         Ok(App {
             state,

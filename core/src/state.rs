@@ -44,6 +44,8 @@ pub struct AppState {
     pub pipeline: Option<Arc<Pipeline>>,
     /// Seat maps as answered, for a moment (`public::events::SeatMaps`).
     pub seat_maps: crate::public::SeatMaps,
+    /// Each event's units left as answered, for a moment (`public::events::Availability`).
+    pub availability: crate::public::Availability,
 }
 
 impl AppState {

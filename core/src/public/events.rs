@@ -45,7 +45,15 @@ pub async fn one(state: &AppState, id: u64) -> Result<Response, ApiError> {
         keys: state.keys.clone(),
         replicas: None,
     };
-    let available = mover.available(EventId(event.id), event.buckets).await?;
+    let available = state
+        .availability
+        .0
+        .try_get_with(event.id, async {
+            let left = mover.available(EventId(event.id), event.buckets).await?;
+            Ok::<_, ApiError>(std::sync::Arc::new(left))
+        })
+        .await
+        .map_err(shared)?;
     let categories: Vec<_> = event
         .categories
         .iter()
@@ -153,6 +161,35 @@ impl Default for SeatMaps {
         SeatMaps::new()
     }
 }
+
+/// What Redis says is left of each category of an event (its stock, or its pool's and
+/// every bucket's: B + 1 reads on the Redis that admits the purchases), as last read,
+/// kept [`SEAT_MAP_TTL`]: the buyer app asks for the event every 2 s per viewer, and
+/// anyone with a token as often as the edge's per-address limit lets them (review).
+/// Concurrent asks for one event make one read. The rest of the answer (the server's
+/// clock above all) is made anew each time.
+#[derive(Clone)]
+pub struct Availability(moka::future::Cache<u64, std::sync::Arc<HashMap<u64, i64>>>);
+
+impl Availability {
+    pub fn new() -> Availability {
+        Availability(
+            moka::future::Cache::builder()
+                .max_capacity(AVAILABILITY_KEPT)
+                .time_to_live(SEAT_MAP_TTL)
+                .build(),
+        )
+    }
+}
+
+impl Default for Availability {
+    fn default() -> Availability {
+        Availability::new()
+    }
+}
+
+/// At most this many events' availability is kept.
+const AVAILABILITY_KEPT: u64 = 10_000;
 
 /// `GET /api/events/{id}/seats?category={cid}`: one string per row, a letter per seat:
 /// `F` free, `L` locked (held by a purchase), `S` sold. A train's class needs the

@@ -8,7 +8,7 @@ mod login;
 mod orders;
 mod queue;
 
-pub use events::SeatMaps;
+pub use events::{Availability, SeatMaps};
 
 use std::sync::Arc;
 

@@ -487,3 +487,63 @@ async fn a_waiting_room_redis_never_heard_of_is_not_kept_in_mysql() {
     assert_eq!(enabled, 0, "the room Redis never heard of is in MySQL");
     app.stop().await;
 }
+
+/// HGETALL calls this Redis has answered so far.
+async fn hgetall_calls(redis_server: &OwnRedis) -> u64 {
+    let mut conn = redis_server.connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hgetall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An event's page read in a loop by one token (as fast as the edge's per-address limit
+/// lets it; every open buyer app asks every 2 s) costs the Redis that admits purchases
+/// a read of what is left at most every 250 ms, not one (B + 1 with buckets) per page;
+/// the page still says what is left, and its server clock is read each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_events_page_asked_in_a_loop_costs_redis_a_read_per_moment_not_per_page() {
+    let redis_server = OwnRedis::start();
+    let (app, event, categories, _, buyers) = a_sale_bought_once(&redis_server, |_| {}).await;
+    let page = || async {
+        let resp = app
+            .http
+            .get(format!("{}/api/events/{event}", app.public_url))
+            .bearer_auth(&buyers[1].token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.json::<serde_json::Value>().await.unwrap()
+    };
+    let first = page().await;
+    let ga = first["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == categories[0])
+        .unwrap()
+        .clone();
+    assert_eq!(ga["available"], 9, "{first}");
+    let before = hgetall_calls(&redis_server).await;
+    let started = std::time::Instant::now();
+    let mut clocks = std::collections::HashSet::new();
+    for _ in 0..100 {
+        clocks.insert(page().await["server_time_ms"].as_i64().unwrap());
+    }
+    let reads = hgetall_calls(&redis_server).await - before;
+    // Other readers of this Redis (the reconciler's pass) may add a few.
+    let most = 4 + started.elapsed().as_millis() as u64 / 250;
+    assert!(
+        reads <= most,
+        "100 pages made {reads} HGETALLs (at most {most})"
+    );
+    assert!(clocks.len() > 1, "the server's clock is read each time");
+    app.stop().await;
+}
