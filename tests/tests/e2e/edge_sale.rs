@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use serde_json::json;
 use stampede_core::keys::SeatState;
-use stampede_e2e::{Stack, eventually, purchase, small_sale, stack_app};
+use stampede_e2e::{Stack, eventually, purchase, raw_request, small_sale, stack_app};
 
 use crate::edge::{core_answers, open_sale};
 
@@ -428,4 +428,70 @@ async fn the_edge_reads_a_sale_published_ahead_about_once_a_second_and_a_live_on
             .await;
         assert_eq!(status, 200, "{body}");
     }
+}
+
+/// A sale with one category sold out and another selling: the edge refuses a purchase of
+/// the sold-out one however its body spells the category as the core reads it (a number
+/// with an exponent, a key with an escape), not only as plain digits; before, those
+/// passed the edge's flag and spent the buyer's and the event's limits at the core.
+#[tokio::test]
+async fn the_edge_reads_the_category_as_the_core_does_whatever_the_spelling() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, small_sale(1, 1, 2, 2)).await;
+    let ga = categories[0];
+    let buyers = app.admin.buyers(4).await;
+    let body = |cid: u64| json!({"category_id": cid, "quantity": 1});
+    assert_eq!(app.buy(event, &buyers[0], "a", body(ga)).await.0, 202);
+    let learned = eventually(Duration::from_secs(10), || async {
+        let before = core_answers(&app, 409).await;
+        let (status, _) = app.buy(event, &buyers[1], "b", body(ga)).await;
+        status == 409 && core_answers(&app, 409).await == before
+    })
+    .await;
+    assert!(learned, "the edge never answered SOLD_OUT itself");
+    let port = Stack::from_env().edge_port;
+    let path = format!("/api/events/{event}/orders");
+    let spellings = [
+        format!(r#"{{"category_id":{ga}0e-1,"quantity":1}}"#),
+        format!(r#"{{"\u0063ategory_id":{ga},"quantity":1}}"#),
+        format!(r#"{{"category_id":{ga}.0,"quantity":1}}"#),
+    ];
+    let auth = format!("Bearer {}", buyers[2].token);
+    for raw in &spellings {
+        // Other tests' 409s may land on the core meanwhile: answered by the edge when one
+        // try leaves the core's count as it was (never, when the core answers each).
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let by_edge = eventually(Duration::from_secs(5), || async {
+            let key = format!(
+                "spelled-{}",
+                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            let headers = [
+                ("Authorization", auth.as_str()),
+                ("Idempotency-Key", key.as_str()),
+                ("Content-Type", "application/json"),
+            ];
+            let before = core_answers(&app, 409).await;
+            let a = raw_request(port, "POST", &path, &headers, raw).await;
+            assert_eq!(a.status, 409, "{raw}: {a:?}");
+            assert_eq!(a.json()["error"]["code"], "SOLD_OUT", "{raw}: {a:?}");
+            core_answers(&app, 409).await == before
+        })
+        .await;
+        assert!(
+            by_edge,
+            "{raw}: answered by the core each time, not by the edge"
+        );
+    }
+    // The category still selling goes on to the core, spelled either way.
+    let seated = categories[1];
+    let auth = format!("Bearer {}", buyers[3].token);
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Idempotency-Key", "seated"),
+        ("Content-Type", "application/json"),
+    ];
+    let raw = format!(r#"{{"\u0063ategory_id":{seated},"quantity":1}}"#);
+    let a = raw_request(port, "POST", &path, &headers, &raw).await;
+    assert_eq!(a.status, 202, "{raw}: {a:?}");
 }
