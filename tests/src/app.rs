@@ -163,6 +163,36 @@ impl std::ops::Deref for TestApp {
 }
 
 impl TestApp {
+    /// Up to `count` new reservations of `bucket`'s stream, read as an order worker named
+    /// `consumer` reads them (its consumer group made if missing): they are then pending
+    /// for it, as a batch's are.
+    pub async fn read_reservations(
+        &self,
+        bucket: stampede_core::keys::Bucket,
+        consumer: &str,
+        count: usize,
+    ) -> Vec<stampede_core::orders::reservation::Reservation> {
+        use stampede_core::orders::redis as stream;
+        let (keys, mut redis) = (self.keys(), self.redis.clone());
+        stream::ensure_group(&mut redis, &keys, bucket)
+            .await
+            .unwrap();
+        let entries = stream::read(
+            &mut redis,
+            &keys,
+            bucket,
+            consumer,
+            count,
+            stream::Entries::New,
+        )
+        .await
+        .unwrap();
+        entries
+            .iter()
+            .map(|e| stampede_core::orders::reservation::Reservation::from_entry(e).unwrap())
+            .collect()
+    }
+
     /// One number from MariaDB.
     pub async fn count(&self, sql: &str) -> u64 {
         let mut conn = self.mysql.get_conn().await.unwrap();

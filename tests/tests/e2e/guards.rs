@@ -118,16 +118,7 @@ async fn a_refusals_cap_does_not_take_back_a_unit_given_back_since() {
     assert_eq!(buy_one_each(&app, event, ga, &buyers).await, vec![202; 2]);
     let bucket = Bucket::only(event);
     let (keys, mut redis) = (app.keys(), app.redis.clone());
-    workers::ensure_group(&mut redis, &keys, bucket)
-        .await
-        .unwrap();
-    let entries = workers::read(&mut redis, &keys, bucket, "test", 2, workers::Entries::New)
-        .await
-        .unwrap();
-    let reservations: Vec<Reservation> = entries
-        .iter()
-        .map(|e| Reservation::from_entry(e).unwrap())
-        .collect();
+    let reservations = app.read_reservations(bucket, "test", 2).await;
     assert_eq!(reservations.len(), 2);
     // What a batch reads before its transaction; MySQL then says nothing is left.
     let restocks = workers::restocks(&mut redis, &keys, bucket).await.unwrap();

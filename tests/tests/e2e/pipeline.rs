@@ -1353,8 +1353,7 @@ async fn states_by_shard(app: &TestApp, event: u64, shard: u32) -> HashMap<(Stri
 /// that admitted it, it gives them back.
 #[tokio::test]
 async fn a_release_after_a_rebuild_gives_nothing_back_twice() {
-    use stampede_core::orders::redis::{self as stream, Entries, Released};
-    use stampede_core::orders::reservation::Reservation;
+    use stampede_core::orders::redis::{self as stream, Released};
     let app = spawn_app_with(|_| {}).await;
     let (event, categories) = app.create_event(small_sale(10, 2, 1, 1)).await;
     app.publish(event).await;
@@ -1365,14 +1364,7 @@ async fn a_release_after_a_rebuild_gives_nothing_back_twice() {
     }
     let (keys, bucket) = (app.keys(), Bucket::only(event));
     let mut r = app.redis.clone();
-    stream::ensure_group(&mut r, &keys, bucket).await.unwrap();
-    let entries = stream::read(&mut r, &keys, bucket, "w", 10, Entries::New)
-        .await
-        .unwrap();
-    let reservations: Vec<Reservation> = entries
-        .iter()
-        .map(|e| Reservation::from_entry(e).unwrap())
-        .collect();
+    let reservations = app.read_reservations(bucket, "w", 10).await;
     assert_eq!(reservations.len(), 2);
     let stock = keys.stock(bucket);
     let held = keys.held(bucket);
