@@ -49,7 +49,9 @@ chaos: up
 	cargo build --release --quiet -p stampede-bench
 	scripts/chaos.sh
 
-# The fresh-machine checks, fmt, clippy, unit tests, end-to-end tests on a stack of their own.
+# The fresh-machine checks, fmt, clippy, unit tests; then, on a stack of their own, the
+# unprivileged-start check, end-to-end tests, chaos (short), browser tests, API fuzz;
+# last the cluster stack, short (scripts/test-cluster.sh --short). See scripts/test.sh.
 test:
 	scripts/test.sh
 
