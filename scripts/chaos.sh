@@ -57,6 +57,12 @@ if [ "$(cat "$STACK_DIR/mode" 2>/dev/null || echo single)" != single ]; then
 fi
 [ -x "$BENCH" ] || { echo "chaos: $BENCH is missing (cargo build --release -p stampede-bench)" >&2; exit 1; }
 "$STACK" status >/dev/null || { echo "chaos: the stack in $STACK_DIR is not all up (make up)" >&2; exit 1; }
+# A Redis or MariaDB the stack did not start (the machine's own, which `make up` may use)
+# has no pid file here: the kills would kill nothing and the rows would prove nothing.
+for part in redis mysql; do
+  kill -0 "$(cat "$PIDS/$part.pid" 2>/dev/null || echo none)" 2>/dev/null ||
+    { echo "chaos: $part in $STACK_DIR is not the stack's own (no live $PIDS/$part.pid): the experiments kill the stack's own; stop the machine's server and run make up again" >&2; exit 1; }
+done
 
 # Waits (up to a minute) until the core says it is ready.
 ready() {

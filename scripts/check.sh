@@ -194,6 +194,38 @@ check_install() {
     fail "install with rustc 1.0.0 must stop before apt-get, naming the version; got exit $status:"$'\n'"$out"
   fi
   ok "install with rustc 1.0.0: refused before apt-get, exit $status"
+
+  # Installing redis-server and mariadb-server starts Debian's services on the stack's
+  # ports: the install stops and disables both (systemctl), which it finds active. As root
+  # (the fake id), the two packages missing (a dpkg-query that knows nothing), apt-get
+  # succeeding, RocketMQ's stand-ins in place: nothing else to do, exit 0.
+  local distro=$fresh/distro version
+  version=$(sed -n 's/^ROCKETMQ_VERSION=//p' scripts/stack.sh)
+  mkdir -p "$distro/bin" "$distro/cargo/bin"
+  printf '#!/bin/sh\nexit 0\n' >"$distro/bin/apt-get"
+  printf '#!/bin/sh\nexit 1\n' >"$distro/bin/dpkg-query"
+  cat >"$distro/bin/systemctl" <<EOS
+#!/bin/sh
+echo "\$*" >>$distro/systemctl.log
+EOS
+  cat >"$distro/bin/cargo" <<EOS
+#!/bin/sh
+[ "\$1 \$2" = "install --list" ] || exit 101
+printf 'rocketmq-namesrv v$version:\n  rocketmq-namesrv-rust\nrocketmq-broker v$version:\n  rocketmq-broker-rust\n'
+EOS
+  printf '#!/bin/sh\n' >"$distro/cargo/bin/rocketmq-namesrv-rust"
+  printf '#!/bin/sh\n' >"$distro/cargo/bin/rocketmq-broker-rust"
+  chmod +x "$distro/bin"/* "$distro/cargo/bin"/*
+  status=0
+  out=$(on_fresh_machine env PATH="$distro/bin:$fresh/root:$PATH" CARGO_HOME="$distro/cargo" \
+    STACK_APT_PACKAGES="redis-server mariadb-server" scripts/stack.sh install 2>&1) || status=$?
+  local calls
+  calls=$(cat "$distro/systemctl.log" 2>/dev/null || true)
+  if [ "$status" -ne 0 ] || ! grep -qx 'disable --now redis-server' <<<"$calls" ||
+    ! grep -qx 'disable --now mariadb' <<<"$calls"; then
+    fail "installing redis-server and mariadb-server must stop and disable Debian's services (systemctl disable --now redis-server, mariadb); got exit $status, systemctl called with:"$'\n'"$calls"$'\n'"output:"$'\n'"$out"
+  fi
+  ok "installing redis-server and mariadb-server stops and disables Debian's redis-server and mariadb services"
 }
 
 # ---------------------------------------------------------------- compose

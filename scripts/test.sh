@@ -37,6 +37,8 @@ scripts/stack.sh up
 # After the test stack's `up`, which installed what a fresh machine lacked (as root).
 step "the stack's stores start as a user that is not root (scripts/check-unprivileged.sh)"
 scripts/check-unprivileged.sh
+step "a Redis the stack did not start is used only with its AOF on (scripts/check-foreign-redis.sh)"
+scripts/check-foreign-redis.sh
 
 step "end-to-end tests"
 cargo build --quiet -p stampede-bench # run by the bench test

@@ -32,15 +32,17 @@ rust_problem() {
   [ "$(printf '%s\n%s\n' "$RUST_MIN" "${have%%-*}" | sort -V | head -n 1)" = "$RUST_MIN" ] ||
     printf 'rustc is %s' "$have"
 }
-# The distro's Redis service, started by apt-get when it installed redis-server, would
-# answer on REDIS_PORT in place of the stack's own (without its AOF settings, and
-# unknown to `make down`): stopped and disabled, once, when this install put it there.
-quiet_distro_redis() {
+# The distro's services, started by apt-get when it installed redis-server or
+# mariadb-server, would answer on REDIS_PORT and MYSQL_PORT in place of the stack's own
+# (Redis without its AOF settings, MariaDB without its flags or state dir; both unknown
+# to `make down` and to the chaos suite's kills): stopped and disabled, once, when this
+# install put them there. Without systemctl (a container) nothing was started.
+quiet_distro_service() { # SERVICE PORT_VARIABLE
   command -v systemctl >/dev/null 2>&1 || return 0
-  systemctl is-active --quiet redis-server 2>/dev/null || return 0
-  say "  stopping and disabling Debian's redis-server service (the stack runs its own Redis)"
-  systemctl disable --now redis-server >/dev/null 2>&1 ||
-    say "  note: could not stop it; set REDIS_PORT to another port if it answers on $REDIS_PORT"
+  systemctl is-active --quiet "$1" 2>/dev/null || return 0
+  say "  stopping and disabling Debian's $1 service (the stack runs its own)"
+  systemctl disable --now "$1" >/dev/null 2>&1 ||
+    say "  note: could not stop it; set $2 to another port if it answers on ${!2}"
 }
 install() {
   local dry=${1:-} missing
@@ -72,7 +74,8 @@ install() {
     apt-get update -qq
     # shellcheck disable=SC2086 # one word per package
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
-    case " $missing " in *" redis-server "*) quiet_distro_redis ;; esac
+    case " $missing " in *" redis-server "*) quiet_distro_service redis-server REDIS_PORT ;; esac
+    case " $missing " in *" mariadb-server "*) quiet_distro_service mariadb MYSQL_PORT ;; esac
   fi
   if rocketmq_missing; then
     step="cargo install rocketmq $ROCKETMQ_VERSION"

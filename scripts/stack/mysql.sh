@@ -53,7 +53,7 @@ before_start_mysql() {
     # The machine's own server: give Stampede a database and account there, if root may.
     if ! alive mysql && mariadb --no-defaults -uroot -e 'SELECT 1' >/dev/null 2>&1; then
       provision_mysql mariadb --no-defaults -uroot
-      health_mysql && say "  mysql: using the machine's server on 127.0.0.1:$MYSQL_PORT" && return 1
+      health_mysql && say "  mysql: using the machine's server on 127.0.0.1:$MYSQL_PORT, not the stack's own: make down leaves it running and make chaos cannot kill it" && return 1
     fi
     die "port $MYSQL_PORT is taken by something that is not a MariaDB Stampede can use; free it or set MYSQL_PORT"
   fi

@@ -16,7 +16,20 @@ redis_common_args() {
   REDIS_COMMON=(--appendonly yes --appendfsync "$REDIS_APPENDFSYNC" --save "" --stream-node-max-entries 16)
 }
 health_redis() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+# A Redis answering on PORT that this state dir did not start (pid file PART): the
+# distro's service, another state dir's. Used only when it keeps the AOF, as the stack's
+# own does: without it an admitted purchase (202) survives no restart of that Redis.
+# `make down` leaves it running, and the chaos suite cannot kill it.
+foreign_redis() { # PORT PART PORT_VARIABLE
+  local aof
+  alive "$2" && return 0
+  aof=$(redis-cli -h 127.0.0.1 -p "$1" config get appendonly 2>/dev/null | sed -n 2p)
+  [ "$aof" = yes ] ||
+    die "a Redis this stack did not start answers on 127.0.0.1:$1 with appendonly ${aof:-unreadable}: a 202 would not survive its restart (Debian's service? systemctl disable --now redis-server). Stop it, or set $3 to a free port"
+  say "  $2: using a Redis this stack did not start on 127.0.0.1:$1 (appendonly yes); make down leaves it running"
+}
 start_redis() {
+  if health_redis; then foreign_redis "$REDIS_PORT" redis REDIS_PORT; fi
   before_start redis "$REDIS_PORT" REDIS_PORT || return 0
   redis_common_args
   mkdir -p "$STACK_DIR/redis"
@@ -36,11 +49,14 @@ health_rediscluster() {
   cluster_cli cluster info | grep -q '^cluster_state:ok'
 }
 start_rediscluster() {
+  local p dir i
+  for p in $CLUSTER_PORTS; do
+    if node_up "$p"; then foreign_redis "$p" "rediscluster-$p" REDIS_CLUSTER_PORT; fi
+  done
   if health_rediscluster; then
     say "  rediscluster: already running on 127.0.0.1:${CLUSTER_PORTS// /,}"
     return 0
   fi
-  local p dir i
   redis_common_args
   for p in $CLUSTER_PORTS; do
     node_up "$p" && continue
