@@ -515,7 +515,7 @@ pub fn edge_layout() -> String {
     format!(
         "-- Generated from core/src/keys.rs (keys::edge_layout); do not edit. After a change\n\
          -- there, `STAMPEDE_WRITE_EDGE_LAYOUT=1 cargo test -p stampede-core keys` rewrites it.\n\
-         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n  segment_versions = \"{}\",\n  room = \"{}\",\n  room_early = \"{}\",\n  room_positions = \"{}\",\n  room_steps = \"{}\",\n}}\n",
+         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n  segment_versions = \"{}\",\n  room = \"{}\",\n  room_early = \"{}\",\n  room_positions = \"{}\",\n  room_steps = \"{}\",\n  idempotency = \"{}\",\n}}\n",
         k.sales_index(),
         k.edge_limits(),
         event(k.sold_out(ID)),
@@ -525,6 +525,7 @@ pub fn edge_layout() -> String {
         event(k.room_early(ID)),
         event(k.room_positions(ID)),
         event(k.room_steps(ID)),
+        k.tagged("%s", IDEMPOTENCY),
     )
 }
 

@@ -5,13 +5,17 @@
 -- A close also notes when, by this node's clock (closed_ms, the first close's): a sale
 -- closed early is retired that long after (retire_bucket.lua); a reopen forgets it.
 --
--- KEYS[1] meta    ARGV[1] "open" or "closed"
+-- With it the event's bucket count (ARGV[2]), which the edge reads from the event's meta
+-- to find the buckets' records (lua/edge/stampede/admitted.lua): an event loaded before
+-- the meta had it gets it at its close.
+--
+-- KEYS[1] meta    ARGV[1] "open" or "closed"    ARGV[2] the event's bucket count
 --
 -- Returns (mirrored by StatusWritten in core/src/preload/mod.rs):
 --    1 WRITTEN     the status is written
 --    0 NOT_LOADED  no metadata: nothing written
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1])
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'buckets', ARGV[2])
 if ARGV[1] == 'closed' then
   local t = redis.call('TIME')
   redis.call('HSETNX', KEYS[1], 'closed_ms',

@@ -492,6 +492,8 @@ impl Preloader {
                 ("per_user_limit", event.per_user_limit.to_string()),
                 ("pay_timeout_s", event.pay_timeout_s.to_string()),
                 ("categories", categories.join(",")),
+                // The edge finds the buckets' keys by their count (stampede/admitted.lua).
+                ("buckets", event.buckets.to_string()),
             ],
         )
         .ignore();
@@ -548,6 +550,7 @@ impl Preloader {
             let code: i64 = SALE_STATUS
                 .key(meta)
                 .arg(sale_status(event.status))
+                .arg(event.buckets)
                 .invoke_async(&mut redis)
                 .await
                 .context("Failed to write the sale status")?;

@@ -23,7 +23,9 @@ local passed_ttl_s
 -- A key let through waits this long for the core's answer (proxy_read_timeout and some);
 -- only an answer that may be a 202 keeps it for passed_ttl_s.
 local PENDING_TTL_S = 15
-local PENDING, QUEUED = 1, 2 -- a key's state: let through, or answered (maybe) 202
+-- A key's state: let through, or answered (maybe) 202 (also a key another edge let
+-- through, copied from Redis once the sale is refused whole: admitted.lua).
+local PENDING, QUEUED = 1, require("stampede.admitted").QUEUED
 
 -- opts: {passed_dict, passed_ttl_s}
 function _M.init(opts)
@@ -135,6 +137,8 @@ end
 -- and the sold-out flags: its first answer may have been 202 (the buyer's connection
 -- dropped before it arrived), and only the core knows. The core answers a repeated key
 -- with its first answer, whatever the flags; any other purchase still meets them there.
+-- Once a sale is refused whole (closed, ended, all sold out), the keys it admitted
+-- through any edge are known here too (admitted.lua).
 function _M.purchase()
   local event_id = purchase_event(ngx.var.request_uri)
   if not event_id then return reject(404, "NOT_FOUND", "no such endpoint") end

@@ -43,6 +43,10 @@ function _M.init(opts)
   require("stampede.respond").init(ngx.config.prefix() .. "conf/refusals.conf")
   require("stampede.room").init({ dict = opts.queue_dict })
   require("stampede.access").init({ passed_dict = opts.passed_dict, passed_ttl_s = opts.passed_ttl_s })
+  require("stampede.admitted").init({
+    passed_dict = opts.passed_dict, passed_ttl_s = opts.passed_ttl_s, state_dict = opts.state_dict,
+    prefix = r.prefix, budget_s = opts.refresh_interval_s / 4,
+  })
   require("stampede.availability").init({
     dict = opts.avail_dict, recount_s = opts.avail_recount_s,
     recounts_per_s = opts.avail_recounts_per_s, keep_s = opts.avail_keep_s,

@@ -10,4 +10,5 @@ return {
   room_early = "{ev:%s}:room:early",
   room_positions = "{ev:%s}:room:pos",
   room_steps = "{ev:%s}:room:steps",
+  idempotency = "{%s}:idem",
 }

@@ -13,6 +13,7 @@ local store = require "stampede.cluster"
 local limit = require "stampede.limit"
 local layout = require "stampede.keys" -- generated from core/src/keys.rs
 local room = require "stampede.room"
+local admitted = require "stampede.admitted"
 local tonumber, floor, format = tonumber, math.floor, string.format
 local shared = ngx.shared
 
@@ -22,7 +23,8 @@ local dict, cfg
 local version = -1
 local snapshot_at = 0
 -- event id → {open, start_ms, end_ms, all_sold, sold = {[cid string] = true},
--- journeys = {["<cid>:<from>:<to>"] = true}, seat_stamp, room (room.lua; nil: none)}
+-- journeys = {["<cid>:<from>:<to>"] = true}, seat_stamp, room (room.lua; nil: none),
+-- buckets (count), read_at (s: when its flags were read)}
 local events = {}
 
 local LOCK, SNAPSHOT, VERSION = "refresh-lock", "snapshot", "version"
@@ -50,6 +52,8 @@ local QUIET_S, LIVE_MARGIN_MS = 1, 2000
 local function quiet(ev, before, now)
   if not before or not before.read_at or now - before.read_at >= QUIET_S then return false end
   if before.room or before.seat_stamp then return false end
+  -- Closed (or reopened) since: read now, so that admitted.lua copies its keys at once.
+  if before.open ~= ev.open then return false end
   local now_ms = now * 1000
   local live = ev.open and now_ms >= ev.start_ms - LIVE_MARGIN_MS and now_ms < ev.end_ms + LIVE_MARGIN_MS
   return not live
@@ -65,9 +69,9 @@ local function pull()
   })
   if not first then return nil, "sales: " .. tostring(err) end
   local sales, overrides = first[1], first[2]
-  local snap = { events = {}, limits = {} }
-  local ids, cmds = {}, {}
   local now = ngx.now()
+  local snap = { events = {}, limits = {}, read_at = now }
+  local ids, cmds = {}, {}
   for i = 1, #sales, 2 do
     local id = sales[i]
     local status, start_ms, end_ms = string.match(sales[i + 1], "^(%a+):(%d+):(%d+)$")
@@ -78,10 +82,11 @@ local function pull()
       local before = events[id]
       if quiet(ev, before, now) then
         ev.sold, ev.journeys, ev.all_sold, ev.read_at = before.sold, before.journeys, before.all_sold, before.read_at
+        ev.buckets = before.buckets
       else
         ids[#ids + 1] = id
         cmds[#cmds + 1] = { "hgetall", p .. format(layout.sold_out, id) }
-        cmds[#cmds + 1] = { "hmget", p .. format(layout.meta, id), "categories", "epoch" }
+        cmds[#cmds + 1] = { "hmget", p .. format(layout.meta, id), "categories", "epoch", "buckets" }
         cmds[#cmds + 1] = { "hgetall", p .. format(layout.segment_versions, id) }
         cmds[#cmds + 1] = room.settings_cmd(p, id)
       end
@@ -108,7 +113,10 @@ local function pull()
   for i, id in ipairs(ids) do
     local ev, flags, meta = snap.events[id], replies[4 * i - 3], replies[4 * i - 2]
     local categories, epoch
-    if type(meta) == "table" then categories, epoch = meta[1], meta[2] end
+    if type(meta) == "table" then
+      categories, epoch = meta[1], meta[2]
+      ev.buckets = tonumber(meta[3])
+    end
     if type(epoch) ~= "string" then epoch = "0" end
     -- The keys' generation too: a rebuild may restart the versions where they were.
     local versions = stamp(replies[4 * i - 1])
@@ -163,6 +171,11 @@ local function refresh(premature)
     adopt()
     local snap, err = pull()
     if snap then
+      -- Before the snapshot is out: a sale this snapshot first refuses whole (closed,
+      -- sold out) has the keys it admitted copied, as far as the time budget goes,
+      -- before a worker refuses it. A failure there never stops the snapshot.
+      local ok, serr = pcall(admitted.sync, snap)
+      if not ok then ngx.log(ngx.ERR, "admitted keys: ", serr) end
       snap.at = ngx.now()
       dict:set(SNAPSHOT, cjson.encode(snap))
       dict:incr(VERSION, 1, 0)

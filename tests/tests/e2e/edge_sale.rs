@@ -495,3 +495,130 @@ async fn the_edge_reads_the_category_as_the_core_does_whatever_the_spelling() {
     let a = raw_request(port, "POST", &path, &headers, &raw).await;
     assert_eq!(a.status, 202, "{raw}: {a:?}");
 }
+
+/// Buyers admitted through another edge — here straight through the core, so this edge
+/// never saw their keys — each with key `elsewhere-<i>`; their first answers.
+async fn admitted_elsewhere(
+    app: &stampede_e2e::StackApp,
+    event: u64,
+    buyers: &[stampede_e2e::Buyer],
+    body: &serde_json::Value,
+) -> Vec<serde_json::Value> {
+    let core = format!("http://127.0.0.1:{}", Stack::from_env().core_port);
+    let mut first = Vec::new();
+    for (i, b) in buyers.iter().enumerate() {
+        let (status, answer) = purchase(
+            &app.http,
+            &core,
+            event,
+            &b.token,
+            &format!("elsewhere-{i}"),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(status, 202, "{answer}");
+        first.push(answer);
+    }
+    first
+}
+
+/// Whether each buyer's retry through the edge (same key, same body) is answered, within
+/// ten seconds, with the 202 and the order number of its first answer.
+async fn retries_answered_as_first(
+    app: &stampede_e2e::StackApp,
+    event: u64,
+    buyers: &[stampede_e2e::Buyer],
+    body: &serde_json::Value,
+    first: &[serde_json::Value],
+) {
+    for (i, b) in buyers.iter().enumerate() {
+        let key = format!("elsewhere-{i}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let last = loop {
+            let answer = app.buy(event, b, &key, body.clone()).await;
+            if answer.0 == 202 || Instant::now() > deadline {
+                break answer;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(last.0, 202, "buyer {i}'s retry through the edge: {last:?}");
+        assert_eq!(last.1["order_no"], first[i]["order_no"], "buyer {i}");
+    }
+}
+
+/// A purchase admitted through another edge (or this one before a restart), retried
+/// through this edge after the sale sold out, hears its 202 again, not SOLD_OUT: once the
+/// edge refuses the sale whole it knows every key the sale admitted (admitted.lua), here
+/// among 5 000 others.
+/// Nobody else gets past the flag with those keys: not the buyer with a new key, not
+/// another buyer with theirs.
+#[tokio::test]
+async fn a_purchase_admitted_elsewhere_and_retried_after_the_sell_out_hears_its_202() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, crate::buckets::bucketed_sale(2, 1, 1)).await;
+    let body = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.admin.buyers(3).await;
+    let first = admitted_elsewhere(&app, event, &buyers[..2], &body).await;
+    // Five thousand other buyers' records, as a big sale leaves: the edge copies them in
+    // pages, over more than one refresh, and must not miss these two among them.
+    let idem = app.keys().idempotency(Bucket::only(event));
+    let mut redis = app.redis.clone();
+    for chunk in (0..5000u64).collect::<Vec<_>>().chunks(500) {
+        let fields: Vec<(String, &str)> = chunk
+            .iter()
+            .map(|i| (format!("{}:filler", 900_000_000 + i), "0|filler|"))
+            .collect();
+        let _: () = redis.hset_multiple(&idem, &fields).await.unwrap();
+    }
+    assert!(
+        crate::edge::the_edge_says_sold_out(
+            &app,
+            event,
+            &buyers[2],
+            &body,
+            Duration::from_secs(10)
+        )
+        .await,
+        "the edge never said SOLD_OUT"
+    );
+    retries_answered_as_first(&app, event, &buyers[..2], &body, &first).await;
+    for (who, key) in [(&buyers[0], "a-new-key"), (&buyers[1], "elsewhere-0")] {
+        let (status, answer) = app.buy(event, who, key, body.clone()).await;
+        assert_eq!(status, 409, "{answer}");
+        assert_eq!(answer["error"]["code"], "SOLD_OUT", "{answer}");
+    }
+}
+
+/// The same after a close, for a sale over sixteen buckets, the most an event may have
+/// (the edge finds each bucket's records by the tags the core gives them, and their
+/// count in the event's meta, which the close writes for an event loaded without it).
+#[tokio::test]
+async fn a_purchase_admitted_elsewhere_and_retried_after_the_close_hears_its_202() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = open_sale(&app, crate::buckets::bucketed_sale(64, 1, 16)).await;
+    let body = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.admin.buyers(7).await;
+    let homes: HashSet<u16> = buyers[..6]
+        .iter()
+        .map(|b| Bucket::of_buyer(event, 16, stampede_core::domain::UserId(b.user_id)).index)
+        .collect();
+    assert!(homes.len() > 1, "six buyers in one bucket: {homes:?}");
+    let first = admitted_elsewhere(&app, event, &buyers[..6], &body).await;
+    // As an event loaded before the meta had its bucket count: the close writes it.
+    let mut redis = app.redis.clone();
+    let _: () = redis
+        .hdel(app.keys().event_meta(event), "buckets")
+        .await
+        .unwrap();
+    app.admin.close(event).await;
+    let closed = eventually(Duration::from_secs(10), || async {
+        app.buy(event, &buyers[6], "late", body.clone()).await.0 == 403
+    })
+    .await;
+    assert!(closed, "the edge never said NOT_OPEN");
+    stampede_e2e::edge_workers_catch_up().await;
+    retries_answered_as_first(&app, event, &buyers[..6], &body, &first).await;
+    let (status, answer) = app.buy(event, &buyers[0], "a-new-key", body.clone()).await;
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(answer["error"]["code"], "NOT_OPEN", "{answer}");
+}

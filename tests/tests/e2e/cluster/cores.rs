@@ -238,6 +238,92 @@ async fn two_edges_give_the_same_answers() {
     assert_eq!(one.0[0].1, "SOLD_OUT");
 }
 
+/// A buyer admitted through one edge whose answer was lost, retrying through the other
+/// after the sale sold out, hears their 202 and order number again, not SOLD_OUT: the
+/// second edge never let the key through, and knows it from the sale's records in Redis
+/// (lua/edge/stampede/admitted.lua).
+#[tokio::test]
+async fn a_purchase_admitted_through_one_edge_is_answered_again_by_the_other_after_the_sell_out() {
+    let stack = Stack::from_env();
+    cluster_port(&stack);
+    let edge2 = format!(
+        "http://127.0.0.1:{}",
+        stack
+            .edge2_port
+            .expect("the cluster stack has a second edge")
+    );
+    let (app, _edge) = stampede_e2e::stack_app().await;
+    let (event, categories) = crate::edge::open_sale(
+        &app,
+        json!({
+            "title": "Two edges", "venue": "Loopback", "show_time": "2031-06-01T20:00:00Z",
+            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+            "per_user_limit": 1, "pay_timeout_s": 900,
+            "categories": [{"name": "GA", "price_cents": 100, "quantity": 2}],
+        }),
+    )
+    .await;
+    let buyers = app.admin.buyers(3).await;
+    let ga = json!({"category_id": categories[0], "quantity": 1});
+    let mut first = Vec::new();
+    for b in &buyers[..2] {
+        let (status, answer) = app.buy(event, b, "lost", ga.clone()).await;
+        assert_eq!(status, 202, "{answer}");
+        first.push(answer);
+    }
+    // SOLD_OUT from the second edge itself: neither core's count of 409s moved meanwhile
+    // (the cores answer SOLD_OUT too, and their answer would let the retries through).
+    let cores = [stack.admin_port, stack.admin_port + 2].map(|port| stampede_e2e::AdminClient {
+        url: format!("http://127.0.0.1:{port}"),
+        ..app.admin.clone()
+    });
+    let refusals = || async {
+        let mut sum = 0;
+        for core in &cores {
+            sum += core
+                .counter("stampede_http_responses_total{listener=\"public\",status=\"409\"}")
+                .await
+                .unwrap_or(0);
+        }
+        sum
+    };
+    let mut n = 0;
+    let sold_out = eventually(Duration::from_secs(10), || {
+        n += 1;
+        let key = format!("late-{n}");
+        let (http, edge2, ga, token) = (
+            app.http.clone(),
+            edge2.clone(),
+            ga.clone(),
+            buyers[2].token.clone(),
+        );
+        let refusals = &refusals;
+        async move {
+            let before = refusals().await;
+            let (status, answer) =
+                stampede_e2e::purchase(&http, &edge2, event, &token, &key, ga).await;
+            status == 409 && answer["error"]["code"] == "SOLD_OUT" && refusals().await == before
+        }
+    })
+    .await;
+    assert!(sold_out, "the second edge never said SOLD_OUT itself");
+    stampede_e2e::edge_workers_catch_up().await;
+    for (b, first) in buyers[..2].iter().zip(&first) {
+        let (status, answer) =
+            stampede_e2e::purchase(&app.http, &edge2, event, &b.token, "lost", ga.clone()).await;
+        assert_eq!(status, 202, "{answer}");
+        assert_eq!(answer["order_no"], first["order_no"], "{answer}");
+    }
+    // Another buyer's key is not theirs.
+    let (status, answer) =
+        stampede_e2e::purchase(&app.http, &edge2, event, &buyers[2].token, "lost", ga).await;
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (409, &json!("SOLD_OUT")),
+        "{answer}"
+    );
+}
+
 /// Each consumer's unacknowledged entries in the stream (XPENDING's summary); none
 /// before the workers have made the group.
 async fn pending_by_consumer(
