@@ -7,7 +7,9 @@
 #   install         `scripts/stack.sh install --dry-run` on a machine with nothing installed
 #                   (empty HOME and CARGO_HOME, cargo on PATH or not) plans the RocketMQ
 #                   build and the missing Debian packages, exits 0 and changes nothing; a
-#                   bad option and a failing step say so, never a silent exit
+#                   bad option and a failing step say so, never a silent exit; an install
+#                   of redis-server and mariadb-server stops Debian's services for them;
+#                   a toolchain without rustfmt gets it from rustup (scripts/rust-components.sh)
 #   edge refusals   every status the edge's Lua refuses with has its named location in
 #                   openresty/conf/refusals.conf, and respond.lua knows each (a status
 #                   without one would be an HTML 500); each constant body there is in
@@ -226,6 +228,42 @@ EOS
     fail "installing redis-server and mariadb-server must stop and disable Debian's services (systemctl disable --now redis-server, mariadb); got exit $status, systemctl called with:"$'\n'"$calls"$'\n'"output:"$'\n'"$out"
   fi
   ok "installing redis-server and mariadb-server stops and disables Debian's redis-server and mariadb services"
+
+  # A toolchain without rustfmt (rustup's minimal profile): make test adds it with
+  # rustup, and only it; without rustup, an error naming the component.
+  local tc=$fresh/toolchain
+  mkdir -p "$tc/bin" "$tc/bare"
+  cat >"$tc/bin/cargo" <<EOS
+#!/bin/sh
+[ "\$1" = fmt ] && [ ! -e $tc/rustfmt-added ] && exit 1
+exit 0
+EOS
+  cat >"$tc/bin/rustup" <<EOS
+#!/bin/sh
+echo "\$*" >>$tc/rustup.log
+[ "\$*" = "component add rustfmt" ] && touch $tc/rustfmt-added
+exit 0
+EOS
+  cp "$tc/bin/cargo" "$tc/bare/cargo"
+  chmod +x "$tc/bin"/* "$tc/bare/cargo"
+  status=0
+  out=$(PATH="$tc/bin:/usr/bin:/bin" scripts/rust-components.sh 2>&1) || status=$?
+  if [ "$status" -ne 0 ] || [ "$(cat "$tc/rustup.log" 2>/dev/null)" != "component add rustfmt" ]; then
+    fail "a toolchain without rustfmt: wanted exactly 'rustup component add rustfmt', exit 0; got exit $status, rustup called with '$(cat "$tc/rustup.log" 2>/dev/null)':"$'\n'"$out"
+  fi
+  ok "a toolchain without rustfmt: added with rustup (rustup component add rustfmt), exit 0"
+  # (Debian's own rustup lives in /usr/bin: then no PATH here is without one.)
+  if [ -x /usr/bin/rustup ] || [ -x /bin/rustup ]; then
+    ok "a toolchain without rustfmt and without rustup: skipped (rustup is in /usr/bin)"
+    return
+  fi
+  rm -f "$tc/rustfmt-added"
+  status=0
+  out=$(PATH="$tc/bare:/usr/bin:/bin" scripts/rust-components.sh 2>&1) || status=$?
+  if [ "$status" -eq 0 ] || ! grep -q rustfmt <<<"$out"; then
+    fail "a toolchain without rustfmt and without rustup must fail naming rustfmt; got exit $status:"$'\n'"$out"
+  fi
+  ok "a toolchain without rustfmt and without rustup: refused, naming rustfmt"
 }
 
 # ---------------------------------------------------------------- compose

@@ -16,6 +16,8 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "fresh-machine checks: shellcheck, install --dry-run, docker-compose.yml (scripts/check.sh)"
 scripts/check.sh
+step "the toolchain's rustfmt and clippy (scripts/rust-components.sh)"
+scripts/rust-components.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy (warnings denied)"
