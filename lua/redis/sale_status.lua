@@ -15,7 +15,8 @@
 --    1 WRITTEN     the status is written
 --    0 NOT_LOADED  no metadata: nothing written
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'buckets', ARGV[2])
+redis.call('HSET', KEYS[1], 'status', ARGV[1])
+if ARGV[2] then redis.call('HSET', KEYS[1], 'buckets', ARGV[2]) end
 if ARGV[1] == 'closed' then
   local t = redis.call('TIME')
   redis.call('HSETNX', KEYS[1], 'closed_ms',

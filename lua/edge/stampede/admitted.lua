@@ -9,11 +9,11 @@
 -- sold out), the refresh leader copies the sale's Idempotency-Key records — reserve.lua's
 -- `<user>:<key>` fields, written for admitted purchases only — into the dict of keys let
 -- through, as answered 202. Such a sale's records no longer grow: each bucket's record
--- hash is scanned again only when its length changed, or after half the dict's lifetime
--- (to keep the copies alive while the sale is listed), in pages of PAGE fields, for at
--- most budget_s a refresh. The per-request cost is unchanged: the refusal path already
--- looks its key up. Copying stops while less than a quarter of the dict is free, so the
--- copies never take the room of keys let through for sales still selling.
+-- hash is counted at most once a second and scanned again only when its length changed,
+-- or after half the dict's lifetime (to keep the copies alive while the sale is listed),
+-- in pages of PAGE fields, for at most budget_s a refresh. The per-request cost is
+-- unchanged: the refusal path already looks its key up. Copying pauses while less than
+-- a quarter of the dict is free, so the copies take at most about three quarters of it.
 -- Not covered: a sale partly sold out (its records grow with every purchase), where a
 -- repeat through another edge of a purchase of a sold-out category meets that edge's
 -- flag; a sale no longer listed (retired after its end), whose copies lapse.
@@ -81,11 +81,21 @@ local function warn_now(what)
   return true
 end
 
--- Copies one page of `key`'s records of `event_id`; the next cursor ("0": done) and the
--- fields seen, or nil and an error (the dict refused a key: left for the next refresh).
+-- A Redis read of this edge failed (state.lua's or these): a scan under way starts
+-- again, as its cursor may belong to a Redis since restarted or to a replica since
+-- promoted, whose table another seed orders otherwise.
+function _M.redis_failed()
+  progress:incr("admitted-gen", 1, 0)
+end
+
+-- Copies one page of `key`'s records of `event_id`; the next cursor ("0": done), or nil
+-- and an error (Redis's, or the dict's refusing a key: left for the next refresh).
 local function copy_page(key, event_id, cursor)
   local replies, err = store.run({ { "hscan", key, cursor, "COUNT", PAGE } })
-  if not replies then return nil, err end
+  if not replies then
+    _M.redis_failed()
+    return nil, err
+  end
   local reply = replies[1]
   local fields = reply[2]
   for i = 1, #fields, 2 do
@@ -95,28 +105,43 @@ local function copy_page(key, event_id, cursor)
       if not ok then return nil, "idempotency-key dict: " .. tostring(serr) end
     end
   end
-  return reply[1], #fields / 2
+  return reply[1]
 end
 
 -- The bucket count an event's meta gives (nil: not a count this edge can use). An event
--- loaded before the meta had it counts as one bucket: right for most, and for an event
--- of several nothing is copied until its next load (publish, reopen, rebuild).
+-- loaded before the meta had it counts as one bucket: right for most; one of several
+-- gets its count at its next load or close (sale_status.lua), and until then nothing of
+-- it is copied.
 local function bucket_count(ev)
   local n = ev.buckets or 1
   if n >= 1 and n <= MAX_BUCKETS and n == floor(n) then return n end
 end
 
--- From the refresh leader, with a snapshot (state.lua's) before it is published: the
--- events it read from Redis this time (read_at), each with its bucket count. Stops
--- after budget_s, or when the dict has less than a quarter free; what was copied
--- stays, and the next refresh goes on where this one stopped.
+local CHECK_S = 1 -- a copied bucket's record count is read again at most this often
+
+-- Room in the dict: at least a quarter of it free, after dropping some expired keys.
+local function room()
+  local quarter = passed:capacity() / 4
+  if passed:free_space() >= quarter then return true end
+  passed:flush_expired(1000)
+  return passed:free_space() >= quarter
+end
+
+-- From the refresh leader, with a snapshot (state.lua's) before it is published: every
+-- sale it refuses whole, with its bucket count. A bucket's records are counted (HLEN)
+-- at most once a CHECK_S; scanned when the count changed or the copy is half the dict's
+-- lifetime old; a scan under way goes on each refresh. Stops after budget_s, or when
+-- the dict has not a quarter free; what was copied stays.
 function _M.sync(snap)
   ngx.update_time()
   local started = ngx.now()
   local now_ms = floor(started * 1000)
-  local keys, owners = {}, {}
+  local gen = tostring(progress:get("admitted-gen") or 0)
+  -- Per bucket: "admitted:<key>" = "<length>|<copied at>|<counted at>" of the last full
+  -- copy; "admitted-scan:<key>" = "<cursor>|<length>|<generation>" of one under way.
+  local scans, asks = {}, {}
   for id, ev in pairs(snap.events) do
-    if ev.read_at == snap.read_at and refused_whole(ev, now_ms) then
+    if refused_whole(ev, now_ms) then
       local count = bucket_count(ev)
       if not count then
         if warn_now("count:" .. id) then
@@ -124,59 +149,65 @@ function _M.sync(snap)
         end
       else
         for _, tag in ipairs(bucket_tags(id, count)) do
-          keys[#keys + 1] = { "hlen", prefix .. format(layout.idempotency, tag) }
-          owners[#owners + 1] = id
+          local key = prefix .. format(layout.idempotency, tag)
+          local cursor, scan_len, scan_gen = match(progress:get("admitted-scan:" .. key) or "", "^(%d+)|(%d+)|(%d+)$")
+          if cursor then
+            if scan_gen ~= gen then cursor = "0" end
+            scans[#scans + 1] = { key = key, id = id, cursor = cursor, len = tonumber(scan_len) }
+          else
+            local done_len, done_at, counted_at =
+              match(progress:get("admitted:" .. key) or "", "^(%d+)|([%d.]+)|([%d.]+)$")
+            if not counted_at or started - tonumber(counted_at) >= CHECK_S then
+              asks[#asks + 1] = { key = key, id = id, done_len = tonumber(done_len), done_at = tonumber(done_at) }
+            end
+          end
         end
       end
     end
   end
-  if #keys == 0 then return end
-  local lens, err = store.run(keys)
-  if not lens then
-    if warn_now("redis") then ngx.log(ngx.WARN, "admitted keys: ", err) end
-    return
-  end
-  for i, cmd in ipairs(keys) do
-    local key, id, len = cmd[2], owners[i], tonumber(lens[i]) or 0
-    -- "<length>|<when>" of the last full copy; "<cursor>|<length>|<fields seen>" of one
-    -- under way. Each lapses after ttl_s.
-    local done_key, scan_key = "admitted:" .. key, "admitted-scan:" .. key
-    local done_len, done_at = match(progress:get(done_key) or "", "^(%d+)|([%d.]+)$")
-    local cursor, scan_len, seen = match(progress:get(scan_key) or "", "^(%d+)|(%d+)|(%d+)$")
-    seen = tonumber(seen)
-    if not cursor and len > 0
-      and (tonumber(done_len) ~= len or started - tonumber(done_at) >= ttl_s / 2) then
-      cursor, scan_len, seen = "0", len, 0
-      ngx.log(ngx.INFO, "admitted keys: copying ", len, " records of event ", id, " (", key, ")")
+  if #asks > 0 then
+    local cmds = {}
+    for i, a in ipairs(asks) do cmds[i] = { "hlen", a.key } end
+    local lens, err = store.run(cmds)
+    if not lens then
+      _M.redis_failed()
+      if warn_now("redis") then ngx.log(ngx.WARN, "admitted keys: ", err) end
+      return
     end
+    for i, a in ipairs(asks) do
+      local len = tonumber(lens[i]) or 0
+      if len > 0 and (a.done_len ~= len or started - a.done_at >= ttl_s / 2) then
+        ngx.log(ngx.INFO, "admitted keys: copying ", len, " records of event ", a.id, " (", a.key, ")")
+        scans[#scans + 1] = { key = a.key, id = a.id, cursor = "0", len = len }
+      else
+        local done_at = len == a.done_len and a.done_at or started
+        progress:set("admitted:" .. a.key, len .. "|" .. done_at .. "|" .. started, ttl_s)
+      end
+    end
+  end
+  for _, scan in ipairs(scans) do
+    local cursor = scan.cursor
     while cursor do
       ngx.update_time()
       if ngx.now() - started >= budget_s then return end
-      if passed:free_space() < passed:capacity() / 4 then
+      if not room() then
         if warn_now("full") then
           ngx.log(ngx.WARN, "admitted keys: less than a quarter of the idempotency-key dict is free; ",
-            "copying paused (event ", id, ")")
+            "copying paused (event ", scan.id, ")")
         end
         return
       end
-      local next_cursor, got = copy_page(key, id, cursor)
+      local next_cursor, perr = copy_page(scan.key, scan.id, cursor)
       if not next_cursor then
-        if warn_now("page") then ngx.log(ngx.WARN, "admitted keys: ", got) end
+        if warn_now("page") then ngx.log(ngx.WARN, "admitted keys: ", perr) end
         return
       end
-      seen = seen + got
       if next_cursor ~= "0" then
         cursor = next_cursor
-        progress:set(scan_key, cursor .. "|" .. scan_len .. "|" .. seen, ttl_s)
-      elseif seen < math.min(tonumber(scan_len), len) then
-        -- A scan sees every field that was there throughout; fewer means its cursor
-        -- outlived the hash's table (a restarted Redis, a promoted replica): again.
-        ngx.log(ngx.INFO, "admitted keys: ", key, " scanned ", seen, " of ", scan_len, "; again")
-        cursor, seen = "0", 0
-        progress:set(scan_key, "0|" .. scan_len .. "|0", ttl_s)
+        progress:set("admitted-scan:" .. scan.key, cursor .. "|" .. scan.len .. "|" .. gen, ttl_s)
       else
-        progress:set(done_key, scan_len .. "|" .. started, ttl_s)
-        progress:delete(scan_key)
+        progress:set("admitted:" .. scan.key, scan.len .. "|" .. started .. "|" .. started, ttl_s)
+        progress:delete("admitted-scan:" .. scan.key)
         cursor = nil
       end
     end

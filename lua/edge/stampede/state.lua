@@ -169,6 +169,7 @@ local function refresh(premature)
   -- newest snapshot (what it may keep of a sale not on is what the last leader read).
   if dict:add(LOCK, true, cfg.interval_s * 0.9) then
     adopt()
+    local published = dict:get(VERSION)
     local snap, err = pull()
     if snap then
       -- Before the snapshot is out: a sale this snapshot first refuses whole (closed,
@@ -176,10 +177,16 @@ local function refresh(premature)
       -- before a worker refuses it. A failure there never stops the snapshot.
       local ok, serr = pcall(admitted.sync, snap)
       if not ok then ngx.log(ngx.ERR, "admitted keys: ", serr) end
-      snap.at = ngx.now()
-      dict:set(SNAPSHOT, cjson.encode(snap))
-      dict:incr(VERSION, 1, 0)
-    elseif ngx.now() - last_warning >= 1 then
+      -- Unless a later leader (this one's lock lapsed on a slow Redis) published first.
+      if dict:get(VERSION) == published then
+        snap.at = ngx.now()
+        dict:set(SNAPSHOT, cjson.encode(snap))
+        dict:incr(VERSION, 1, 0)
+      end
+    else
+      admitted.redis_failed()
+    end
+    if not snap and ngx.now() - last_warning >= 1 then
       last_warning = ngx.now()
       ngx.log(ngx.WARN, "edge state refresh from Redis failed, keeping the last state: ", err)
     end
