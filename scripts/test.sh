@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make test`: the fresh-machine checks (scripts/check.sh), formatting, lints, unit tests,
-# then the end-to-end tests against a disposable stack of their own (.stack-test/, ports
-# below), which never touches a running demo, and last a short run on the cluster stack
+# `make test`: the fresh-machine checks (scripts/check.sh), rustfmt and clippy present,
+# formatting, lints, unit tests; then, on a disposable stack of its own (.stack-test/,
+# ports below; it never touches a running demo): the stores started as an unprivileged
+# user, a foreign Redis refused without its AOF, the end-to-end tests, chaos (short), the
+# browser tests and the API fuzz; last a short run on the cluster stack
 # (scripts/test-cluster.sh --short). Each stack is stopped and removed on the way out,
 # pass or fail.
 set -euo pipefail
