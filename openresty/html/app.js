@@ -665,6 +665,10 @@ async function eventView(id) {
     }
   }
 
+  // The last purchase answered with a 5xx (or not at all): pressing Buy again for the
+  // same thing with the same pass sends the same Idempotency-Key, so a purchase the core
+  // may have taken is answered as it was, and a pass it claimed stays this purchase's.
+  let lastUnanswered = null; // {what, key}
   $("#buy").onclick = async () => {
     const c = category();
     if (!c) return;
@@ -686,7 +690,8 @@ async function eventView(id) {
     // no answer at all): the core answers a repeated key with its first answer. The
     // buyer's status is not asked instead: it is their latest admitted purchase, another
     // one's when this one was not admitted.
-    const key = crypto.randomUUID();
+    const what = JSON.stringify([body, pass]);
+    const key = lastUnanswered && lastUnanswered.what === what ? lastUnanswered.key : crypto.randomUUID();
     let r;
     for (let tries = 1; ; tries++) {
       r = await api("POST", `/api/events/${id}/orders`, body, key, pass ? { "Queue-Pass": pass } : {});
@@ -699,6 +704,7 @@ async function eventView(id) {
       await new Promise((ok) => setTimeout(ok, 1000));
     }
     busy = false;
+    lastUnanswered = r.status === 0 || r.status >= 500 ? { what, key } : null;
     // A pass admits one purchase: spent once it is queued (a refused one is given back).
     if (pass && r.status === 202) {
       if (pass === (hiddenPass && hiddenPass.pass)) hiddenPass = null;

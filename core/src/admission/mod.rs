@@ -556,3 +556,40 @@ impl From<redis::RedisError> for AdmissionError {
         AdmissionError::Unexpected(anyhow::Error::new(e).context("Redis call failed"))
     }
 }
+
+impl AdmissionError {
+    /// Whether this failure proves the purchase was not admitted: a refusal, or a Redis
+    /// that never got the command (a refused connection, Redis still loading) — every
+    /// step after reserve.lua's admission fails as `Unconfirmed` instead. The purchase's
+    /// waiting-room pass is then given back, as its answer (UNAVAILABLE) says nothing
+    /// was admitted.
+    pub fn nothing_admitted(&self) -> bool {
+        match self {
+            AdmissionError::Refused(_) => true,
+            AdmissionError::Unexpected(e) => {
+                crate::infra::Down::of(e) == Some(crate::infra::Down::Redis { maybe_sent: false })
+            }
+            AdmissionError::Unconfirmed => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::{AdmissionError, Refusal};
+
+    fn redis_io(kind: std::io::ErrorKind) -> AdmissionError {
+        redis::RedisError::from(std::io::Error::new(kind, "test")).into()
+    }
+
+    #[test]
+    fn only_a_refusal_or_a_command_never_sent_proves_nothing_was_admitted() {
+        assert!(AdmissionError::Refused(Refusal::SoldOut).nothing_admitted());
+        assert!(redis_io(std::io::ErrorKind::ConnectionRefused).nothing_admitted());
+        // Sent, then no answer: it may have run.
+        assert!(!redis_io(std::io::ErrorKind::TimedOut).nothing_admitted());
+        assert!(!redis_io(std::io::ErrorKind::ConnectionReset).nothing_admitted());
+        assert!(!AdmissionError::Unconfirmed.nothing_admitted());
+        assert!(!AdmissionError::Unexpected(anyhow::anyhow!("a bug")).nothing_admitted());
+    }
+}

@@ -77,9 +77,11 @@ async fn purchase(
         .admit(EventId(event_id), event, UserId(user_id), &key, body)
         .await;
     if let Some(claim) = claim {
-        // Refused: the pass is good for another try. Admitted, or not known: spent.
-        let refused = matches!(admitted, Err(crate::admission::AdmissionError::Refused(_)));
-        state.room.settle(claim, !refused).await;
+        // Not admitted (refused, or Redis never got the purchase): the pass is good for
+        // another try. Admitted, or not known: spent (the same request with the same
+        // Idempotency-Key then goes on as that purchase: room_pass.lua's SAME).
+        let not_admitted = admitted.as_ref().is_err_and(|e| e.nothing_admitted());
+        state.room.settle(claim, !not_admitted).await;
     }
     let r = admitted.map_err(|e| answers::purchase_failed(event_id, e))?;
     Ok(json(
