@@ -72,8 +72,9 @@ end
 -- The category of a purchase, and a train ticket's from and to stations, read from its
 -- (small, buffered) body; only asked for when some but not all categories of the event
 -- (or some train journeys) are sold out.
--- A body with an escape or a number not written as plain digits ("20e-1", "2.0", which
--- the core reads as 2) is decoded as JSON, so that the edge reads what the core reads.
+-- A body with an escape, or a number not written as plain digits ("20e-1", "2.0", which
+-- the core reads as 2; "-0", which it reads as 0), is decoded as JSON, so that the edge
+-- reads what the core reads: the category, and a journey's stations.
 local cjson = require "cjson.safe"
 local function whole(v)
   if type(v) == "number" and v >= 0 and v < 2^53 and v == math.floor(v) then
@@ -84,7 +85,7 @@ local function category_of()
   ngx.req.read_body()
   local body = ngx.req.get_body_data()
   if not body then return nil end
-  if not find(body, "\\", 1, true) and not find(body, '"category_id"%s*:%s*%d+%s*[%.eE]') then
+  if not find(body, "\\", 1, true) and not find(body, "%d%s*[%.eE]") and not find(body, ":%s*%-") then
     return match(body, '"category_id"%s*:%s*(%d+)'), match(body, '"from"%s*:%s*(%d+)'),
       match(body, '"to"%s*:%s*(%d+)')
   end

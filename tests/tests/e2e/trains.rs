@@ -738,6 +738,35 @@ async fn a_trains_availability_seat_map_and_journey_flags_through_the_edge() {
         edge_says,
         "the edge never answered the flagged journey itself"
     );
+    // The flagged journey spelled as the core reads it (a fraction, an exponent, minus
+    // zero): answered by the edge too, the core's count of 409s unchanged (before, the
+    // edge read "10e-1" as station 10 and "-0" as nothing, and let them on).
+    let port = stampede_e2e::Stack::from_env().edge_port;
+    let path = format!("/api/events/{event}/orders");
+    let auth = format!("Bearer {}", buyers[2].token);
+    for (n, raw) in [
+        format!(r#"{{"category_id":{first},"quantity":1,"from":0,"to":10e-1}}"#),
+        format!(r#"{{"category_id":{first},"quantity":1,"from":-0,"to":1}}"#),
+        format!(r#"{{"category_id":{first},"quantity":1,"from":0.0,"to":1}}"#),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let key = format!("spelled-{n}");
+        let headers = [
+            ("Authorization", auth.as_str()),
+            ("Idempotency-Key", key.as_str()),
+            ("Content-Type", "application/json"),
+        ];
+        let before = crate::edge::core_answers(&app, 409).await;
+        let a = stampede_e2e::raw_request(port, "POST", &path, &headers, raw).await;
+        assert_eq!(a.status, 409, "{raw}: {a:?}");
+        assert_eq!(
+            crate::edge::core_answers(&app, 409).await,
+            before,
+            "{raw}: answered by the core, not the edge"
+        );
+    }
     let (status, answer) = app.buy(event, &buyers[5], "cd", ticket(first, 2, 3)).await;
     assert_eq!(status, 202, "first still sells C→D: {answer}");
 
