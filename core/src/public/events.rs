@@ -133,8 +133,14 @@ pub async fn availability(state: &AppState, id: u64, req: &Request) -> Result<Re
 /// the purchases, and every viewer's app asks for it every 2 s — so did anyone with a
 /// token, as often as the edge let them (review). Concurrent asks for one map make one
 /// read; the answer is kept as its bytes. Up to [`SEAT_MAPS_MAX_BYTES`] of them.
+/// A train's class has a map per journey (2 016 on a route of 64 stations), all made
+/// from one read of the class's segments, kept as read, per class, as long: asking
+/// every journey in turn cost a read of the whole class each (review).
 #[derive(Clone)]
-pub struct SeatMaps(moka::future::Cache<SeatMapKey, Bytes>);
+pub struct SeatMaps {
+    maps: moka::future::Cache<SeatMapKey, Bytes>,
+    segments: moka::future::Cache<(u64, u64), std::sync::Arc<HashMap<String, String>>>,
+}
 
 /// Event, category, and a train's journey (from, to; 0, 0 for a concert's map).
 type SeatMapKey = (u64, u64, u16, u16);
@@ -146,13 +152,21 @@ const SEAT_MAPS_MAX_BYTES: u64 = 64 << 20;
 
 impl SeatMaps {
     pub fn new() -> SeatMaps {
-        SeatMaps(
-            moka::future::Cache::builder()
+        SeatMaps {
+            maps: moka::future::Cache::builder()
                 .weigher(|_, body: &Bytes| u32::try_from(body.len()).unwrap_or(u32::MAX))
                 .max_capacity(SEAT_MAPS_MAX_BYTES)
                 .time_to_live(SEAT_MAP_TTL)
                 .build(),
-        )
+            segments: moka::future::Cache::builder()
+                .weigher(|_, seats: &std::sync::Arc<HashMap<String, String>>| {
+                    let bytes: usize = seats.iter().map(|(k, v)| k.len() + v.len() + 48).sum();
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                })
+                .max_capacity(SEAT_MAPS_MAX_BYTES)
+                .time_to_live(SEAT_MAP_TTL)
+                .build(),
+        }
     }
 }
 
@@ -227,7 +241,7 @@ pub async fn seats(state: &AppState, id: u64, req: &Request) -> Result<Response,
     );
     let body = state
         .seat_maps
-        .0
+        .maps
         .try_get_with(cached, seat_map(state, &event, category_id, grid, journey))
         .await
         .map_err(shared)?;
@@ -251,15 +265,27 @@ async fn seat_map(
     grid: SeatGrid,
     journey: Option<Journey>,
 ) -> Result<Bytes, ApiError> {
-    let key = match journey {
-        Some(_) => state.keys.segments(Bucket::only(event.id), category_id),
-        None => state.keys.seats(Bucket::only(event.id), category_id),
+    let read = |key: String| async move {
+        let mut redis = state.redis.clone();
+        redis::cmd("HGETALL")
+            .arg(key)
+            .query_async::<HashMap<String, String>>(&mut redis)
+            .await
+            .map(std::sync::Arc::new)
+            .map_err(ApiError::from)
     };
-    let mut redis = state.redis.clone();
-    let states: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(key)
-        .query_async(&mut redis)
-        .await?;
+    let states = match journey {
+        Some(_) => state
+            .seat_maps
+            .segments
+            .try_get_with(
+                (event.id, category_id),
+                read(state.keys.segments(Bucket::only(event.id), category_id)),
+            )
+            .await
+            .map_err(shared)?,
+        None => read(state.keys.seats(Bucket::only(event.id), category_id)).await?,
+    };
     // A seat the scripts have not written (or could not) shows as taken.
     let letter = |s: Option<&String>| match journey {
         Some(j) => {

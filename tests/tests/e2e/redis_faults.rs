@@ -547,3 +547,63 @@ async fn an_events_page_asked_in_a_loop_costs_redis_a_read_per_moment_not_per_pa
     assert!(clocks.len() > 1, "the server's clock is read each time");
     app.stop().await;
 }
+
+/// A train's seat maps asked journey after journey (45 on a route of 10 stations, each
+/// its own map) cost the Redis that admits purchases a read of the class's seats at most
+/// every 250 ms, not one per journey; each map still says its journey's seats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trains_seat_maps_asked_journey_by_journey_read_the_class_once_a_moment() {
+    let redis_server = OwnRedis::start();
+    let app = spawn_app_with(|s| redis_server.use_in(s)).await;
+    let stations: Vec<String> = (0..10).map(|i| format!("S{i}")).collect();
+    let (event, classes) = app
+        .create_event(json!({
+            "title": "G10", "venue": "Line 10", "kind": "train", "stations": stations,
+            "show_time": "2031-06-01T20:00:00Z",
+            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+            "per_user_limit": 2, "pay_timeout_s": 900,
+            "categories": [{"name": "first", "price_cents": 1000, "seats": {"rows": 4, "cols": 4}}],
+        }))
+        .await;
+    app.publish(event).await;
+    let buyer = app.buyers(1).await.remove(0);
+    let class = classes[0];
+    let map = |from: u16, to: u16| {
+        let (app, buyer) = (&app, &buyer);
+        async move {
+            let resp = app
+                .http
+                .get(format!(
+                    "{}/api/events/{event}/seats?category={}&from={from}&to={to}",
+                    app.public_url, class
+                ))
+                .bearer_auth(&buyer.token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    map(0, 9).await;
+    let before = hgetall_calls(&redis_server).await;
+    let started = std::time::Instant::now();
+    for from in 0..9u16 {
+        for to in from + 1..10 {
+            let m = map(from, to).await;
+            assert_eq!(
+                (m["from"].as_u64(), m["to"].as_u64()),
+                (Some(from.into()), Some(to.into()))
+            );
+            assert_eq!(m["seats"], json!(["FFFF", "FFFF", "FFFF", "FFFF"]), "{m}");
+        }
+    }
+    let reads = hgetall_calls(&redis_server).await - before;
+    // Other readers of this Redis (the reconciler's pass) may add a few.
+    let most = 4 + started.elapsed().as_millis() as u64 / 250;
+    assert!(
+        reads <= most,
+        "45 journeys' seat maps made {reads} HGETALLs (at most {most})"
+    );
+    app.stop().await;
+}
