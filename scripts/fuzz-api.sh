@@ -96,6 +96,7 @@ raise_limits() {
     "orders_user": {"algo": "sliding_window", "limit": 1000000, "window_s": 1},
     "orders_event": {"algo": "leaky_bucket", "rate": 1000000, "burst": 1000000},
     "api_ip": {"algo": "fixed_window", "limit": 1000000, "window_s": 1},
+    "api_user": {"algo": "token_bucket", "rate": 1000000, "burst": 1000000},
     "login_ip": {"algo": "fixed_window", "limit": 1000000, "window_s": 60}}' >/dev/null
   sleep 1.5 # every edge worker reads overrides within a second
 }

@@ -470,3 +470,46 @@ async fn a_sale_not_yet_open_gets_403_at_the_edge() {
     let stock = app.stock(event, categories[0]).await;
     assert_eq!(stock, 5);
 }
+
+/// One token asking an order view (a MySQL read at the core) 400 times at once meets
+/// the edge's per-user API limit (`api_user`: 50 a second, bursts of 100) long before
+/// its address's: most are answered 429 RATE_LIMITED with Retry-After by the edge, and
+/// the core sees no more than the burst and what refilled; another buyer at the same
+/// address is not held back.
+#[tokio::test]
+async fn one_token_asking_in_a_loop_meets_the_per_user_api_limit() {
+    let (app, _edge) = stack_app().await;
+    let buyers = app.admin.buyers(2).await;
+    let before = core_answers(&app, 404).await;
+    let started = std::time::Instant::now();
+    let mut asks = tokio::task::JoinSet::new();
+    for _ in 0..400 {
+        let ask = app
+            .http
+            .get(format!("{}/api/orders/123456789", app.edge_url))
+            .bearer_auth(&buyers[0].token);
+        asks.spawn(async move { ask.send().await.expect("the test stack's edge answers") });
+    }
+    let answers = asks.join_all().await;
+    let elapsed = started.elapsed();
+    let mut limited = 0;
+    for a in answers {
+        if a.status() == 429 {
+            limited += 1;
+            assert!(a.headers().contains_key("retry-after"), "{a:?}");
+            let body: serde_json::Value = a.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "RATE_LIMITED", "{body}");
+        } else {
+            assert_eq!(a.status(), 404);
+        }
+    }
+    let passed = 400 - limited;
+    let most = 100 + 50 * (elapsed.as_millis() as u64 / 1000 + 1);
+    assert!(
+        passed <= most,
+        "{passed} of 400 passed in {elapsed:?} (at most {most})"
+    );
+    assert!(core_answers(&app, 404).await - before >= passed);
+    let other = edge_get(&app, "/api/orders/123456789", Some(&buyers[1].token)).await;
+    assert_eq!(other.status(), 404, "another buyer is not held back");
+}
