@@ -43,5 +43,8 @@ pub async fn fairness(state: &AppState, id: u64) -> Result<Response, ApiError> {
     let event = visible(state, id).await?;
     // The kept record's bytes as they are (1.6 MB at 200 000 joiners): not copied and
     // checked again per request.
-    Ok(json_bytes(StatusCode::OK, state.room.fairness(&event).await?))
+    Ok(json_bytes(
+        StatusCode::OK,
+        state.room.fairness(&event).await?,
+    ))
 }
