@@ -70,7 +70,7 @@ local function pull()
   if not first then return nil, "sales: " .. tostring(err) end
   local sales, overrides = first[1], first[2]
   local now = ngx.now()
-  local snap = { events = {}, limits = {}, read_at = now }
+  local snap = { events = {}, limits = {} }
   local ids, cmds = {}, {}
   for i = 1, #sales, 2 do
     local id = sales[i]
