@@ -144,7 +144,13 @@ impl WaitingRoom {
                     event.sale_start
                 )));
             }
-            let id = self.store.next_hidden_id(event_id).await?;
+            let Some(id) = self
+                .store
+                .next_hidden_id(event_id, event.categories.len())
+                .await?
+            else {
+                return Ok(answer(State::SoldOut, None, None, None, None));
+            };
             let expires_ms = now.timestamp_millis() + i64::from(room.pass_ttl_s) * 1000;
             let pass = Pass {
                 event_id: event.id,

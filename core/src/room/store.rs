@@ -198,16 +198,24 @@ impl RoomStore {
         Ok((Joined::from_code(code)?, n.unwrap_or(0)))
     }
 
-    /// The hidden path's next pass id (`h<n>`).
-    pub async fn next_hidden_id(&self, event: EventId) -> anyhow::Result<String> {
-        let n: u64 = redis::cmd("HINCRBY")
+    /// The hidden path's next pass id (`h<n>`), or None when every one of the event's
+    /// `categories` is flagged sold out (read in the same round trip: a pass then would
+    /// read `your_turn` for a purchase that can only be refused SOLD_OUT).
+    pub async fn next_hidden_id(
+        &self,
+        event: EventId,
+        categories: usize,
+    ) -> anyhow::Result<Option<String>> {
+        let (n, flags): (u64, Vec<String>) = redis::pipe()
+            .cmd("HINCRBY")
             .arg(self.keys.room(event))
             .arg("hidden")
             .arg(1)
+            .hkeys(self.keys.sold_out(event))
             .query_async(&mut self.redis.clone())
             .await
             .context("Failed to count the hidden path's passes")?;
-        Ok(format!("h{n}"))
+        Ok((!all_sold(&flags, categories)).then(|| format!("h{n}")))
     }
 
     /// The draw's first step (`room_draw.lua`).
@@ -360,14 +368,12 @@ impl RoomStore {
             (None, Some(_)) => Some(Place::Undrawn),
             (None, None) => None,
         };
-        // Every category flagged (a train's journey flags, "<class>:<from>:<to>", aside).
-        let sold = flags.iter().filter(|f| !f.contains(':')).count();
         let room = Room {
             served: served.unwrap_or(0),
             rate: rate.unwrap_or(0.0),
             ttl_ms,
             steps: steps.iter().filter_map(|s| Step::parse(s)).collect(),
-            sold_out: categories > 0 && sold >= categories,
+            sold_out: all_sold(&flags, categories),
             ..Room::default()
         };
         Ok((room, place))
@@ -468,6 +474,12 @@ impl RoomStore {
                 .map(|n| abs.unwrap_or(0.0) / n as f64 / 1000.0),
         })
     }
+}
+
+/// Whether the sold-out flags (the keys of the event's sold-out hash) cover all its
+/// `categories`: a train's journey flags, "<class>:<from>:<to>", aside.
+fn all_sold(flags: &[String], categories: usize) -> bool {
+    categories > 0 && flags.iter().filter(|f| !f.contains(':')).count() >= categories
 }
 
 #[cfg(test)]

@@ -583,6 +583,52 @@ async fn the_hidden_path_issues_passes_from_the_open_after_a_proof_of_work() {
     assert_eq!(app.stock(event, ga).await, 2);
 }
 
+/// A hidden path's pass on a sold-out sale would read `your_turn` for a purchase that
+/// can only be refused: the answer says sold out, with no pass (attacker review).
+#[tokio::test]
+async fn the_hidden_path_gives_no_pass_once_the_sale_is_sold_out() {
+    let (app, _edge) = stack_app().await;
+    let (event, categories) = app.admin.create_event(sale(1, Duration::ZERO)).await;
+    let (s, b) = app
+        .admin
+        .call(
+            reqwest::Method::PUT,
+            &format!("/admin/events/{event}/waiting-room"),
+            Some(json!({"require_pass_at_open": true})),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    app.admin.publish(event).await;
+    let buyers = app.admin.buyers(2).await;
+    let (s, b) = join(&app, event, &buyers[0], None).await;
+    assert_eq!((s, b["state"].as_str()), (200, Some("your_turn")), "{b}");
+    let pass = b["pass"].as_str().unwrap().to_owned();
+    // (The edge's snapshot learns of the open within its refresh.)
+    let bought = eventually(Duration::from_secs(5), || async {
+        buy(&app, event, &buyers[0], "only", Some(&pass)).await.0 == 202
+    })
+    .await;
+    assert!(bought, "the pass did not buy");
+    assert_eq!(app.stock(event, categories[0]).await, 0);
+    // The flag follows the last unit (the order pipeline's settle, at most a moment).
+    let last = std::cell::RefCell::new(Value::Null);
+    let told = eventually(Duration::from_secs(10), || async {
+        let (s, b) = join(&app, event, &buyers[1], None).await;
+        assert_eq!(s, 200, "{b}");
+        let sold = b["state"] == "sold_out";
+        *last.borrow_mut() = b;
+        sold
+    })
+    .await;
+    let last = last.into_inner();
+    assert!(
+        told,
+        "the hidden path still gives passes on a sold-out sale: {last}"
+    );
+    assert!(last.get("pass").is_none(), "{last}");
+    assert_eq!(last["position"], Value::Null, "{last}");
+}
+
 #[tokio::test]
 async fn queue_endpoints_have_one_spelling_and_need_a_room() {
     let (app, _edge) = stack_app().await;
