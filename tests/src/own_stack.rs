@@ -89,6 +89,60 @@ fn own_stack(dir: &std::path::Path, ports: &[(&str, u16)], args: &[&str]) -> std
     cmd.output().expect("scripts/stack.sh runs")
 }
 
+/// An edge of the test's own (`scripts/stack.sh up edge`, real nginx) in front of the
+/// test stack's core, trusting the stack's token secret, whose refresh reads a Redis
+/// that is not there: its snapshot never comes, as when an edge cannot reach Redis.
+pub struct OwnEdge {
+    pub dir: PathBuf,
+    pub port: u16,
+    ops_port: u16,
+}
+
+impl OwnEdge {
+    pub fn without_redis(stack: &crate::Stack) -> OwnEdge {
+        let e = OwnEdge {
+            dir: std::env::temp_dir().join(format!("stampede-edge-{}", free_port())),
+            port: free_port(),
+            ops_port: free_port(),
+        };
+        std::fs::create_dir_all(&e.dir).expect("the edge's folder");
+        std::fs::copy(stack.dir.join("token.secret"), e.dir.join("token.secret"))
+            .expect("the stack's token secret");
+        let up = e.stack(stack, &["up", "edge"]);
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+        e
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn stack(&self, stack: &crate::Stack, args: &[&str]) -> std::process::Output {
+        own_stack(
+            &self.dir,
+            &[
+                ("EDGE_PORT", self.port),
+                ("OPS_PORT", self.ops_port),
+                ("CORE_PORT", stack.core_port),
+                ("ADMIN_PORT", stack.admin_port),
+                ("REDIS_PORT", free_port()),
+            ],
+            args,
+        )
+    }
+}
+
+impl Drop for OwnEdge {
+    fn drop(&mut self) {
+        let _ = self.stack(&crate::Stack::from_env(), &["down", "edge"]);
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
 /// A Redis of the test's own, so a test may FLUSHALL it.
 pub struct OwnRedis {
     pub dir: PathBuf,

@@ -11,6 +11,8 @@
 -- train's recounts this second are over `recounts_per_s` (the core then counts a train
 -- at most that often per edge, however many journeys and buyers look). A journey never
 -- asked before is counted once, the requests meanwhile waiting for that count (MISS).
+-- While the snapshot is stale (the edge cannot read Redis), no kept answer is a HIT and
+-- each journey is recounted as after a change.
 --
 -- The query must be the one spelling the core takes, `from=<n>&to=<n>`: anything else
 -- is answered 400 here, so no other spelling makes another entry or reaches the core.
@@ -60,17 +62,24 @@ function _M.serve()
   if not from or (#from > 1 and sub(from, 1, 1) == "0") or (#to > 1 and sub(to, 1, 1) == "0") then
     return reject(400, "INVALID", "give ?from=<station>&to=<station>, in that order (station indexes along the route)")
   end
-  local stamp = state.seat_stamp(event_id)
+  local stamp, stale = state.seat_stamp(event_id)
+  -- A stale snapshot says nothing of the seats: every kept answer counts as changed
+  -- (recounted under the lock and the budget, STALE meanwhile), and a count made now is
+  -- kept under a stamp no snapshot has. Each request asked the core for a full count
+  -- while the edge could not read Redis (review).
+  if stale then stamp = "" end
   local key = event_id .. "?" .. args
   local lock = "lock:" .. key
   local now = ngx.now()
   local now_ms = floor(now * 1000)
   local locked = false
+  local kept_body -- the answer a failed recount falls back on
   if stamp then
     local kept = dict:get(key)
     if kept then
       local kept_stamp, at_ms, body = unpack_entry(kept)
-      if kept_stamp == stamp then return answer(200, body, "HIT") end
+      kept_body = body
+      if kept_stamp == stamp and not stale then return answer(200, body, "HIT") end
       -- Changed since: one request recounts; the rest keep the answer a little longer.
       local young = at_ms and now_ms - at_ms < recount_s * 1000
       if young or not dict:add(lock, true, 2) then return answer(200, body, "STALE") end
@@ -99,6 +108,9 @@ function _M.serve()
   end
   if locked then dict:delete(lock) end
   local status = res.status
+  -- The core could not count (Redis out of reach, most likely, as the snapshot says):
+  -- the last count, marked STALE, as every other request of the journey meanwhile.
+  if status >= 500 and kept_body then return answer(200, kept_body, "STALE") end
   if status >= 500 and (not res.body or res.body == "") then
     return ngx.exit(status) -- nginx's own error page (core down)
   end

@@ -208,13 +208,13 @@ function _M.start()
   assert(ngx.timer.at(0, refresh))
 end
 
--- The seat stamp of a train (string) as of the last snapshot, or nil — also when that
--- snapshot is older than a few refreshes (Redis out of reach): a stamp that cannot move
--- proves nothing.
+-- The seat stamp of a train (string) as of the last snapshot, or nil (no train of that
+-- id in it). nil, true when that snapshot is older than a few refreshes (Redis out of
+-- reach): a stamp that cannot move proves nothing.
 function _M.seat_stamp(event_id)
+  if ngx.now() - snapshot_at > 5 * cfg.interval_s + 1 then return nil, true end
   local ev = events[event_id]
-  if not ev or ngx.now() - snapshot_at > 5 * cfg.interval_s + 1 then return nil end
-  return ev.seat_stamp
+  return ev and ev.seat_stamp
 end
 
 -- The event and its waiting room (nil when it has none) as of the last snapshot, or

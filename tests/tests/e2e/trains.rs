@@ -585,9 +585,19 @@ async fn edge_get(
     path: &str,
     token: &str,
 ) -> (u16, String, serde_json::Value) {
+    get_at(app, &app.edge_url, path, token).await
+}
+
+/// `GET {path}` through the edge at `base`, as [`edge_get`].
+async fn get_at(
+    app: &stampede_e2e::StackApp,
+    base: &str,
+    path: &str,
+    token: &str,
+) -> (u16, String, serde_json::Value) {
     let r = app
         .http
-        .get(format!("{}{path}", app.edge_url))
+        .get(format!("{base}{path}"))
         .bearer_auth(token)
         .send()
         .await
@@ -614,6 +624,61 @@ fn free_by_class(answer: &serde_json::Value) -> Vec<u64> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// An edge that cannot read Redis (its snapshot stale) asks the core for a journey's
+/// count at most once per recount interval, answering the last count (STALE)
+/// meanwhile: it asked for a full count of every seat on every request (review).
+#[tokio::test]
+async fn an_edge_without_its_snapshot_keeps_recounting_a_journey_within_its_budget() {
+    use crate::edge::open_sale;
+    use serde_json::json;
+
+    let (app, _edge) = stampede_e2e::stack_app().await;
+    let (event, _) = open_sale(
+        &app,
+        json!({
+            "title": "G3", "venue": "Line 3", "kind": "train", "stations": ["A", "B", "C"],
+            "show_time": "2031-06-01T20:00:00Z",
+            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+            "per_user_limit": 2, "pay_timeout_s": 900,
+            "categories": [{"name": "first", "price_cents": 1000, "seats": {"rows": 2, "cols": 2}}],
+        }),
+    )
+    .await;
+    let buyers = app.admin.buyers(2).await;
+    let path = format!("/api/events/{event}/availability?from=0&to=2");
+    let (status, _, counted) = edge_get(&app, &path, &buyers[0].token).await;
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(free_by_class(&counted), [4]);
+
+    let edge = stampede_e2e::OwnEdge::without_redis(&stampede_e2e::Stack::from_env());
+    // 80 asks from two buyers (within the per-token limit's burst), one after another.
+    let (mut misses, mut stale) = (0, 0);
+    let started = std::time::Instant::now();
+    for i in 0..80 {
+        let (status, cache, a) = get_at(&app, &edge.url(), &path, &buyers[i % 2].token).await;
+        assert_eq!((status, &a), (200, &counted), "ask {i} ({cache})");
+        match cache.as_str() {
+            "MISS" => misses += 1,
+            "STALE" => stale += 1,
+            other => panic!("ask {i}: X-Cache {other}: no snapshot, no HIT"),
+        }
+    }
+    // The first count, then one per avail_recount_s (0.2 s) at most.
+    let allowed = 2 + (started.elapsed().as_secs_f64() / 0.2) as u32;
+    assert!(
+        misses <= allowed,
+        "{misses} of 80 asks reached the core in {:?} (at most {allowed})",
+        started.elapsed()
+    );
+    assert_eq!(misses + stale, 80);
+    // A recount the core cannot make (here: no core) answers the last count, STALE.
+    let core = stampede_e2e::StoppedCore::stop(stampede_e2e::Stack::from_env()).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (status, cache, a) = get_at(&app, &edge.url(), &path, &buyers[0].token).await;
+    core.start().await;
+    assert_eq!((status, cache.as_str(), &a), (200, "STALE", &counted));
 }
 
 #[tokio::test]
