@@ -71,6 +71,16 @@ impl Keys {
         self.event_key(event_id, "soldout")
     }
 
+    /// Stream: the `<user>:<event>:<Idempotency-Key>` of purchases an edge let through
+    /// whose answer was, or may have been, a 202, each entry one edge's batch (its id in
+    /// the field `edge`), written and read by the edges only, so that a retry through
+    /// any edge reaches the core (`lua/edge/stampede/admitted.lua`). Entries older than
+    /// the edge's `passed_ttl_s` are trimmed at each write; the key expires that long
+    /// after its last.
+    pub fn passed_keys(&self, event_id: impl Into<EventId>) -> String {
+        self.event_key(event_id, "passed")
+    }
+
     /// Hash: category id → units not yet dealt to any bucket (events of several
     /// buckets only).
     pub fn pool(&self, event_id: impl Into<EventId>) -> String {
@@ -306,17 +316,19 @@ impl Keys {
     /// stream, the moves' records, the replica barrier and its metadata, so the event
     /// reads as not loaded (a reopen or a reconcile rebuilds it all from MySQL); for an
     /// event of several buckets also the event's metadata and the pool's moves and seat
-    /// locks; and the waiting room's positions, steps and used passes. The stock, the
-    /// seat maps and the sold-out flags stay (small, and the seat maps still show what was
-    /// sold); the room's settings, seed and early joiners too (its fairness stays
-    /// verifiable). In groups of one hash tag each, so one UNLINK takes a group even on
-    /// a cluster: the event's own keys, then each bucket's.
+    /// locks; the waiting room's positions, steps and used passes; and the edges'
+    /// stream of keys let through. The stock, the seat maps and the sold-out flags stay
+    /// (small, and the seat maps still show what was sold); the room's settings, seed
+    /// and early joiners too (its fairness stays verifiable). In groups of one hash tag
+    /// each, so one UNLINK takes a group even on a cluster: the event's own keys, then
+    /// each bucket's.
     pub fn purged_when_retired(&self, event: EventId, buckets: u16) -> Vec<Vec<String>> {
         let mut own = vec![
             self.room_positions(event),
             self.room_steps(event),
             self.room_used(event),
             self.room_used_positions(event),
+            self.passed_keys(event),
         ];
         if buckets > 1 {
             own.extend([
@@ -515,7 +527,7 @@ pub fn edge_layout() -> String {
     format!(
         "-- Generated from core/src/keys.rs (keys::edge_layout); do not edit. After a change\n\
          -- there, `STAMPEDE_WRITE_EDGE_LAYOUT=1 cargo test -p stampede-core keys` rewrites it.\n\
-         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n  segment_versions = \"{}\",\n  room = \"{}\",\n  room_early = \"{}\",\n  room_positions = \"{}\",\n  room_steps = \"{}\",\n  idempotency = \"{}\",\n}}\n",
+         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n  segment_versions = \"{}\",\n  room = \"{}\",\n  room_early = \"{}\",\n  room_positions = \"{}\",\n  room_steps = \"{}\",\n  idempotency = \"{}\",\n  passed = \"{}\",\n}}\n",
         k.sales_index(),
         k.edge_limits(),
         event(k.sold_out(ID)),
@@ -526,6 +538,7 @@ pub fn edge_layout() -> String {
         event(k.room_positions(ID)),
         event(k.room_steps(ID)),
         k.tagged("%s", IDEMPOTENCY),
+        event(k.passed_keys(ID)),
     )
 }
 

@@ -90,20 +90,23 @@ fn own_stack(dir: &std::path::Path, ports: &[(&str, u16)], args: &[&str]) -> std
 }
 
 /// An edge of the test's own (`scripts/stack.sh up edge`, real nginx) in front of the
-/// test stack's core, trusting the stack's token secret, whose refresh reads a Redis
-/// that is not there: its snapshot never comes, as when an edge cannot reach Redis.
+/// test stack's core, trusting the stack's token secret, its snapshot read from the
+/// Redis on `redis_port`: the stack's (a second edge of the stack), or one that is not
+/// there ([`OwnEdge::without_redis`]).
 pub struct OwnEdge {
     pub dir: PathBuf,
     pub port: u16,
     ops_port: u16,
+    redis_port: u16,
 }
 
 impl OwnEdge {
-    pub fn without_redis(stack: &crate::Stack) -> OwnEdge {
+    pub fn start(stack: &crate::Stack, redis_port: u16) -> OwnEdge {
         let e = OwnEdge {
             dir: std::env::temp_dir().join(format!("stampede-edge-{}", free_port())),
             port: free_port(),
             ops_port: free_port(),
+            redis_port,
         };
         std::fs::create_dir_all(&e.dir).expect("the edge's folder");
         std::fs::copy(stack.dir.join("token.secret"), e.dir.join("token.secret"))
@@ -115,6 +118,11 @@ impl OwnEdge {
             String::from_utf8_lossy(&up.stderr)
         );
         e
+    }
+
+    /// An edge whose snapshot never comes, as when an edge cannot reach Redis.
+    pub fn without_redis(stack: &crate::Stack) -> OwnEdge {
+        OwnEdge::start(stack, free_port())
     }
 
     pub fn url(&self) -> String {
@@ -129,7 +137,7 @@ impl OwnEdge {
                 ("OPS_PORT", self.ops_port),
                 ("CORE_PORT", stack.core_port),
                 ("ADMIN_PORT", stack.admin_port),
-                ("REDIS_PORT", free_port()),
+                ("REDIS_PORT", self.redis_port),
             ],
             args,
         )

@@ -24,8 +24,9 @@ local passed_ttl_s
 -- only an answer that may be a 202 keeps it for passed_ttl_s.
 local PENDING_TTL_S = 15
 -- A key's state: let through, or answered (maybe) 202 (also a key another edge let
--- through, copied from Redis once the sale is refused whole: admitted.lua).
-local PENDING, QUEUED = 1, require("stampede.admitted").QUEUED
+-- through, or one a sale refused whole admitted, copied from Redis: admitted.lua).
+local admitted = require "stampede.admitted"
+local PENDING, QUEUED = 1, admitted.QUEUED
 
 -- opts: {passed_dict, passed_ttl_s}
 function _M.init(opts)
@@ -138,8 +139,9 @@ end
 -- and the sold-out flags: its first answer may have been 202 (the buyer's connection
 -- dropped before it arrived), and only the core knows. The core answers a repeated key
 -- with its first answer, whatever the flags; any other purchase still meets them there.
--- Once a sale is refused whole (closed, ended, all sold out), the keys it admitted
--- through any edge are known here too (admitted.lua).
+-- Keys let through by other edges are known here too, a refresh or two after their
+-- answer, in a sale with a category sold out; and once a sale is refused whole
+-- (closed, ended, all sold out), every key it admitted (admitted.lua).
 function _M.purchase()
   local event_id = purchase_event(ngx.var.request_uri)
   if not event_id then return reject(404, "NOT_FOUND", "no such endpoint") end
@@ -214,6 +216,8 @@ function _M.purchase_answered(from_core)
     or (status >= 500 and not nothing
       and (from_core or find(ngx.var.upstream_bytes_sent or "", "[1-9]") ~= nil))
   if may_be_queued then
+    -- Shared with the other edges at the next refresh (admitted.lua), once per key.
+    if passed:get(key) ~= QUEUED then admitted.queued(key) end
     local ok, err = passed:safe_set(key, QUEUED, passed_ttl_s)
     if not ok then ngx.log(ngx.WARN, "idempotency-key dict: ", err) end
   elseif passed:get(key) == PENDING then

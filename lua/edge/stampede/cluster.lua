@@ -109,7 +109,8 @@ local function pipeline(host, port, cmds, indexes, replies)
   return true
 end
 
--- Runs read commands; their replies in order, or nil and an error.
+-- Runs commands (reads, and the edge's writes of admitted.lua) on the masters that own
+-- their keys; their replies in order, or nil and an error.
 function _M.run(cmds)
   local replies = {}
   if #cmds == 0 then return replies end

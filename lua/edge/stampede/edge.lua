@@ -9,6 +9,7 @@ local stats = require "stampede.stats"
 local _M = {}
 
 -- opts: token_secret_file, token_secret_file_env, token_secret_env, state_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s,
+-- outbox_dict,
 -- queue_dict, avail_dict, avail_recount_s, avail_recounts_per_s, avail_keep_s, redis = {host, port,
 -- cluster_nodes, prefix, timeout_ms}, refresh_interval_s, limits, routes (see nginx.conf).
 function _M.init(opts)
@@ -45,7 +46,7 @@ function _M.init(opts)
   require("stampede.access").init({ passed_dict = opts.passed_dict, passed_ttl_s = opts.passed_ttl_s })
   require("stampede.admitted").init({
     passed_dict = opts.passed_dict, passed_ttl_s = opts.passed_ttl_s, state_dict = opts.state_dict,
-    prefix = r.prefix, budget_s = opts.refresh_interval_s / 4,
+    outbox_dict = opts.outbox_dict, prefix = r.prefix, budget_s = opts.refresh_interval_s / 4,
   })
   require("stampede.availability").init({
     dict = opts.avail_dict, recount_s = opts.avail_recount_s,

@@ -11,4 +11,5 @@ return {
   room_positions = "{ev:%s}:room:pos",
   room_steps = "{ev:%s}:room:steps",
   idempotency = "{%s}:idem",
+  passed = "{ev:%s}:passed",
 }

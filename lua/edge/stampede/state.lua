@@ -170,11 +170,16 @@ local function refresh(premature)
   if dict:add(LOCK, true, cfg.interval_s * 0.9) then
     adopt()
     local published = dict:get(VERSION)
+    -- The keys this edge answered 202 since the last tick, for the other edges (even
+    -- when the snapshot cannot be read: on a cluster, other shards may take theirs).
+    local pok, perr = pcall(admitted.publish)
+    if not pok then ngx.log(ngx.ERR, "admitted keys: ", perr) end
     local snap, err = pull()
     if snap then
       -- Before the snapshot is out: a sale this snapshot first refuses whole (closed,
       -- sold out) has the keys it admitted copied, as far as the time budget goes,
-      -- before a worker refuses it. A failure there never stops the snapshot.
+      -- before a worker refuses it; and other edges' keys of a sale partly sold out.
+      -- A failure there never stops the snapshot.
       local ok, serr = pcall(admitted.sync, snap)
       if not ok then ngx.log(ngx.ERR, "admitted keys: ", serr) end
       -- Unless a later leader (this one's lock lapsed on a slow Redis) published first.

@@ -38,6 +38,19 @@ pub(crate) async fn the_edge_says_sold_out(
     body: &serde_json::Value,
     within: Duration,
 ) -> bool {
+    let port = Stack::from_env().edge_port;
+    the_edge_on_says_sold_out(app, port, event, buyer, body, within).await
+}
+
+/// [`the_edge_says_sold_out`] of the edge on `port` (one of the test's own).
+pub(crate) async fn the_edge_on_says_sold_out(
+    app: &StackApp,
+    port: u16,
+    event: u64,
+    buyer: &stampede_e2e::Buyer,
+    body: &serde_json::Value,
+    within: Duration,
+) -> bool {
     let path = format!("/api/events/{event}/orders");
     let (auth, body) = (format!("Bearer {}", buyer.token), body.to_string());
     let mut n = 0;
@@ -50,7 +63,7 @@ pub(crate) async fn the_edge_says_sold_out(
             for k in first..first + 8 {
                 let key = format!("late-{k}");
                 let headers = [("Authorization", auth.as_str()), ("Idempotency-Key", &key)];
-                let a = raw_edge_purchase(&path, &headers, &body).await;
+                let a = raw_purchase(port, &path, &headers, &body).await;
                 if a.status != 409 || !a.body.contains("\"SOLD_OUT\"") {
                     return false;
                 }

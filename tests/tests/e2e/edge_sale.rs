@@ -542,7 +542,8 @@ async fn retries_answered_as_first(
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         assert_eq!(last.0, 202, "buyer {i}'s retry through the edge: {last:?}");
-        assert_eq!(last.1["order_no"], first[i]["order_no"], "buyer {i}");
+        assert!(first[i]["request_id"].is_string(), "{}", first[i]);
+        assert_eq!(last.1["request_id"], first[i]["request_id"], "buyer {i}");
     }
 }
 
@@ -586,6 +587,116 @@ async fn a_purchase_admitted_elsewhere_and_retried_after_the_sell_out_hears_its_
         let (status, answer) = app.buy(event, who, key, body.clone()).await;
         assert_eq!(status, 409, "{answer}");
         assert_eq!(answer["error"]["code"], "SOLD_OUT", "{answer}");
+    }
+}
+
+/// In a sale still selling, a purchase admitted through one edge and retried through
+/// another after its category sold out hears its 202 again, not SOLD_OUT: each edge
+/// publishes the keys it had a 202 for to the sale's stream, and every edge copies the
+/// stream of a sale with a category sold out (admitted.lua) — from its start for an
+/// edge started after the first purchase was published, then as it grows for the next.
+/// Nobody else gets past the flag.
+#[tokio::test]
+async fn a_purchase_retried_through_another_edge_after_its_category_sold_out_hears_its_202() {
+    let (app, _edge) = stack_app().await;
+    let stack = Stack::from_env();
+    let (event, categories) = open_sale(
+        &app,
+        json!({
+            "title": "Three stands", "venue": "Loopback", "show_time": "2031-06-01T20:00:00Z",
+            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+            "per_user_limit": 2, "pay_timeout_s": 900,
+            "categories": [
+                {"name": "C", "price_cents": 500, "quantity": 1},
+                {"name": "A", "price_cents": 500, "quantity": 1},
+                {"name": "B", "price_cents": 500, "quantity": 10},
+            ],
+        }),
+    )
+    .await;
+    let of = |c: u64| json!({"category_id": c, "quantity": 1});
+    let buyers = app.admin.buyers(3).await;
+    // The first purchase, published before the second edge starts.
+    let (status, first_c) = app.buy(event, &buyers[0], "c", of(categories[0])).await;
+    assert_eq!(status, 202, "{first_c}");
+    let stream = app.keys().passed_keys(event);
+    let published = eventually(Duration::from_secs(10), || async {
+        let n: u64 = app.redis.clone().xlen(&stream).await.unwrap();
+        n > 0
+    })
+    .await;
+    assert!(published, "the edge never published the admitted key");
+    let second = stampede_e2e::OwnEdge::start(&stack, stack.redis_port);
+    let through_second = |who: usize, key: &'static str, c: u64| {
+        let (app, second, buyers) = (&app, &second, &buyers);
+        async move {
+            purchase(
+                &app.http,
+                &second.url(),
+                event,
+                &buyers[who].token,
+                key,
+                of(c),
+            )
+            .await
+        }
+    };
+    // Until `who`'s retry of `key` through the second edge is answered 202 (or 10 s).
+    let retried = |who: usize, key: &'static str, c: u64| {
+        let through_second = &through_second;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let answer = through_second(who, key, c).await;
+                if answer.0 == 202 || Instant::now() > deadline {
+                    break answer;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    for (n, (who, key, category)) in [(0, "c", categories[0]), (1, "a", categories[1])]
+        .into_iter()
+        .enumerate()
+    {
+        let first = if n == 0 {
+            first_c.clone()
+        } else {
+            let (status, first) = app.buy(event, &buyers[who], key, of(category)).await;
+            assert_eq!(status, 202, "{first}");
+            first
+        };
+        // Every worker of the second edge refuses the category now (another buyer).
+        let refused = crate::edge::the_edge_on_says_sold_out(
+            &app,
+            second.port,
+            event,
+            &buyers[2],
+            &of(category),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(
+            refused,
+            "the second edge never said SOLD_OUT for category {n}"
+        );
+        let (status, again) = retried(who, key, category).await;
+        assert!(first["request_id"].is_string(), "{first}");
+        assert_eq!(
+            (status, &again["request_id"]),
+            (202, &first["request_id"]),
+            "the retry of category {n}'s purchase through the second edge: {again}"
+        );
+    }
+    // Past the flag only with a key that was admitted: not another buyer with that
+    // key, not the buyer with a new one.
+    for (who, key) in [(2, "c"), (0, "c-again")] {
+        let (status, a) = through_second(who, key, categories[0]).await;
+        assert_eq!(
+            (status, a["error"]["code"].as_str()),
+            (409, Some("SOLD_OUT")),
+            "{a}"
+        );
     }
 }
 
