@@ -28,6 +28,10 @@ on_err() { # on_err STATUS LINE COMMAND FILE
 trap 'on_err $? $LINENO "$BASH_COMMAND" "${BASH_SOURCE[0]}"' ERR
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Every part started here may hold as many files open as the hard limit allows: a
+# shell's usual 1 024 would cap the edge (two descriptors per proxied connection) and
+# the core far below their connection settings.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # mariadbd and nginx are in /usr/sbin, not on an ordinary user's PATH on Debian.
 case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH=$PATH:/usr/sbin:/sbin ;; esac
 STACK_DIR=${STACK_DIR:-$ROOT/.stack}

@@ -526,3 +526,71 @@ async fn one_token_asking_in_a_loop_meets_the_per_user_api_limit() {
     let other = edge_get(&app, "/api/orders/123456789", Some(&buyers[1].token)).await;
     assert_eq!(other.status(), 404, "another buyer is not held back");
 }
+
+/// One address holding more requests open than the edge's cap (`limit_conn`, 2048) is
+/// answered 429 RATE_LIMITED with Retry-After, as every other 429 (untested before; it
+/// had no Retry-After). The open requests are payment callbacks whose bodies never come
+/// (nginx holds each, reading its body, until its timeout or the close).
+#[tokio::test]
+async fn an_address_over_the_connection_cap_hears_429_with_retry_after() {
+    use tokio::io::AsyncWriteExt;
+    const CAP: usize = 2048;
+    let (_app, _edge) = stack_app().await;
+    let port = Stack::from_env().edge_port;
+    // The cap's worth of sockets, and some: the soft open-file limit up to the hard one.
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct given.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        let want = (CAP as libc::rlim_t + 512).min(limit.rlim_max);
+        if limit.rlim_cur < want {
+            limit.rlim_cur = want;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+        }
+    }
+    assert!(
+        limit.rlim_max >= CAP as libc::rlim_t + 512,
+        "this test opens {CAP} connections: the hard open-file limit is {}",
+        limit.rlim_max
+    );
+    let head = format!(
+        "POST /api/payments/callback HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    );
+    let mut held = Vec::with_capacity(CAP);
+    for _ in 0..CAP {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        s.write_all(head.as_bytes()).await.unwrap();
+        held.push(s);
+    }
+    // Every held request counts once nginx has read its header: a moment.
+    let last = std::cell::RefCell::new(None);
+    let refused = eventually(Duration::from_secs(10), || async {
+        let a = raw_request(port, "GET", "/edge/health", &[], "").await;
+        let refused = a.status == 429;
+        *last.borrow_mut() = Some(a);
+        refused
+    })
+    .await;
+    let a = last.into_inner().unwrap();
+    assert!(refused, "{a:?}");
+    assert_eq!(a.json()["error"]["code"], "RATE_LIMITED", "{a:?}");
+    assert_eq!(a.header("retry-after"), Some("1"), "{a:?}");
+    drop(held);
+    let back = eventually(Duration::from_secs(10), || async {
+        raw_request(port, "GET", "/edge/health", &[], "")
+            .await
+            .status
+            == 200
+    })
+    .await;
+    assert!(
+        back,
+        "the address stayed capped after its connections closed"
+    );
+}
