@@ -196,6 +196,7 @@ impl App {
         let room = crate::room::WaitingRoom::new(crate::room::store(&redis, &keys), tokens.clone());
         let state = Arc::new(AppState {
             tokens,
+            revoked: Arc::default(),
             room,
             login: LoginGuard::new(&s.login),
             config,
@@ -307,6 +308,14 @@ impl App {
                 Duration::from_secs(s.ids.worker_lease_s),
                 stopper.subscribe(),
             )),
+        ));
+        tasks.push((
+            "the revoked tokens",
+            tokio::spawn({
+                let (revoked, stop) = (state.revoked.clone(), stopper.subscribe());
+                let (redis, keys) = (state.redis.clone(), state.keys.clone());
+                async move { revoked.run(redis, keys, stop).await }
+            }),
         ));
         tasks.push((
             "the throttle cleaner",

@@ -228,6 +228,12 @@ impl Keys {
         format!("{}worker:{id}", self.prefix)
     }
 
+    /// Hash: user id → Unix s: that user's tokens expiring at or before it are void
+    /// (signed out: `auth::revoked`), read by every core and every edge.
+    pub fn revoked_tokens(&self) -> String {
+        format!("{}auth:revoked", self.prefix)
+    }
+
     /// Hash: edge limit name → JSON settings, overriding nginx.conf's defaults.
     pub fn edge_limits(&self) -> String {
         format!("{}edge:limits", self.prefix)
@@ -527,7 +533,7 @@ pub fn edge_layout() -> String {
     format!(
         "-- Generated from core/src/keys.rs (keys::edge_layout); do not edit. After a change\n\
          -- there, `STAMPEDE_WRITE_EDGE_LAYOUT=1 cargo test -p stampede-core keys` rewrites it.\n\
-         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n  segment_versions = \"{}\",\n  room = \"{}\",\n  room_early = \"{}\",\n  room_positions = \"{}\",\n  room_steps = \"{}\",\n  idempotency = \"{}\",\n  passed = \"{}\",\n}}\n",
+         return {{\n  sales = \"{}\",\n  edge_limits = \"{}\",\n  sold_out = \"{}\",\n  meta = \"{}\",\n  segment_versions = \"{}\",\n  room = \"{}\",\n  room_early = \"{}\",\n  room_positions = \"{}\",\n  room_steps = \"{}\",\n  idempotency = \"{}\",\n  passed = \"{}\",\n  revoked_tokens = \"{}\",\n}}\n",
         k.sales_index(),
         k.edge_limits(),
         event(k.sold_out(ID)),
@@ -539,6 +545,7 @@ pub fn edge_layout() -> String {
         event(k.room_steps(ID)),
         k.tagged("%s", IDEMPOTENCY),
         event(k.passed_keys(ID)),
+        k.revoked_tokens(),
     )
 }
 

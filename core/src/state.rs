@@ -26,6 +26,8 @@ pub struct AppState {
     pub mysql: Pool,
     pub keys: Keys,
     pub tokens: TokenSigner,
+    /// Signed-out tokens (`auth::revoked`), as last read from Redis.
+    pub revoked: Arc<crate::auth::revoked::Revoked>,
     /// Failed logins per account, and the bound on password checks at once.
     pub login: LoginGuard,
     pub preloader: Preloader,

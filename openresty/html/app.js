@@ -173,7 +173,9 @@ function renderWho() {
     ? `Signed in as <b data-testid="user">${esc(user)}</b> <button id="logout">Log out</button>`
     : "";
   const b = $("#logout");
-  if (b) b.onclick = () => logout();
+  // Signed out everywhere (the token is void on every edge and core), then forgotten
+  // here — forgotten even if the sign-out could not be sent.
+  if (b) b.onclick = async () => { b.disabled = true; await api("POST", "/api/logout"); logout(); };
 }
 
 function loginView() {

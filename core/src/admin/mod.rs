@@ -30,6 +30,7 @@ enum Endpoint {
     WaitingRoom(u64),
     Limits,
     Users,
+    RevokeTokens(u64),
     Tokens,
 }
 
@@ -66,6 +67,7 @@ impl Endpoint {
             }
             ["admin", "limits"] => Limits,
             ["admin", "users"] => Users,
+            ["admin", "users", u, "revoke-tokens"] => RevokeTokens(id(u)?),
             ["admin", "tokens"] => Tokens,
             _ => return None,
         })
@@ -78,7 +80,7 @@ impl Endpoint {
             Healthz | Readyz | Metrics | Event(_) | EventStats(_) => "GET",
             Events => "GET, POST",
             Limits | WaitingRoom(_) => "GET, PUT",
-            EventAction(..) | Users | Tokens => "POST",
+            EventAction(..) | Users | RevokeTokens(_) | Tokens => "POST",
         }
     }
 }
@@ -138,6 +140,7 @@ pub async fn route(state: &AppState, req: Request) -> Response {
         Limits if get => limits::get(state).await,
         Limits => limits::put(state, req, limit).await,
         Users => users::create(state, req, limit).await,
+        RevokeTokens(id) => users::revoke_tokens(state, id).await,
         Tokens => tokens::issue(state, req, limit).await,
         Healthz | Readyz => unreachable!("answered above"),
     };

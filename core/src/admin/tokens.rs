@@ -11,7 +11,6 @@ use crate::http::{ApiError, Request, Response, json, read_json};
 use crate::state::AppState;
 
 pub const MAX_TOKENS_PER_CALL: u64 = 200_000;
-pub const MAX_TTL_S: i64 = 7 * 24 * 3600;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,9 +32,12 @@ pub async fn issue(state: &AppState, req: Request, limit: usize) -> Result<Respo
         .ok_or_else(|| {
             ApiError::Invalid(format!("count must be within 1..={MAX_TOKENS_PER_CALL}"))
         })?;
-    if !(1..=MAX_TTL_S).contains(&body.ttl_s) {
+    // No longer than a login's: a sign-out voids the tokens expiring within
+    // admission.token_ttl_s of it (auth::revoked), which must be all of them.
+    let max_ttl_s = state.config.settings.admission.token_ttl_s as i64;
+    if !(1..=max_ttl_s).contains(&body.ttl_s) {
         return Err(ApiError::Invalid(format!(
-            "ttl_s must be within 1..={MAX_TTL_S}"
+            "ttl_s must be within 1..={max_ttl_s} (admission.token_ttl_s)"
         )));
     }
     let last = first + count - 1;
@@ -53,8 +55,13 @@ pub async fn issue(state: &AppState, req: Request, limit: usize) -> Result<Respo
         )));
     }
     let expires = Utc::now() + TimeDelta::seconds(body.ttl_s);
+    // A signed-out user's token outlives the sign-out (as a login's; from this core's
+    // copy of the revocations, read every quarter second).
     let tokens: Vec<String> = (first..=last)
-        .map(|id| state.tokens.sign(id, expires.timestamp()))
+        .map(|id| {
+            let at = state.revoked.outlived(id, expires.timestamp());
+            state.tokens.sign(id, at)
+        })
         .collect();
     Ok(json(
         StatusCode::OK,

@@ -1,4 +1,5 @@
-//! Bulk users for sales and load tests: `POST /admin/users {"count", "password"?}`.
+//! Bulk users for sales and load tests: `POST /admin/users {"count", "password"?}`; and
+//! `POST /admin/users/{id}/revoke-tokens`, which signs a user out everywhere.
 //! Ids are taken as one contiguous range under a MySQL named lock, usernames are
 //! `user<id>`, and every batch goes in one transaction: all or nothing.
 
@@ -120,4 +121,33 @@ async fn insert_range(state: &AppState, count: u64, hash: Option<String>) -> any
     .await;
     conn.exec_drop("DO RELEASE_LOCK(?)", (LOCK_NAME,)).await?;
     result
+}
+
+/// `POST /admin/users/{id}/revoke-tokens`: every token of the user issued until now is
+/// void, on every core and edge within a moment (`auth::revoked`), as the user's own
+/// `POST /api/logout` does; 404 for a user that does not exist.
+pub async fn revoke_tokens(state: &AppState, user_id: u64) -> Result<Response, ApiError> {
+    let mut conn = state.mysql.get_conn().await?;
+    let exists: Option<u64> = conn
+        .exec_first("SELECT id FROM app_user WHERE id = ?", (user_id,))
+        .await?;
+    drop(conn);
+    if exists.is_none() {
+        return Err(ApiError::NotFound(format!("no user {user_id}")));
+    }
+    let until = state
+        .revoked
+        .revoke(
+            &state.redis,
+            &state.keys,
+            user_id,
+            chrono::Utc::now().timestamp(),
+            state.config.settings.admission.token_ttl_s as i64,
+        )
+        .await?;
+    tracing::info!(user_id, "an operator revoked the user's tokens");
+    Ok(json(
+        StatusCode::OK,
+        &json!({"user_id": user_id, "void_until": chrono::DateTime::from_timestamp(until, 0)}),
+    ))
 }

@@ -3,4 +3,5 @@
 
 pub mod keyring;
 pub mod login;
+pub mod revoked;
 pub mod token;

@@ -191,6 +191,13 @@ impl TokenSigner {
 
     /// The user id of a valid, unexpired token signed with a key of the keyring.
     pub fn verify(&self, token: &str, now_unix_s: i64) -> Result<u64, TokenError> {
+        self.verify_expiring(token, now_unix_s)
+            .map(|(user, _)| user)
+    }
+
+    /// The user id and expiry (Unix s) of a valid, unexpired token signed with a key of
+    /// the keyring.
+    pub fn verify_expiring(&self, token: &str, now_unix_s: i64) -> Result<(u64, i64), TokenError> {
         let (claimed, _) = token.rsplit_once('.').ok_or(TokenError::Malformed)?;
         let mut parts = claimed.split('.');
         let (Some(_kid), Some(user), Some(expires), None) =
@@ -204,7 +211,7 @@ impl TokenSigner {
         if expires <= now_unix_s {
             return Err(TokenError::Expired);
         }
-        Ok(user_id)
+        Ok((user_id, expires))
     }
 
     /// Re-reads `path` (a keyring file) and swaps it in when its key ids changed; the

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::auth::login::Held;
+use crate::auth::revoked::Revoked;
 use crate::http::{ApiError, Request, Response, json, read_json};
 use crate::state::AppState;
 
@@ -110,11 +111,40 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
     guard
         .succeeded(&mut redis, &state.keys, &account, &address)
         .await?;
-    let expires =
+    let mut expires =
         Utc::now() + TimeDelta::seconds(state.config.settings.admission.token_ttl_s as i64);
+    // After a sign-out, a token that outlives it: one expiring at or before the user's
+    // revocation would be void from birth (read from Redis, not this core's copy).
+    if let Some(until) = Revoked::until(&state.redis, &state.keys, user_id).await?
+        && expires.timestamp() <= until
+    {
+        expires = chrono::DateTime::from_timestamp(until + 1, 0).unwrap_or(expires);
+    }
     let token = state.tokens.sign(user_id, expires.timestamp());
     Ok(json(
         StatusCode::OK,
         &json!({"token": token, "user_id": user_id, "expires_at": expires}),
+    ))
+}
+
+/// `POST /api/logout`: every token of the caller issued until now is void, on every
+/// core and edge within a moment (`auth::revoked`); a new login makes a new one.
+pub async fn logout(state: &AppState, user_id: u64) -> Result<Response, ApiError> {
+    let ttl_s = state.config.settings.admission.token_ttl_s as i64;
+    let until = state
+        .revoked
+        .revoke(
+            &state.redis,
+            &state.keys,
+            user_id,
+            Utc::now().timestamp(),
+            ttl_s,
+        )
+        .await?;
+    tracing::info!(user_id, "signed out: tokens void");
+    Ok(json(
+        StatusCode::OK,
+        &json!({"user_id": user_id, "signed_out": true,
+            "void_until": chrono::DateTime::from_timestamp(until, 0)}),
     ))
 }

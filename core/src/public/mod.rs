@@ -29,6 +29,7 @@ enum Endpoint {
     Healthz,
     Readyz,
     Login,
+    Logout,
     PaymentCallback,
     Events,
     Event(u64),
@@ -53,6 +54,7 @@ impl Endpoint {
             ["healthz"] => Healthz,
             ["readyz"] => Readyz,
             ["api", "login"] => Login,
+            ["api", "logout"] => Logout,
             ["api", "payments", "callback"] => PaymentCallback,
             ["api", "events"] => Events,
             ["api", "events", e] => Event(id(e)?),
@@ -77,7 +79,7 @@ impl Endpoint {
             Healthz | Readyz | Events | Event(_) | Seats(_) | Availability(_)
             | PurchaseStatus(_) | QueueChallenge(_) | QueueFairness(_) | Order(_) => "GET",
             Queue(_) => "GET, POST",
-            Login | PaymentCallback | Purchase(_) | Cancel(_) | Pay(_) => "POST",
+            Login | Logout | PaymentCallback | Purchase(_) | Cancel(_) | Pay(_) => "POST",
         }
     }
 }
@@ -107,6 +109,7 @@ pub async fn route(state: &AppState, req: Request) -> Response {
         PaymentCallback => orders::payment_callback(state, req).await,
         _ => match user(state, &req) {
             Ok(user_id) => match endpoint {
+                Logout => login::logout(state, user_id).await,
                 Events => events::list(state).await,
                 Event(id) => events::one(state, id).await,
                 Seats(id) => events::seats(state, id, &req).await,
@@ -127,13 +130,17 @@ pub async fn route(state: &AppState, req: Request) -> Response {
     outcome.unwrap_or_else(ApiError::into_response)
 }
 
-/// The user of a valid, unexpired bearer token.
+/// The user of a valid, unexpired bearer token that was not signed out.
 fn user(state: &AppState, req: &Request) -> Result<u64, ApiError> {
     let token = bearer(req).ok_or_else(|| ApiError::Unauthorized("missing bearer token".into()))?;
-    state
+    let (user, expires) = state
         .tokens
-        .verify(token, Utc::now().timestamp())
-        .map_err(|e| ApiError::Unauthorized(e.to_string()))
+        .verify_expiring(token, Utc::now().timestamp())
+        .map_err(|e| ApiError::Unauthorized(e.to_string()))?;
+    if state.revoked.voids(user, expires) {
+        return Err(ApiError::Unauthorized("token signed out".into()));
+    }
+    Ok(user)
 }
 
 fn not_found(path: &str) -> ApiError {
@@ -148,6 +155,7 @@ mod tests {
     fn each_endpoint_has_one_spelling() {
         assert_eq!(Endpoint::of("/api/events/1/orders"), Some(Purchase(1)));
         assert_eq!(Endpoint::of("/api/login"), Some(Login));
+        assert_eq!(Endpoint::of("/api/logout"), Some(Logout));
         for other in [
             "/api/events/1/orders/",
             "/api/events/+1/orders",

@@ -145,6 +145,18 @@ function _M.verify_signed(text)
   return sub(text, d1 + 1, last - 1)
 end
 
+-- Signed-out users (state.lua's snapshot): user id (string) → Unix s at or before which
+-- their tokens are void (core/src/auth/revoked.rs).
+local revoked = {}
+function _M.set_revoked(t)
+  revoked = t
+end
+
+local function signed_out(user, exp)
+  local void_upto = revoked[user]
+  return void_upto ~= nil and exp <= void_upto
+end
+
 -- The request's token: its user id, or nil and why; and whether its signature was
 -- checked (by this call or an earlier one of this worker's). Without `verify` a token
 -- not verified before is checked for everything but its signature, and not remembered.
@@ -159,6 +171,7 @@ local function token_user(verify)
   end
   if hit then
     if hit[2] <= now then return nil, "token expired" end
+    if signed_out(hit[1], hit[2]) then return nil, "token signed out" end
     return hit[1], nil, true
   end
   if sub(header, 1, 7) ~= BEARER then return nil, "missing bearer token" end
@@ -180,6 +193,7 @@ local function token_user(verify)
   if exp <= now then
     return nil, "token expired"
   end
+  if signed_out(user, exp) then return nil, "token signed out" end
   if not verify then return user, nil, false end
   remember(header, { user, exp })
   return user, nil, true

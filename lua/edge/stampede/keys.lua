@@ -12,4 +12,5 @@ return {
   room_steps = "{ev:%s}:room:steps",
   idempotency = "{%s}:idem",
   passed = "{ev:%s}:passed",
+  revoked_tokens = "auth:revoked",
 }

@@ -1,5 +1,5 @@
 -- What the edge knows of the sales: window and status per event, sold-out flags, limit
--- overrides. One worker per tick (whoever takes the tick's lock in the shared dict)
+-- overrides; and the users signed out (auth.lua). One worker per tick (whoever takes the tick's lock in the shared dict)
 -- reads Redis and stores a snapshot in the shared dict; every worker's timer copies a
 -- new snapshot into a worker-local table. A request reads that table only: no Redis
 -- call and no shared-dict operation per request.
@@ -11,6 +11,7 @@ local ngx = ngx
 local cjson = require "cjson.safe"
 local store = require "stampede.cluster"
 local limit = require "stampede.limit"
+local auth = require "stampede.auth"
 local layout = require "stampede.keys" -- generated from core/src/keys.rs
 local room = require "stampede.room"
 local admitted = require "stampede.admitted"
@@ -66,11 +67,17 @@ local function pull()
   local first, err = store.run({
     { "hgetall", p .. layout.sales },
     { "hgetall", p .. layout.edge_limits },
+    { "hgetall", p .. layout.revoked_tokens },
   })
   if not first then return nil, "sales: " .. tostring(err) end
   local sales, overrides = first[1], first[2]
   local now = ngx.now()
-  local snap = { events = {}, limits = {} }
+  -- Signed-out users: user id → the Unix s at or before which their tokens are void.
+  local revoked = {}
+  if type(first[3]) == "table" then
+    for i = 1, #first[3], 2 do revoked[first[3][i]] = tonumber(first[3][i + 1]) end
+  end
+  local snap = { events = {}, limits = {}, revoked = revoked }
   local ids, cmds = {}, {}
   for i = 1, #sales, 2 do
     local id = sales[i]
@@ -157,6 +164,7 @@ local function adopt()
       events = snap.events
       snapshot_at = snap.at or 0
       limit.apply(snap.limits)
+      auth.set_revoked(snap.revoked or {})
       version = v
     end
   end

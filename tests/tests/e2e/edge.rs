@@ -594,3 +594,148 @@ async fn an_address_over_the_connection_cap_hears_429_with_retry_after() {
         "the address stayed capped after its connections closed"
     );
 }
+
+/// A buyer signs out (`POST /api/logout`): from then on that token is refused 401 by
+/// the edge itself (the core never sees it) and by the core, for a view and for a
+/// purchase, while another buyer's token works; a login right after (the same second)
+/// gives a token that works. An operator's revoke-tokens does the same for any user.
+/// Hostile variants: no token, another method, an unknown user, no admin token.
+#[tokio::test]
+async fn a_signed_out_token_is_refused_everywhere_and_a_new_login_works() {
+    let (app, _edge) = stack_app().await;
+    let stack = Stack::from_env();
+    let core = format!("http://127.0.0.1:{}", stack.core_port);
+    let (event, categories) = open_sale(&app, small_sale(5, 1, 1, 20)).await;
+    let (status, made) = app
+        .admin
+        .post(
+            "/admin/users",
+            json!({"count": 1, "password": "sign-out-pass"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let user = made["first_user_id"].as_u64().unwrap();
+    let login = || async {
+        let r = app
+            .http
+            .post(format!("{}/api/login", app.edge_url))
+            .json(&json!({"username": format!("user{user}"), "password": "sign-out-pass"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<serde_json::Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let get = |base: String, token: String| {
+        let http = app.http.clone();
+        async move {
+            let r = http
+                .get(format!("{base}/api/events"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        }
+    };
+    let first = login().await;
+    let other = app.admin.buyers(1).await.remove(0);
+    assert_eq!(get(app.edge_url.clone(), first.clone()).await.0, 200);
+
+    let r = app
+        .http
+        .post(format!("{}/api/logout", app.edge_url))
+        .bearer_auth(&first)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["signed_out"], true, "{body}");
+    // At once: a token that outlives the sign-out.
+    let second = login().await;
+    assert_eq!(get(core.clone(), first.clone()).await.0, 401, "the core");
+    let refused_at_edge = eventually(Duration::from_secs(5), || async {
+        let (status, body) = get(app.edge_url.clone(), first.clone()).await;
+        status == 401 && body.contains("signed out")
+    })
+    .await;
+    assert!(refused_at_edge, "the edge still takes the signed-out token");
+    stampede_e2e::edge_workers_catch_up().await;
+    let before = core_answers(&app, 401).await;
+    for i in 0..8 {
+        assert_eq!(get(app.edge_url.clone(), first.clone()).await.0, 401);
+        let (status, a) = app
+            .buy(
+                event,
+                &stampede_e2e::Buyer {
+                    user_id: user,
+                    token: first.clone(),
+                },
+                &format!("after-{i}"),
+                json!({"category_id": categories[0], "quantity": 1}),
+            )
+            .await;
+        assert_eq!(status, 401, "{a}");
+    }
+    assert_eq!(
+        core_answers(&app, 401).await,
+        before,
+        "the edge let a signed-out token through to the core"
+    );
+    for token in [&second, &other.token] {
+        assert_eq!(get(app.edge_url.clone(), token.clone()).await.0, 200);
+        assert_eq!(get(core.clone(), token.clone()).await.0, 200);
+    }
+
+    // An operator signs another user out.
+    let path = format!("/admin/users/{}/revoke-tokens", other.user_id);
+    let (status, body) = app.admin.post(&path, serde_json::Value::Null).await;
+    assert_eq!(status, 200, "{body}");
+    let refused = eventually(Duration::from_secs(5), || async {
+        get(app.edge_url.clone(), other.token.clone()).await.0 == 401
+    })
+    .await;
+    assert!(refused, "the edge still takes the revoked token");
+    assert_eq!(get(core.clone(), other.token.clone()).await.0, 401);
+    assert_eq!(get(app.edge_url.clone(), second.clone()).await.0, 200);
+
+    // Hostile variants.
+    let (status, _) = app
+        .admin
+        .post(
+            "/admin/users/999999999999/revoke-tokens",
+            serde_json::Value::Null,
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = app.admin.get(&path).await;
+    assert_eq!(status, 405);
+    let r = app
+        .http
+        .post(format!("http://127.0.0.1:{}{path}", stack.admin_port))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "no admin token");
+    let r = app
+        .http
+        .post(format!("{}/api/logout", app.edge_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "no token");
+    let r = app
+        .http
+        .get(format!("{}/api/logout", app.edge_url))
+        .bearer_auth(&second)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(get(app.edge_url.clone(), second.clone()).await.0, 200);
+}
