@@ -309,6 +309,23 @@ impl App {
                 stopper.subscribe(),
             )),
         ));
+        // Read once before serving: a core that served first would take signed-out
+        // tokens until its first read.
+        if let Err(e) = state
+            .revoked
+            .refresh(
+                &state.redis,
+                &state.keys,
+                chrono::Utc::now().timestamp(),
+                false,
+            )
+            .await
+        {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "could not read the revoked tokens before serving; retrying every 250 ms"
+            );
+        }
         tasks.push((
             "the revoked tokens",
             tokio::spawn({

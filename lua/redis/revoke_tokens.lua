@@ -1,16 +1,17 @@
 -- revoke_tokens.lua: voids a user's tokens expiring at or before ARGV[2] (Unix s),
--- raising the user's entry only: a revocation never shortens another.
+-- and every token that user was ever given: an entry already there is raised past
+-- itself (a login after a sign-out got a token expiring one second after the entry),
+-- never lowered. Bumps the hash's version (field `v`), so readers re-read it.
 --
 -- KEYS[1] revoked  hash  user id → Unix s: that user's tokens expiring at or before it
---                        are void (core/src/auth/revoked.rs)
+--                        are void (core/src/auth/revoked.rs); `v` → version
 -- ARGV[1] user id   ARGV[2] Unix s
 --
 -- Returns (mirrored by Revoked in core/src/auth/revoked.rs) the user's entry after
 -- the call (Unix s).
-local before = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') or 0
+local before = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
 local want = tonumber(ARGV[2])
-if want > before then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  return want
-end
-return before
+if before and want <= before then want = before + 1 end
+redis.call('HSET', KEYS[1], ARGV[1], want)
+redis.call('HINCRBY', KEYS[1], 'v', 1)
+return want

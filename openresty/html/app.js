@@ -174,8 +174,15 @@ function renderWho() {
     : "";
   const b = $("#logout");
   // Signed out everywhere (the token is void on every edge and core), then forgotten
-  // here — forgotten even if the sign-out could not be sent.
-  if (b) b.onclick = async () => { b.disabled = true; await api("POST", "/api/logout"); logout(); };
+  // here — forgotten even if the sign-out could not be sent, which the buyer is told.
+  if (b) b.onclick = async () => {
+    b.disabled = true;
+    const r = await api("POST", "/api/logout");
+    if (r.status !== 200 && r.status !== 401) {
+      toast("Signed out on this device only: the server did not confirm (" + errorText(r) + "). Sign out again later to end your other sessions.", true);
+    }
+    logout();
+  };
 }
 
 function loginView() {

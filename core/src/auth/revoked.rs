@@ -4,11 +4,15 @@
 //! A token carries its expiry, not its issue time, and every token lives
 //! `admission.token_ttl_s`: "every token issued until now" is "every token expiring at
 //! or before now + ttl". Per user, Redis keeps that instant (`auth:revoked`, user id →
-//! Unix s, raised only: `revoke_tokens.lua`), plus [`SKEW_S`] for the clocks of the
-//! cores that issued them. Every core reads the whole hash every [`REFRESH`]
-//! (`revoked_read.lua`, which drops the entries that void nothing any more), every edge
-//! with each snapshot; both refuse a token it voids, 401. A login after a sign-out gets
-//! a token expiring after the user's entry, so it is never born void.
+//! Unix s, raised only — past itself when there was one, which also voids the token a
+//! login after the last sign-out got: `revoke_tokens.lua`), plus [`SKEW_S`] for the
+//! clocks of the cores that issued them, and bumps the hash's version (field `v`). Every
+//! core asks for the version every [`REFRESH`] and reads the hash when it changed
+//! (`revoked_read.lua`, which once a minute also drops the entries that void nothing any
+//! more, five minutes past), every edge likewise with each snapshot; both refuse a token
+//! it voids, 401. A login after a sign-out gets a token expiring after the user's entry,
+//! so it is never born void. The core that signs a user out refuses the token at once,
+//! the other cores and the edges within their next read.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, RwLock};
@@ -32,10 +36,18 @@ static READ: LazyLock<redis::Script> = LazyLock::new(|| {
     crate::infra::redis::script(include_str!("../../../lua/redis/revoked_read.lua"))
 });
 
+/// Entries are dropped only this long after the tokens they void expired (the clocks
+/// of the core that prunes and of the one that issued them may differ).
+const PRUNE_MARGIN_S: i64 = 300;
+/// One read in this many also prunes (once a minute at [`REFRESH`]).
+const PRUNE_EVERY: u32 = 240;
+
 /// The revocations in force, as this core last read them.
 #[derive(Default)]
 pub struct Revoked {
     until: RwLock<HashMap<u64, i64>>,
+    /// The hash's version the map is of ("" before the first read).
+    version: RwLock<String>,
 }
 
 impl Revoked {
@@ -96,19 +108,51 @@ impl Revoked {
             .context("Failed to read the user's revoked tokens")
     }
 
-    /// Reads the revocations in force (and drops those past, `now_s`).
-    pub async fn refresh(&self, redis: &Redis, keys: &Keys, now_s: i64) -> anyhow::Result<()> {
-        let flat: Vec<i64> = READ
+    /// Reads the revocations in force when the hash changed since the last read (one
+    /// HGET when it did not); with `prune`, first drops the entries that void nothing
+    /// any more.
+    pub async fn refresh(
+        &self,
+        redis: &Redis,
+        keys: &Keys,
+        now_s: i64,
+        prune: bool,
+    ) -> anyhow::Result<()> {
+        let have = self
+            .version
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let flat: Vec<String> = READ
             .key(keys.revoked_tokens())
-            .arg(now_s)
+            .arg(now_s - PRUNE_MARGIN_S)
+            .arg(&have)
+            .arg(if prune { "1" } else { "0" })
             .invoke_async(&mut redis.clone())
             .await
             .context("revoked_read.lua failed")?;
-        let until = flat
+        let Some((version, pairs)) = flat.split_first() else {
+            anyhow::bail!("revoked_read.lua answered nothing");
+        };
+        if *version == have {
+            return Ok(());
+        }
+        // A pair that does not parse is skipped, not the whole read.
+        let mut until: HashMap<u64, i64> = pairs
             .chunks_exact(2)
-            .filter_map(|p| Some((u64::try_from(p[0]).ok()?, p[1])))
+            .filter_map(|p| Some((p[0].parse().ok()?, p[1].parse().ok()?)))
             .collect();
-        *self.until.write().unwrap_or_else(|p| p.into_inner()) = until;
+        let mut mine = self.until.write().unwrap_or_else(|p| p.into_inner());
+        // A revocation this core made while the read was under way is kept: entries only
+        // ever rise, and go when they void nothing any more.
+        for (user, v) in mine.iter() {
+            if *v >= now_s {
+                let e = until.entry(*user).or_insert(*v);
+                *e = (*e).max(*v);
+            }
+        }
+        *mine = until;
+        *self.version.write().unwrap_or_else(|p| p.into_inner()) = version.clone();
         Ok(())
     }
 
@@ -118,11 +162,14 @@ impl Revoked {
         let mut tick = tokio::time::interval(REFRESH);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut warned: Option<tokio::time::Instant> = None;
+        let mut reads = 0u32;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
                     let now_s = chrono::Utc::now().timestamp();
-                    if let Err(e) = self.refresh(&redis, &keys, now_s).await
+                    reads = reads.wrapping_add(1);
+                    let prune = reads.is_multiple_of(PRUNE_EVERY);
+                    if let Err(e) = self.refresh(&redis, &keys, now_s, prune).await
                         && warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60))
                     {
                         warned = Some(tokio::time::Instant::now());

@@ -1,5 +1,5 @@
 -- What the edge knows of the sales: window and status per event, sold-out flags, limit
--- overrides; and the users signed out (auth.lua). One worker per tick (whoever takes the tick's lock in the shared dict)
+-- overrides; and, apart, the users signed out (auth.lua). One worker per tick (whoever takes the tick's lock in the shared dict)
 -- reads Redis and stores a snapshot in the shared dict; every worker's timer copies a
 -- new snapshot into a worker-local table. A request reads that table only: no Redis
 -- call and no shared-dict operation per request.
@@ -67,17 +67,11 @@ local function pull()
   local first, err = store.run({
     { "hgetall", p .. layout.sales },
     { "hgetall", p .. layout.edge_limits },
-    { "hgetall", p .. layout.revoked_tokens },
   })
   if not first then return nil, "sales: " .. tostring(err) end
   local sales, overrides = first[1], first[2]
   local now = ngx.now()
-  -- Signed-out users: user id → the Unix s at or before which their tokens are void.
-  local revoked = {}
-  if type(first[3]) == "table" then
-    for i = 1, #first[3], 2 do revoked[first[3][i]] = tonumber(first[3][i + 1]) end
-  end
-  local snap = { events = {}, limits = {}, revoked = revoked }
+  local snap = { events = {}, limits = {} }
   local ids, cmds = {}, {}
   for i = 1, #sales, 2 do
     local id = sales[i]
@@ -155,8 +149,45 @@ local function pull()
   return snap
 end
 
+-- Signed-out users (auth.lua): the leader reads the hash's version every tick, and the
+-- hash when it changed (in a call of its own: on a cluster its shard may be down while
+-- the sales' are not); the table goes to the dict under its own version, which the
+-- workers adopt apart from the snapshot. A failed read keeps the last.
+local REVOKED, REVOKED_VERSION = "revoked", "revoked-version"
+local revoked_version -- this worker's
+local function pull_revoked()
+  local key = cfg.prefix .. layout.revoked_tokens
+  local got, err = store.run({ { "hget", key, "v" } })
+  if not got then return nil, err end
+  local v = type(got[1]) == "string" and got[1] or "0"
+  if v == dict:get(REVOKED_VERSION) then return true end
+  local all
+  all, err = store.run({ { "hgetall", key } })
+  if not all then return nil, err end
+  local t, flat = {}, all[1]
+  if type(flat) == "table" then
+    for i = 1, #flat, 2 do
+      if flat[i] ~= "v" then t[flat[i]] = tonumber(flat[i + 1]) end
+    end
+  end
+  local encoded, serr = cjson.encode(t)
+  local ok = false
+  if encoded then ok, serr = dict:set(REVOKED, encoded) end
+  if not ok then return nil, "the state dict: " .. tostring(serr) end
+  dict:set(REVOKED_VERSION, v)
+  return true
+end
+
 -- Adopts the shared snapshot if it is newer than this worker's.
 local function adopt()
+  local rv = dict:get(REVOKED_VERSION)
+  if rv and rv ~= revoked_version then
+    local t = cjson.decode(dict:get(REVOKED) or "")
+    if t then
+      auth.set_revoked(t)
+      revoked_version = rv
+    end
+  end
   local v = dict:get(VERSION)
   if v and v ~= version then
     local snap = cjson.decode(dict:get(SNAPSHOT) or "")
@@ -164,7 +195,6 @@ local function adopt()
       events = snap.events
       snapshot_at = snap.at or 0
       limit.apply(snap.limits)
-      auth.set_revoked(snap.revoked or {})
       version = v
     end
   end
@@ -182,6 +212,10 @@ local function refresh(premature)
     -- when the snapshot cannot be read: on a cluster, other shards may take theirs).
     local pok, perr = pcall(admitted.publish)
     if not pok then ngx.log(ngx.ERR, "admitted keys: ", perr) end
+    local rok, rerr = pull_revoked()
+    if not rok and ngx.now() - last_warning >= 1 then
+      ngx.log(ngx.WARN, "signed-out tokens: reading them failed, keeping the last: ", rerr)
+    end
     local snap, err = pull()
     if snap then
       -- Before the snapshot is out: a sale this snapshot first refuses whole (closed,
@@ -193,8 +227,16 @@ local function refresh(premature)
       -- Unless a later leader (this one's lock lapsed on a slow Redis) published first.
       if dict:get(VERSION) == published then
         snap.at = ngx.now()
-        dict:set(SNAPSHOT, cjson.encode(snap))
-        dict:incr(VERSION, 1, 0)
+        -- A snapshot the dict cannot hold is not published (the workers keep theirs and
+        -- it is logged): published, the empty value read back would freeze them.
+        local encoded, serr = cjson.encode(snap)
+        local ok = false
+        if encoded then ok, serr = dict:set(SNAPSHOT, encoded) end
+        if ok then
+          dict:incr(VERSION, 1, 0)
+        else
+          ngx.log(ngx.ERR, "edge state: the snapshot does not fit in the state dict: ", serr)
+        end
       end
     else
       admitted.redis_failed()

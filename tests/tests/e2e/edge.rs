@@ -691,6 +691,27 @@ async fn a_signed_out_token_is_refused_everywhere_and_a_new_login_works() {
         assert_eq!(get(app.edge_url.clone(), token.clone()).await.0, 200);
         assert_eq!(get(core.clone(), token.clone()).await.0, 200);
     }
+    // Signed out again at once: the token of the login after the first sign-out (made
+    // to outlive it) is void too, and a third login works.
+    let r = app
+        .http
+        .post(format!("{}/api/logout", app.edge_url))
+        .bearer_auth(&second)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        get(core.clone(), second.clone()).await.0,
+        401,
+        "the second token"
+    );
+    let second = login().await;
+    assert_eq!(
+        get(core.clone(), second.clone()).await.0,
+        200,
+        "a third login"
+    );
 
     // An operator signs another user out.
     let path = format!("/admin/users/{}/revoke-tokens", other.user_id);
