@@ -123,6 +123,19 @@ impl Revoked {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        // The version alone, with a plain command, most reads: no script call while
+        // nothing changed (and none a SCRIPT FLUSH would turn into NOSCRIPT each tick).
+        if !prune && !have.is_empty() {
+            let now: Option<String> = redis::cmd("HGET")
+                .arg(keys.revoked_tokens())
+                .arg("v")
+                .query_async(&mut redis.clone())
+                .await
+                .context("Failed to read the revoked tokens' version")?;
+            if now.as_deref().unwrap_or("0") == have {
+                return Ok(());
+            }
+        }
         let flat: Vec<String> = READ
             .key(keys.revoked_tokens())
             .arg(now_s - PRUNE_MARGIN_S)
