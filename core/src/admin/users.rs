@@ -135,16 +135,7 @@ pub async fn revoke_tokens(state: &AppState, user_id: u64) -> Result<Response, A
     if exists.is_none() {
         return Err(ApiError::NotFound(format!("no user {user_id}")));
     }
-    let until = state
-        .revoked
-        .revoke(
-            &state.redis,
-            &state.keys,
-            user_id,
-            chrono::Utc::now().timestamp(),
-            state.config.settings.admission.token_ttl_s as i64,
-        )
-        .await?;
+    let until = crate::auth::revoked::sign_out(state, user_id).await?;
     tracing::info!(user_id, "an operator revoked the user's tokens");
     Ok(json(
         StatusCode::OK,

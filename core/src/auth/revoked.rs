@@ -195,6 +195,22 @@ impl Revoked {
     }
 }
 
+/// Voids every token of `user` made until now by this deployment's cores (their tokens
+/// live `admission.token_ttl_s`): a sign-out, the user's or an operator's. The user's
+/// entry after it (Unix s).
+pub async fn sign_out(state: &crate::state::AppState, user: u64) -> anyhow::Result<i64> {
+    state
+        .revoked
+        .revoke(
+            &state.redis,
+            &state.keys,
+            user,
+            chrono::Utc::now().timestamp(),
+            state.config.settings.admission.token_ttl_s as i64,
+        )
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,17 +130,7 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
 /// `POST /api/logout`: every token of the caller issued until now is void, on every
 /// core and edge within a moment (`auth::revoked`); a new login makes a new one.
 pub async fn logout(state: &AppState, user_id: u64) -> Result<Response, ApiError> {
-    let ttl_s = state.config.settings.admission.token_ttl_s as i64;
-    let until = state
-        .revoked
-        .revoke(
-            &state.redis,
-            &state.keys,
-            user_id,
-            Utc::now().timestamp(),
-            ttl_s,
-        )
-        .await?;
+    let until = crate::auth::revoked::sign_out(state, user_id).await?;
     tracing::info!(user_id, "signed out: tokens void");
     Ok(json(
         StatusCode::OK,
