@@ -354,12 +354,21 @@ async function eventView(id) {
     $("#to").innerHTML = options(from + 1, undefined, to);
   }
 
+  let journeyError = null; // the error text the last failed availability ask showed
   async function loadJourney() {
     const [f, t] = [from, to];
     const a = await api("GET", `/api/events/${id}/availability?from=${f}&to=${t}`);
     if (f !== from || t !== to) return; // the journey changed meanwhile
-    if (a.status !== 200) { onJourney = {}; $("#buy-error").textContent = errorText(a); return; }
+    if (a.status !== 200) {
+      onJourney = {};
+      journeyError = $("#buy-error").textContent = errorText(a);
+      return;
+    }
     onJourney = Object.fromEntries(a.body.classes.map((c) => [c.id, c]));
+    // A refusal of an earlier ask (429 while the train was being counted) is over now:
+    // the refresh every 2 s asks again.
+    if (journeyError && $("#buy-error").textContent === journeyError) $("#buy-error").textContent = "";
+    journeyError = null;
   }
 
   async function journeyChanged() {

@@ -10,7 +10,8 @@
 -- while the others get the kept answer (STALE) — for at most `recount_s`, and while the
 -- train's recounts this second are over `recounts_per_s` (the core then counts a train
 -- at most that often per edge, however many journeys and buyers look). A journey never
--- asked before is counted once, the requests meanwhile waiting for that count (MISS).
+-- asked before is counted once, the requests meanwhile waiting for that count (MISS);
+-- that count takes from the same budget, and past it is 429 (nothing kept to answer).
 -- While the snapshot is stale (the edge cannot read Redis), no kept answer is a HIT and
 -- each journey is recounted as after a change.
 --
@@ -89,6 +90,13 @@ function _M.serve()
         return answer(200, body, "STALE")
       end
     elseif dict:add(lock, true, 2) then
+      -- A first count takes from the train's budget too: a buyer's app asks a few
+      -- journeys, but each of a long train's thousands of journeys asked once costs the
+      -- core a count of every seat (review). Past it, nothing kept to answer: 429.
+      if not within_budget(event_id, floor(now)) then
+        dict:delete(lock)
+        return reject(429, "RATE_LIMITED", "this train's availability is being counted for too many journeys at once; try again in a moment", 1)
+      end
       locked = true
     else
       -- Someone is counting this journey for the first time: wait for that count.

@@ -681,6 +681,116 @@ async fn an_edge_without_its_snapshot_keeps_recounting_a_journey_within_its_budg
     assert_eq!((status, cache.as_str(), &a), (200, "STALE", &counted));
 }
 
+/// A journey asked for the first time costs the core a count of every seat, and a long
+/// train has thousands of journeys: first counts take from the train's budget of
+/// `avail_recounts_per_s` (50) a second per edge like recounts, and past it the edge
+/// answers 429 with Retry-After (each first count reached the core: review).
+#[tokio::test]
+async fn a_trains_first_counts_of_journeys_take_from_its_budget() {
+    use crate::edge::open_sale;
+    use serde_json::json;
+
+    let (app, _edge) = stampede_e2e::stack_app().await;
+    let stations: Vec<String> = (0..14).map(|i| format!("S{i}")).collect();
+    let (event, _) = open_sale(
+        &app,
+        json!({
+            "title": "G4", "venue": "Line 4", "kind": "train", "stations": stations,
+            "show_time": "2031-06-01T20:00:00Z",
+            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+            "per_user_limit": 2, "pay_timeout_s": 900,
+            "categories": [{"name": "first", "price_cents": 1000, "seats": {"rows": 1, "cols": 2}}],
+        }),
+    )
+    .await;
+    let buyers = app.admin.buyers(2).await;
+    let journeys: Vec<(usize, usize)> = (0..14)
+        .flat_map(|from| (from + 1..14).map(move |to| (from, to)))
+        .collect();
+    assert_eq!(journeys.len(), 91);
+    let ask = |(from, to): (usize, usize), token: String| {
+        let http = app.http.clone();
+        let url = format!(
+            "{}/api/events/{event}/availability?from={from}&to={to}",
+            app.edge_url
+        );
+        async move {
+            let r = http
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("the edge answers");
+            let header = |name: &str| {
+                r.headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            let (cache, retry) = (header("x-cache"), header("retry-after"));
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap_or_default();
+            (status, cache, retry, body)
+        }
+    };
+    // Every journey at once, early in a second of the clock (the budget's second).
+    let into_second = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_millis();
+    tokio::time::sleep(std::time::Duration::from_millis(u64::from(
+        1_020 - into_second,
+    )))
+    .await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, &j) in journeys.iter().enumerate() {
+        let asked = ask(j, buyers[i % 2].token.clone());
+        tasks.spawn(async move { (i, asked.await) });
+    }
+    let mut answers: Vec<_> = tasks.join_all().await;
+    answers.sort_by_key(|(i, _)| *i);
+    let answers: Vec<_> = answers.into_iter().map(|(_, a)| a).collect();
+    let mut limited = Vec::new();
+    let mut counted = 0;
+    for (&j, (status, cache, retry, body)) in journeys.iter().zip(&answers) {
+        match status {
+            200 => {
+                assert_eq!(
+                    (cache.as_str(), free_by_class(body)),
+                    ("MISS", vec![2]),
+                    "{j:?}"
+                );
+                counted += 1;
+            }
+            429 => {
+                assert_eq!(
+                    (body["error"]["code"].as_str(), retry.as_str()),
+                    (Some("RATE_LIMITED"), "1"),
+                    "{j:?}: {body}"
+                );
+                limited.push(j);
+            }
+            other => panic!("{j:?}: {other} {body}"),
+        }
+    }
+    assert!(
+        counted <= 50,
+        "{counted} of 91 first counts reached the core at once (the budget is 50 a second)"
+    );
+    assert_eq!(counted + limited.len(), 91);
+    // A second later the rest are counted.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    for (i, &j) in limited.iter().enumerate() {
+        let (status, _, _, body) = ask(j, buyers[i % 2].token.clone()).await;
+        assert_eq!(
+            (status, free_by_class(&body)),
+            (200, vec![2]),
+            "{j:?}: {body}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_trains_availability_seat_map_and_journey_flags_through_the_edge() {
     use crate::edge::{open_sale, the_edge_says_sold_out};
