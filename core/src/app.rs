@@ -331,7 +331,8 @@ impl App {
             tokio::spawn({
                 let (revoked, stop) = (state.revoked.clone(), stopper.subscribe());
                 let (redis, keys) = (state.redis.clone(), state.keys.clone());
-                async move { revoked.run(redis, keys, stop).await }
+                let reads = state.metrics.revoked_reads.clone();
+                async move { revoked.run(redis, keys, reads, stop).await }
             }),
         ));
         tasks.push((

@@ -22,6 +22,9 @@ pub struct Metrics {
     /// Redis was found gone back in time.
     pub reservations_refused: IntCounter,
     pub redis_rewinds: IntCounter,
+    /// Reads of the signed-out tokens that found a change, by what they read: the
+    /// changes from the log, or the whole hash.
+    pub revoked_reads: IntCounterVec,
     /// Reservations a worker took over from another consumer that had left them idle
     /// for `orders.claim_idle_ms` (a worker or core that stopped, or hung).
     pub reservations_taken_over: IntCounter,
@@ -112,6 +115,14 @@ impl Metrics {
             "Times an event's Redis state was found behind MySQL and fenced for a rebuild",
         )
         .expect("valid metric");
+        let revoked_reads = IntCounterVec::new(
+            Opts::new(
+                "stampede_revoked_reads_total",
+                "Reads of the signed-out tokens that found a change: the changes since the last (changes), the whole hash (whole), the whole hash after the minute's prune (prune)",
+            ),
+            &["read"],
+        )
+        .expect("valid metric");
         let reservations_taken_over = IntCounter::new(
             "stampede_reservations_taken_over_total",
             "Reservations a worker took over from a consumer that left them idle past orders.claim_idle_ms",
@@ -192,6 +203,7 @@ impl Metrics {
             Box::new(reservations_released.clone()),
             Box::new(reservations_refused.clone()),
             Box::new(redis_rewinds.clone()),
+            Box::new(revoked_reads.clone()),
             Box::new(reservations_taken_over.clone()),
             Box::new(mysql_calls_cut.clone()),
             Box::new(mysql_sessions_ended.clone()),
@@ -215,6 +227,7 @@ impl Metrics {
             reservations_released,
             reservations_refused,
             redis_rewinds,
+            revoked_reads,
             reservations_taken_over,
             mysql_calls_cut,
             mysql_sessions_ended,

@@ -6,11 +6,15 @@
 //! or before now + ttl". Per user, Redis keeps that instant (`auth:revoked`, user id →
 //! Unix s, raised only — past itself when there was one, which also voids the token a
 //! login after the last sign-out got: `revoke_tokens.lua`), plus [`SKEW_S`] for the
-//! clocks of the cores that issued them, and bumps the hash's version (field `v`). Every
-//! core asks for the version every [`REFRESH`] and reads the hash when it changed
-//! (`revoked_read.lua`, which once a minute also drops the entries that void nothing any
-//! more, five minutes past), every edge likewise with each snapshot; both refuse a token
-//! it voids, 401. A login after a sign-out gets a token expiring after the user's entry,
+//! clocks of the cores that issued them, bumps the hash's version (field `v`) and logs
+//! the change under it (`l:<version>`, the last [`LOG_KEEP`]). Every core asks for the
+//! version every [`REFRESH`] and, when it changed, reads the changes since its own from
+//! the log, or the whole hash when the log no longer has them (`revoked_read.lua`, which
+//! once a minute also drops the entries that void nothing any more, five minutes past);
+//! every edge likewise with each snapshot. A sign-out costs each reader the change, not
+//! the whole hash: with 100 000 users signed out and four sign-outs a second, re-reading
+//! the hash on each took the edge 0.88 of a core (measured). Both refuse a token it
+//! voids, 401. A login after a sign-out gets a token expiring after the user's entry,
 //! so it is never born void. The core that signs a user out refuses the token at once,
 //! the other cores and the edges within their next read.
 
@@ -41,6 +45,21 @@ static READ: LazyLock<redis::Script> = LazyLock::new(|| {
 const PRUNE_MARGIN_S: i64 = 300;
 /// One read in this many also prunes (once a minute at [`REFRESH`]).
 const PRUNE_EVERY: u32 = 240;
+/// The changes `revoke_tokens.lua` keeps in the hash's log (its LOG_KEEP).
+pub const LOG_KEEP: u64 = 1000;
+/// At most this many changes are read from the log at once; more, the whole hash.
+const MAX_CHANGES: u64 = LOG_KEEP;
+
+/// What a [`Revoked::refresh`] read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// Nothing changed (the version alone).
+    Unchanged,
+    /// This many changes, from the log.
+    Changes(usize),
+    /// The whole hash.
+    Whole,
+}
 
 /// The revocations in force, as this core last read them.
 #[derive(Default)]
@@ -109,15 +128,16 @@ impl Revoked {
     }
 
     /// Reads the revocations in force when the hash changed since the last read (one
-    /// HGET when it did not); with `prune`, first drops the entries that void nothing
-    /// any more.
+    /// HGET when it did not): the changes since this core's version from the hash's log
+    /// (one HMGET) when it still has them all, else the whole hash; with `prune`, the
+    /// whole hash after dropping the entries that void nothing any more. What it read.
     pub async fn refresh(
         &self,
         redis: &Redis,
         keys: &Keys,
         now_s: i64,
         prune: bool,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Read> {
         let have = self
             .version
             .read()
@@ -132,8 +152,19 @@ impl Revoked {
                 .query_async(&mut redis.clone())
                 .await
                 .context("Failed to read the revoked tokens' version")?;
-            if now.as_deref().unwrap_or("0") == have {
-                return Ok(());
+            let now = now.unwrap_or_else(|| "0".into());
+            if now == have {
+                return Ok(Read::Unchanged);
+            }
+            if let Some(changes) = self.changes_since(redis, keys, &have, &now).await? {
+                let n = changes.len();
+                let mut mine = self.until.write().unwrap_or_else(|p| p.into_inner());
+                for (user, until) in changes {
+                    let e = mine.entry(user).or_insert(until);
+                    *e = (*e).max(until);
+                }
+                *self.version.write().unwrap_or_else(|p| p.into_inner()) = now;
+                return Ok(Read::Changes(n));
             }
         }
         let flat: Vec<String> = READ
@@ -147,8 +178,8 @@ impl Revoked {
         let Some((version, pairs)) = flat.split_first() else {
             anyhow::bail!("revoked_read.lua answered nothing");
         };
-        if *version == have {
-            return Ok(());
+        if *version == have && pairs.is_empty() {
+            return Ok(Read::Unchanged);
         }
         // A pair that does not parse is skipped, not the whole read.
         let mut until: HashMap<u64, i64> = pairs
@@ -166,12 +197,55 @@ impl Revoked {
         }
         *mine = until;
         *self.version.write().unwrap_or_else(|p| p.into_inner()) = version.clone();
-        Ok(())
+        Ok(Read::Whole)
+    }
+
+    /// The changes that made versions `have` + 1 ..= `now` (user, Unix s), from the
+    /// hash's log; None when a whole read is needed instead: a version that is not a
+    /// number or went back (a Redis restored from an older copy), more changes than the
+    /// log keeps or [`MAX_CHANGES`], or one the log no longer has.
+    async fn changes_since(
+        &self,
+        redis: &Redis,
+        keys: &Keys,
+        have: &str,
+        now: &str,
+    ) -> anyhow::Result<Option<Vec<(u64, i64)>>> {
+        let (Ok(have), Ok(now)) = (have.parse::<u64>(), now.parse::<u64>()) else {
+            return Ok(None);
+        };
+        if now <= have || now - have > MAX_CHANGES {
+            return Ok(None);
+        }
+        let mut hmget = redis::cmd("HMGET");
+        hmget.arg(keys.revoked_tokens());
+        for v in have + 1..=now {
+            hmget.arg(format!("l:{v}"));
+        }
+        let logged: Vec<Option<String>> = hmget
+            .query_async(&mut redis.clone())
+            .await
+            .context("Failed to read the revoked tokens' changes")?;
+        Ok(logged
+            .iter()
+            .map(|change| {
+                let (user, until) = change.as_deref()?.split_once(':')?;
+                Some((user.parse().ok()?, until.parse().ok()?))
+            })
+            .collect())
     }
 
     /// Reads the revocations every [`REFRESH`] until `stop`; a failed read keeps the
     /// last (logged at most once a minute).
-    pub async fn run(&self, redis: Redis, keys: Keys, mut stop: Shutdown) {
+    /// Each read that found a change counted in `counted` by what it read (`changes`,
+    /// `whole`; `prune` for the whole reads of the minute's prune).
+    pub async fn run(
+        &self,
+        redis: Redis,
+        keys: Keys,
+        counted: prometheus::IntCounterVec,
+        mut stop: Shutdown,
+    ) {
         let mut tick = tokio::time::interval(REFRESH);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut warned: Option<tokio::time::Instant> = None;
@@ -182,11 +256,17 @@ impl Revoked {
                     let now_s = chrono::Utc::now().timestamp();
                     reads = reads.wrapping_add(1);
                     let prune = reads.is_multiple_of(PRUNE_EVERY);
-                    if let Err(e) = self.refresh(&redis, &keys, now_s, prune).await
-                        && warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60))
-                    {
-                        warned = Some(tokio::time::Instant::now());
-                        tracing::warn!(error = format!("{e:#}"), "could not read the revoked tokens; keeping the last");
+                    match self.refresh(&redis, &keys, now_s, prune).await {
+                        Ok(Read::Unchanged) => {}
+                        Ok(Read::Changes(_)) => counted.with_label_values(&["changes"]).inc(),
+                        Ok(Read::Whole) if prune => counted.with_label_values(&["prune"]).inc(),
+                        Ok(Read::Whole) => counted.with_label_values(&["whole"]).inc(),
+                        Err(e) => {
+                            if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                                warned = Some(tokio::time::Instant::now());
+                                tracing::warn!(error = format!("{e:#}"), "could not read the revoked tokens; keeping the last");
+                            }
+                        }
                     }
                 }
                 _ = stop.wait() => return,
@@ -214,6 +294,14 @@ pub async fn sign_out(state: &crate::state::AppState, user: u64) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_keeps_as_many_changes_as_the_readers_expect() {
+        let script = include_str!("../../../lua/redis/revoke_tokens.lua");
+        assert!(script.contains(&format!("local LOG_KEEP = {LOG_KEEP} ")));
+        let edge = include_str!("../../../lua/edge/stampede/state.lua");
+        assert!(edge.contains(&format!("local LOG_KEEP = {LOG_KEEP} ")));
+    }
 
     #[test]
     fn a_revocation_voids_the_tokens_expiring_at_or_before_it() {

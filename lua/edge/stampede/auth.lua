@@ -145,7 +145,7 @@ function _M.verify_signed(text)
   return sub(text, d1 + 1, last - 1)
 end
 
--- Signed-out users (state.lua's snapshot): user id (string) → Unix s at or before which
+-- Signed-out users (state.lua's copy in this worker): user id (string) → Unix s at or before which
 -- their tokens are void (core/src/auth/revoked.rs).
 local revoked = {}
 function _M.set_revoked(t)

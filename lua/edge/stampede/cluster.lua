@@ -50,9 +50,9 @@ function _M.init(opts)
   cfg = { nodes = nodes, cluster = opts.cluster, timeout_ms = opts.timeout_ms }
 end
 
-local function connect(host, port)
+local function connect(host, port, timeout_ms)
   local red = redis:new()
-  red:set_timeout(cfg.timeout_ms)
+  red:set_timeout(timeout_ms or cfg.timeout_ms)
   local ok, err = red:connect(host, port)
   if not ok then return nil, host .. ":" .. port .. ": " .. tostring(err) end
   return red
@@ -83,8 +83,8 @@ local function read_slot_map()
 end
 
 -- Sends cmds ({name, key, args...}) to one node in one pipeline; replies by index.
-local function pipeline(host, port, cmds, indexes, replies)
-  local red, err = connect(host, port)
+local function pipeline(host, port, cmds, indexes, replies, timeout_ms)
+  local red, err = connect(host, port, timeout_ms)
   if not red then return nil, err end
   red:init_pipeline()
   for _, i in ipairs(indexes) do
@@ -110,15 +110,16 @@ local function pipeline(host, port, cmds, indexes, replies)
 end
 
 -- Runs commands (reads, and the edge's writes of admitted.lua) on the masters that own
--- their keys; their replies in order, or nil and an error.
-function _M.run(cmds)
+-- their keys; their replies in order, or nil and an error. `timeout_ms` (optional) for
+-- a read known to be large, instead of the configured one.
+function _M.run(cmds, timeout_ms)
   local replies = {}
   if #cmds == 0 then return replies end
   if not cfg.cluster then
     local all = {}
     for i = 1, #cmds do all[i] = i end
     local n = cfg.nodes[1]
-    local ok, err = pipeline(n.host, n.port, cmds, all, replies)
+    local ok, err = pipeline(n.host, n.port, cmds, all, replies, timeout_ms)
     if not ok then return nil, err end
     return replies
   end
@@ -143,7 +144,7 @@ function _M.run(cmds)
   end
   for owner, indexes in pairs(by_node) do
     local host, port = string.match(owner, "^(.+):(%d+)$")
-    local ok, err = pipeline(host, tonumber(port), cmds, indexes, replies)
+    local ok, err = pipeline(host, tonumber(port), cmds, indexes, replies, timeout_ms)
     if not ok then
       slot_map = nil -- a failover or a moved slot: read the map again next time
       return nil, err

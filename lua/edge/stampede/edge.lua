@@ -8,7 +8,7 @@ local stats = require "stampede.stats"
 
 local _M = {}
 
--- opts: token_secret_file, token_secret_file_env, token_secret_env, state_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s,
+-- opts: token_secret_file, token_secret_file_env, token_secret_env, state_dict, revoked_dict, limit_dict, stats_dict, passed_dict, passed_ttl_s,
 -- outbox_dict,
 -- queue_dict, avail_dict, avail_recount_s, avail_recounts_per_s, avail_keep_s, redis = {host, port,
 -- cluster_nodes, prefix, timeout_ms}, refresh_interval_s, limits, routes (see nginx.conf).
@@ -36,10 +36,10 @@ function _M.init(opts)
   local cluster = #nodes > 0
   if not cluster then nodes = { r.host .. ":" .. r.port } end
   state.init({
-    dict = opts.state_dict, nodes = nodes, cluster = cluster, prefix = r.prefix,
+    dict = opts.state_dict, revoked_dict = opts.revoked_dict, nodes = nodes, cluster = cluster, prefix = r.prefix,
     timeout_ms = r.timeout_ms, interval_s = opts.refresh_interval_s,
   })
-  stats.init({ dict = opts.stats_dict })
+  stats.init({ dict = opts.stats_dict, revoked_dict = opts.revoked_dict })
   -- The constant refusals, from refusals.conf as rendered next to nginx.conf.
   require("stampede.respond").init(ngx.config.prefix() .. "conf/refusals.conf")
   require("stampede.room").init({ dict = opts.queue_dict })

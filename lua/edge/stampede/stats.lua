@@ -9,10 +9,10 @@ local concat, format, pairs = table.concat, string.format, pairs
 local _M = {}
 
 local counts = {} -- status → code → rejections since the last flush
-local dict_name
+local dict_name, revoked_dict
 
 function _M.init(opts)
-  dict_name = opts.dict
+  dict_name, revoked_dict = opts.dict, opts.revoked_dict
 end
 
 function _M.reject(status, code)
@@ -42,7 +42,8 @@ function _M.start()
   assert(ngx.timer.every(1, flush))
 end
 
--- GET /edge/stats: every worker's counts as JSON, with the edge's clock.
+-- GET /edge/stats: every worker's counts as JSON, with the edge's clock, and how the
+-- edge read the signed-out users.
 function _M.render()
   local dict = ngx.shared[dict_name]
   local parts = {}
@@ -51,7 +52,12 @@ function _M.render()
   end
   ngx.header["Content-Type"] = "application/json"
   ngx.header["Cache-Control"] = "no-store"
-  ngx.print('{"now_ms":', format("%d", ngx.now() * 1000), ',"rejected":{', concat(parts, ","), '}}')
+  -- The signed-out users' reads (state.lua): the hash's version the edge has, and its
+  -- reads that found a change by what they read.
+  local r = ngx.shared[revoked_dict]
+  ngx.print('{"now_ms":', format("%d", ngx.now() * 1000), ',"rejected":{', concat(parts, ","), '}',
+    ',"revoked":{"version":"', (r:get("#v") or ""):gsub("[^%d]", ""), '","whole_reads":', format("%d", r:get("#whole") or 0),
+    ',"change_reads":', format("%d", r:get("#changes") or 0), '}}')
 end
 
 return _M
