@@ -157,13 +157,14 @@ end
 -- only, kept five minutes past what it voids), and each read as a numbered batch
 -- ("#c:<n>": the changes, or "*" after a whole read) that the workers apply to their
 -- own tables; a worker that missed a batch, or finds "*", copies every entry of the
--- dict, as it does once a minute to drop those past. A sign-out costs each edge the
+-- dict, as it does once a minute to drop those past; and every five minutes the whole
+-- hash is read again all the same. A sign-out costs each edge the
 -- change, not the whole hash: with 100 000 users signed out and four sign-outs a second,
 -- re-reading and re-encoding the hash for every worker took 0.88 of a core (measured).
 -- In a call of its own: on a cluster its shard may be down while the sales' are not. A
 -- failed read keeps the last.
 local LOG_KEEP = 1000 -- revoke_tokens.lua's, core/src/auth/revoked.rs
-local KEEP_PAST_S, BATCH_TTL_S, REBUILD_S, WHOLE_TIMEOUT_MS = 300, 60, 60, 3000
+local KEEP_PAST_S, BATCH_TTL_S, REBUILD_S, WHOLE_TIMEOUT_MS, AGAIN_S = 300, 60, 60, 3000, 300
 local rdict -- the revoked dict
 local function pull_revoked()
   local key = cfg.prefix .. layout.revoked_tokens
@@ -171,10 +172,14 @@ local function pull_revoked()
   if not got then return nil, err end
   local v = type(got[1]) == "string" and got[1] or "0"
   local have = rdict:get("#v")
-  if v == have then return true end
+  -- Every AGAIN_S the whole hash again, changed or not: a Redis restored from an older
+  -- copy whose version has since come back to the edge's would hide the changes in
+  -- between (the cores read it whole once a minute, to prune).
+  local again = ngx.now() - (rdict:get("#whole_at") or 0) >= AGAIN_S
+  if v == have and not again then return true end
   local changes -- user id, Unix s, user id, Unix s, ...
   local hv, nv = tonumber(have), tonumber(v)
-  if hv and nv and nv > hv and nv - hv <= LOG_KEEP then
+  if not again and hv and nv and nv > hv and nv - hv <= LOG_KEEP then
     local cmd = { "hmget", key }
     for i = hv + 1, nv do cmd[#cmd + 1] = "l:" .. i end
     local logged
@@ -221,7 +226,8 @@ local function pull_revoked()
   local n = rdict:incr("#seq", 1, 0)
   rdict:set("#c:" .. n, whole and "*" or table.concat(batch, ","), BATCH_TTL_S)
   rdict:set("#v", v)
-  rdict:incr(whole and "#whole" or "#changes", 1, 0)
+  if whole then rdict:set("#whole_at", ngx.now()) end
+  rdict:incr(not whole and "#changes" or again and "#again" or "#whole", 1, 0)
   return true
 end
 

@@ -52,12 +52,13 @@ function _M.render()
   end
   ngx.header["Content-Type"] = "application/json"
   ngx.header["Cache-Control"] = "no-store"
-  -- The signed-out users' reads (state.lua): the hash's version the edge has, and its
-  -- reads that found a change by what they read.
+  -- The signed-out users' reads (state.lua): the hash's version the edge has, its reads
+  -- that found a change by what they read, and its whole reads every five minutes.
   local r = ngx.shared[revoked_dict]
   ngx.print('{"now_ms":', format("%d", ngx.now() * 1000), ',"rejected":{', concat(parts, ","), '}',
     ',"revoked":{"version":"', (r:get("#v") or ""):gsub("[^%d]", ""), '","whole_reads":', format("%d", r:get("#whole") or 0),
-    ',"change_reads":', format("%d", r:get("#changes") or 0), '}}')
+    ',"change_reads":', format("%d", r:get("#changes") or 0),
+    ',"again_reads":', format("%d", r:get("#again") or 0), '}}')
 end
 
 return _M
