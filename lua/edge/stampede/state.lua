@@ -28,7 +28,7 @@ local snapshot_at = 0
 -- buckets (count), read_at (s: when its flags were read)}
 local events = {}
 
-local LOCK, SNAPSHOT, VERSION = "refresh-lock", "snapshot", "version"
+local LOCK, SNAPSHOT, VERSION, PUBLISH_LOCK = "refresh-lock", "snapshot", "version", "publish-lock"
 
 -- A train's seat versions (class → changes to its seats) as one string, or nil for an
 -- event without any: equal stamps mean no seat of the train changed in between.
@@ -312,19 +312,25 @@ local function refresh(premature)
       -- A failure there never stops the snapshot.
       local ok, serr = pcall(admitted.sync, snap)
       if not ok then ngx.log(ngx.ERR, "admitted keys: ", serr) end
-      -- Unless a later leader (this one's lock lapsed on a slow Redis) published first.
-      if dict:get(VERSION) == published then
-        snap.at = ngx.now()
-        -- A snapshot the dict cannot hold is not published (the workers keep theirs and
-        -- it is logged): published, the empty value read back would freeze them.
-        local encoded, serr = cjson.encode(snap)
-        local ok = false
-        if encoded then ok, serr = dict:set(SNAPSHOT, encoded) end
-        if ok then
-          dict:incr(VERSION, 1, 0)
-        else
-          ngx.log(ngx.ERR, "edge state: the snapshot does not fit in the state dict: ", serr)
+      -- Unless a later leader (this one's lock lapsed on a slow Redis) published first;
+      -- the check and the publish under a lock of their own (they do not yield), or two
+      -- leaders of two workers could both pass the check and the one with the older
+      -- reads publish last (review).
+      if dict:add(PUBLISH_LOCK, true, 1) then
+        if dict:get(VERSION) == published then
+          snap.at = ngx.now()
+          -- A snapshot the dict cannot hold is not published (the workers keep theirs and
+          -- it is logged): published, the empty value read back would freeze them.
+          local encoded, serr = cjson.encode(snap)
+          local ok = false
+          if encoded then ok, serr = dict:set(SNAPSHOT, encoded) end
+          if ok then
+            dict:incr(VERSION, 1, 0)
+          else
+            ngx.log(ngx.ERR, "edge state: the snapshot does not fit in the state dict: ", serr)
+          end
         end
+        dict:delete(PUBLISH_LOCK)
       end
     else
       admitted.redis_failed()
