@@ -11,23 +11,31 @@
 -- ARGV[3] 1: drop the entries below ARGV[1] first
 --
 -- Returns (mirrored by Revoked in core/src/auth/revoked.rs) a flat list: the version,
--- then (unless it is the caller's and nothing was dropped) user id, Unix s, user id,
--- Unix s, ...
+-- the change that made it (`l:<version>`, "" if the log has none), then (unless the
+-- version is the caller's and nothing was dropped) user id, Unix s, user id, Unix s, ...
+-- With ARGV[3] = 1 it also drops the log's fields older than its last LOG_KEEP (a
+-- version raised by hand leaves them behind).
+local LOG_KEEP = 1000 -- revoke_tokens.lua's
 local version = redis.call('HGET', KEYS[1], 'v') or '0'
+local change = redis.call('HGET', KEYS[1], 'l:' .. version) or ''
 local prune = ARGV[3] == '1'
-if not prune and version == ARGV[2] then return { version } end
+if not prune and version == ARGV[2] then return { version, change } end
 local drop_below = tonumber(ARGV[1])
+local oldest_kept = (tonumber(version) or 0) - LOG_KEEP
 local all = redis.call('HGETALL', KEYS[1])
-local out = { version }
+local out = { version, change }
 for i = 1, #all, 2 do
+  local field = all[i]
   -- A user id (digits); not `v`, nor a logged change.
-  if string.find(all[i], '^%d+$') then
+  if string.find(field, '^%d+$') then
     if prune and (tonumber(all[i + 1]) or 0) < drop_below then
-      redis.call('HDEL', KEYS[1], all[i])
+      redis.call('HDEL', KEYS[1], field)
     else
-      out[#out + 1] = all[i]
+      out[#out + 1] = field
       out[#out + 1] = all[i + 1]
     end
+  elseif prune and string.sub(field, 1, 2) == 'l:' and (tonumber(string.sub(field, 3)) or 0) <= oldest_kept then
+    redis.call('HDEL', KEYS[1], field)
   end
 end
 return out

@@ -65,8 +65,9 @@ pub enum Read {
 #[derive(Default)]
 pub struct Revoked {
     until: RwLock<HashMap<u64, i64>>,
-    /// The hash's version the map is of ("" before the first read).
-    version: RwLock<String>,
+    /// The hash's version the map is of ("" before the first read), and the change
+    /// that made it (its `l:<version>`, "" when the log had none).
+    version: RwLock<(String, String)>,
 }
 
 impl Revoked {
@@ -138,49 +139,56 @@ impl Revoked {
         now_s: i64,
         prune: bool,
     ) -> anyhow::Result<Read> {
-        let have = self
+        let (have, have_change) = self
             .version
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        // The version alone, with a plain command, most reads: no script call while
-        // nothing changed (and none a SCRIPT FLUSH would turn into NOSCRIPT each tick).
+        // The version and the change that made this core's, with a plain command, most
+        // reads: no script call while nothing changed (and none a SCRIPT FLUSH would turn
+        // into NOSCRIPT each tick). A Redis that failed over to a replica behind it, or
+        // was restored from an older copy, may reach this core's version again with
+        // other sign-outs: told by that change differing, and read whole.
         if !prune && !have.is_empty() {
-            let now: Option<String> = redis::cmd("HGET")
+            let (now, at_have): (Option<String>, Option<String>) = redis::cmd("HMGET")
                 .arg(keys.revoked_tokens())
                 .arg("v")
+                .arg(format!("l:{have}"))
                 .query_async(&mut redis.clone())
                 .await
                 .context("Failed to read the revoked tokens' version")?;
             let now = now.unwrap_or_else(|| "0".into());
-            if now == have {
-                return Ok(Read::Unchanged);
-            }
-            if let Some(changes) = self.changes_since(redis, keys, &have, &now).await? {
-                let n = changes.len();
-                let mut mine = self.until.write().unwrap_or_else(|p| p.into_inner());
-                for (user, until) in changes {
-                    let e = mine.entry(user).or_insert(until);
-                    *e = (*e).max(until);
+            if at_have.unwrap_or_default() == have_change {
+                if now == have {
+                    return Ok(Read::Unchanged);
                 }
-                *self.version.write().unwrap_or_else(|p| p.into_inner()) = now;
-                return Ok(Read::Changes(n));
+                if let Some((changes, last)) = self.changes_since(redis, keys, &have, &now).await? {
+                    let n = changes.len();
+                    let mut mine = self.until.write().unwrap_or_else(|p| p.into_inner());
+                    for (user, until) in changes {
+                        let e = mine.entry(user).or_insert(until);
+                        *e = (*e).max(until);
+                    }
+                    *self.version.write().unwrap_or_else(|p| p.into_inner()) = (now, last);
+                    return Ok(Read::Changes(n));
+                }
             }
         }
+        // Every entry ("" for the version the caller has: this read is wanted whole).
         let flat: Vec<String> = READ
             .key(keys.revoked_tokens())
             .arg(now_s - PRUNE_MARGIN_S)
-            .arg(&have)
+            .arg("")
             .arg(if prune { "1" } else { "0" })
             .invoke_async(&mut redis.clone())
             .await
             .context("revoked_read.lua failed")?;
-        let Some((version, pairs)) = flat.split_first() else {
-            anyhow::bail!("revoked_read.lua answered nothing");
+        let [version, change, pairs @ ..] = flat.as_slice() else {
+            anyhow::bail!(
+                "revoked_read.lua answered {} values, not 2 or more",
+                flat.len()
+            );
         };
-        if *version == have && pairs.is_empty() {
-            return Ok(Read::Unchanged);
-        }
         // A pair that does not parse is skipped, not the whole read.
         let mut until: HashMap<u64, i64> = pairs
             .chunks_exact(2)
@@ -196,7 +204,8 @@ impl Revoked {
             }
         }
         *mine = until;
-        *self.version.write().unwrap_or_else(|p| p.into_inner()) = version.clone();
+        *self.version.write().unwrap_or_else(|p| p.into_inner()) =
+            (version.clone(), change.clone());
         Ok(Read::Whole)
     }
 
@@ -210,7 +219,7 @@ impl Revoked {
         keys: &Keys,
         have: &str,
         now: &str,
-    ) -> anyhow::Result<Option<Vec<(u64, i64)>>> {
+    ) -> anyhow::Result<Option<(Vec<(u64, i64)>, String)>> {
         let (Ok(have), Ok(now)) = (have.parse::<u64>(), now.parse::<u64>()) else {
             return Ok(None);
         };
@@ -226,13 +235,15 @@ impl Revoked {
             .query_async(&mut redis.clone())
             .await
             .context("Failed to read the revoked tokens' changes")?;
-        Ok(logged
+        let changes: Option<Vec<(u64, i64)>> = logged
             .iter()
             .map(|change| {
                 let (user, until) = change.as_deref()?.split_once(':')?;
                 Some((user.parse().ok()?, until.parse().ok()?))
             })
-            .collect())
+            .collect();
+        let last = logged.last().cloned().flatten().unwrap_or_default();
+        Ok(changes.map(|c| (c, last)))
     }
 
     /// Reads the revocations every [`REFRESH`] until `stop`; a failed read keeps the
@@ -299,6 +310,8 @@ mod tests {
     fn the_log_keeps_as_many_changes_as_the_readers_expect() {
         let script = include_str!("../../../lua/redis/revoke_tokens.lua");
         assert!(script.contains(&format!("local LOG_KEEP = {LOG_KEEP} ")));
+        let read = include_str!("../../../lua/redis/revoked_read.lua");
+        assert!(read.contains(&format!("local LOG_KEEP = {LOG_KEEP} ")));
         let edge = include_str!("../../../lua/edge/stampede/state.lua");
         assert!(edge.contains(&format!("local LOG_KEEP = {LOG_KEEP} ")));
     }

@@ -152,8 +152,10 @@ end
 -- Signed-out users (auth.lua), in a dict of their own (`revoked`): the leader reads the
 -- hash's version every tick and, when it changed, the changes since the dict's version
 -- from the hash's log (revoke_tokens.lua: `l:<version>`, the last LOG_KEEP), or the whole
--- hash when the log no longer has them (the first read, a Redis restored from an older
--- copy, more changes than the log keeps). Each user's entry goes in the dict (raised
+-- hash when the log no longer has them (the first read, more changes than the log
+-- keeps) or when the change that made the edge's version is not the one the edge read
+-- (a Redis failed over to a replica behind it, or restored from an older copy, that
+-- reached that version again with other sign-outs). Each user's entry goes in the dict (raised
 -- only, kept five minutes past what it voids), and each read as a numbered batch
 -- ("#c:<n>": the changes, or "*" after a whole read) that the workers apply to their
 -- own tables; a worker that missed a batch, or finds "*", copies every entry of the
@@ -168,18 +170,24 @@ local KEEP_PAST_S, BATCH_TTL_S, REBUILD_S, WHOLE_TIMEOUT_MS, AGAIN_S = 300, 60, 
 local rdict -- the revoked dict
 local function pull_revoked()
   local key = cfg.prefix .. layout.revoked_tokens
-  local got, err = store.run({ { "hget", key, "v" } })
+  local have, have_change = rdict:get("#v"), rdict:get("#vc") or ""
+  -- The version, and the change that made the edge's: a Redis that failed over to a
+  -- replica behind it, or was restored from an older copy, may reach the edge's version
+  -- again with other changes; it is told by that change differing.
+  local got, err = store.run({ { "hmget", key, "v", "l:" .. (have or "0") } })
   if not got then return nil, err end
-  local v = type(got[1]) == "string" and got[1] or "0"
-  local have = rdict:get("#v")
-  -- Every AGAIN_S the whole hash again, changed or not: a Redis restored from an older
-  -- copy whose version has since come back to the edge's would hide the changes in
-  -- between (the cores read it whole once a minute, to prune).
-  local again = ngx.now() - (rdict:get("#whole_at") or 0) >= AGAIN_S
-  if v == have and not again then return true end
+  local v = type(got[1][1]) == "string" and got[1][1] or "0"
+  local same = (type(got[1][2]) == "string" and got[1][2] or "") == have_change
+  -- Every AGAIN_S the whole hash again all the same (the cores read it whole once a
+  -- minute, to prune); a failed one waits its turn again, the changes read meanwhile.
+  local now_s = ngx.now()
+  local again = have and now_s - (rdict:get("#whole_at") or 0) >= AGAIN_S
+  if again then rdict:set("#whole_at", now_s) end
+  if v == have and same and not again then return true end
   local changes -- user id, Unix s, user id, Unix s, ...
+  local last_change = ""
   local hv, nv = tonumber(have), tonumber(v)
-  if not again and hv and nv and nv > hv and nv - hv <= LOG_KEEP then
+  if same and not again and hv and nv and nv > hv and nv - hv <= LOG_KEEP then
     local cmd = { "hmget", key }
     for i = hv + 1, nv do cmd[#cmd + 1] = "l:" .. i end
     local logged
@@ -194,6 +202,7 @@ local function pull_revoked()
       end
       changes[#changes + 1] = user
       changes[#changes + 1] = tonumber(untl)
+      last_change = c
     end
   end
   local whole = not changes
@@ -204,29 +213,36 @@ local function pull_revoked()
     if not all then return nil, err end
     changes = {}
     local flat = type(all[1]) == "table" and all[1] or {}
+    local fields = {}
     for i = 1, #flat, 2 do
+      fields[flat[i]] = flat[i + 1]
       -- A user id (digits); not `v`, nor a logged change.
       if string.find(flat[i], "^%d+$") and tonumber(flat[i + 1]) then
         changes[#changes + 1] = flat[i]
         changes[#changes + 1] = tonumber(flat[i + 1])
       end
     end
+    v = fields.v or "0"
+    last_change = fields["l:" .. v] or ""
   end
   local now = ngx.time()
   local batch = {}
   for i = 1, #changes, 2 do
     local user, untl = changes[i], changes[i + 1]
     local before = rdict:get(user)
-    if (not before or untl > before) and untl + KEEP_PAST_S > now then
+    -- Equal too: an entry set by a read that then failed is in the next one's batch.
+    if (not before or untl >= before) and untl + KEEP_PAST_S > now then
       local ok, serr = rdict:safe_set(user, untl, untl + KEEP_PAST_S - now)
       if not ok then return nil, "the revoked dict: " .. tostring(serr) end
       if not whole then batch[#batch + 1] = user .. ":" .. untl end
     end
   end
   local n = rdict:incr("#seq", 1, 0)
-  rdict:set("#c:" .. n, whole and "*" or table.concat(batch, ","), BATCH_TTL_S)
+  -- Not evicting: a batch that does not fit is missed, and the workers copy the dict.
+  rdict:safe_set("#c:" .. n, whole and "*" or table.concat(batch, ","), BATCH_TTL_S)
   rdict:set("#v", v)
-  if whole then rdict:set("#whole_at", ngx.now()) end
+  rdict:set("#vc", last_change)
+  if whole then rdict:set("#whole_at", now_s) end
   rdict:incr(not whole and "#changes" or again and "#again" or "#whole", 1, 0)
   return true
 end

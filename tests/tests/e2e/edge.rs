@@ -761,9 +761,19 @@ async fn a_signed_out_token_is_refused_everywhere_and_a_new_login_works() {
     assert_eq!(get(app.edge_url.clone(), second.clone()).await.0, 200);
 }
 
-/// The edge's and the core's reads of the signed-out users that found a change, by what
-/// they read: (edge whole, edge changes), (core whole, core changes); and the core's pid.
-async fn revoked_reads(app: &StackApp) -> ((u64, u64), (u64, u64), String) {
+/// What the edge and the core read of the signed-out users, in reads that found a
+/// change: whole, and changes (with the edge's five-minute and the core's one-minute
+/// whole reads, which take in any change pending too); and the core's pid.
+#[derive(Debug, Clone, PartialEq)]
+struct RevokedReads {
+    edge_whole: u64,
+    edge_changes: u64,
+    core_whole: u64,
+    core_changes: u64,
+    core_pid: String,
+}
+
+async fn revoked_reads(app: &StackApp) -> RevokedReads {
     let stack = Stack::from_env();
     let auth = format!("Bearer {}", app.admin.token);
     let a = raw_request(
@@ -776,31 +786,33 @@ async fn revoked_reads(app: &StackApp) -> ((u64, u64), (u64, u64), String) {
     .await;
     assert_eq!(a.status, 200, "{a:?}");
     let r = &a.json()["revoked"];
-    let edge = (
-        r["whole_reads"].as_u64().unwrap(),
-        r["change_reads"].as_u64().unwrap(),
-    );
+    let n = |field: &str| r[field].as_u64().unwrap_or_else(|| panic!("{field}: {r}"));
     let core = |read: &'static str| async move {
         app.admin
             .counter(&format!("stampede_revoked_reads_total{{read=\"{read}\"}}"))
             .await
             .unwrap_or(0)
     };
-    let pid = std::fs::read_to_string(stack.dir.join("pids/core.pid")).unwrap_or_default();
-    (edge, (core("whole").await, core("changes").await), pid)
+    RevokedReads {
+        edge_whole: n("whole_reads"),
+        edge_changes: n("change_reads") + n("again_reads"),
+        core_whole: core("whole").await,
+        core_changes: core("changes").await + core("prune").await,
+        core_pid: std::fs::read_to_string(stack.dir.join("pids/core.pid")).unwrap_or_default(),
+    }
 }
 
 /// A sign-out reaches each core and edge as a change read from the hash's log
 /// (revoke_tokens.lua's `l:<version>`), not as a read of every signed-out user: with
 /// 100 000 of them and four sign-outs a second, the edge spent 0.88 of a core re-reading
 /// and re-encoding the hash. A reader that cannot catch up from the log (its changes
-/// gone: trimmed, a Redis restored from an older copy) reads the whole hash once, and
-/// follows the changes again after.
+/// gone), or whose version Redis reached again with other changes (a failover to a
+/// replica behind it), reads the whole hash once, and follows the changes again after.
 #[tokio::test]
 async fn sign_outs_reach_the_edge_and_the_core_as_changes_and_a_gap_as_one_whole_read() {
     let (app, _edge) = stack_app().await;
-    let stack = Stack::from_env();
-    let buyers = app.admin.buyers(4).await;
+    let (app, stack) = (&app, &Stack::from_env());
+    let buyers = app.admin.buyers(5).await;
     let sign_out = |token: String| {
         let http = app.http.clone();
         let url = format!("{}/api/logout", app.edge_url);
@@ -809,31 +821,73 @@ async fn sign_outs_reach_the_edge_and_the_core_as_changes_and_a_gap_as_one_whole
             assert_eq!(r.status(), 200);
         }
     };
-    let refused = |token: String| {
-        let http = app.http.clone();
-        let url = format!("{}/api/events", app.edge_url);
-        async move {
-            let r = http.get(url).bearer_auth(token).send().await.unwrap();
-            r.status() == 401 && r.text().await.unwrap().contains("signed out")
-        }
+    // Over a fresh connection each (any worker of the edge).
+    let refused = |token: String| async move {
+        let auth = format!("Bearer {token}");
+        let a = raw_request(
+            stack.edge_port,
+            "GET",
+            "/api/events",
+            &[("Authorization", &auth)],
+            "",
+        )
+        .await;
+        a.status == 401 && a.body.contains("signed out")
     };
-    // Once every worker of the edge refuses it (eight asks in a row).
+    // By the edge itself: eight asks in a row refused, the core's 401s unchanged.
     let refused_by_the_edge = |token: String| async move {
         eventually(Duration::from_secs(5), || {
             let token = token.clone();
             async move {
+                let before = core_answers(app, 401).await;
                 for _ in 0..8 {
                     if !refused(token.clone()).await {
                         return false;
                     }
                 }
-                true
+                core_answers(app, 401).await == before
             }
         })
         .await
     };
-    // The readers have read the hash since they started; the changes follow.
-    let (edge0, core0, pid0) = revoked_reads(&app).await;
+    // The reads after `before` that found changes, and the whole ones.
+    let changes_only = |before: &RevokedReads, after: &RevokedReads| {
+        assert_eq!(
+            after.edge_whole, before.edge_whole,
+            "the edge read the whole hash: {before:?} → {after:?}"
+        );
+        assert!(
+            after.edge_changes > before.edge_changes,
+            "the edge read no change: {before:?} → {after:?}"
+        );
+        // (A core restarted meanwhile counts from 0 again.)
+        if after.core_pid == before.core_pid {
+            assert_eq!(
+                after.core_whole, before.core_whole,
+                "the core read the whole hash: {before:?} → {after:?}"
+            );
+            assert!(
+                after.core_changes > before.core_changes,
+                "the core read no change: {before:?} → {after:?}"
+            );
+        }
+    };
+    let whole_once = |before: RevokedReads| async move {
+        eventually(Duration::from_secs(5), || {
+            let before = before.clone();
+            async move {
+                let after = revoked_reads(app).await;
+                after.edge_whole > before.edge_whole
+                    && (after.core_pid != before.core_pid || after.core_whole > before.core_whole)
+            }
+        })
+        .await
+    };
+    let mut redis = stack.redis().await;
+    let key = stampede_core::keys::Keys::new(&stack.redis_settings().key_prefix).revoked_tokens();
+
+    // Sign-outs: changes.
+    let before = revoked_reads(app).await;
     for b in &buyers[..3] {
         sign_out(b.token.clone()).await;
     }
@@ -844,30 +898,10 @@ async fn sign_outs_reach_the_edge_and_the_core_as_changes_and_a_gap_as_one_whole
         );
     }
     tokio::time::sleep(Duration::from_millis(600)).await; // the core's next read (250 ms)
-    let (edge1, core1, pid1) = revoked_reads(&app).await;
-    assert_eq!(
-        edge1.0, edge0.0,
-        "the edge read the whole hash for a sign-out"
-    );
-    assert!(
-        edge1.1 > edge0.1,
-        "the edge read no change: {edge0:?} → {edge1:?}"
-    );
-    // (A core restarted meanwhile by another test counts from 0 again.)
-    if pid1 == pid0 {
-        assert_eq!(
-            core1.0, core0.0,
-            "the core read the whole hash for a sign-out"
-        );
-        assert!(
-            core1.1 > core0.1,
-            "the core read no change: {core0:?} → {core1:?}"
-        );
-    }
+    changes_only(&before, &revoked_reads(app).await);
 
-    // Changes the log does not have: one whole read each, then changes again.
-    let mut redis = stack.redis().await;
-    let key = stampede_core::keys::Keys::new(&stack.redis_settings().key_prefix).revoked_tokens();
+    // A version the log has no changes for (raised past it): one whole read each.
+    let before = revoked_reads(app).await;
     let _: i64 = redis::cmd("HINCRBY")
         .arg(&key)
         .arg("v")
@@ -875,34 +909,50 @@ async fn sign_outs_reach_the_edge_and_the_core_as_changes_and_a_gap_as_one_whole
         .query_async(&mut redis)
         .await
         .unwrap();
-    let whole_read = eventually(Duration::from_secs(5), || async {
-        let (edge, core, pid) = revoked_reads(&app).await;
-        edge.0 > edge1.0 && (pid != pid1 || core.0 > core1.0)
-    })
-    .await;
-    assert!(whole_read, "no whole read after a gap in the log");
-    let (edge2, core2, pid2) = revoked_reads(&app).await;
+    assert!(
+        whole_once(before).await,
+        "no whole read after a gap in the log"
+    );
+
+    // The readers' version reached again with another change (as after a failover to a
+    // replica that had not yet the last sign-out): one whole read, and that sign-out
+    // refused by the edge (with the version alone compared, it never was).
+    let before = revoked_reads(app).await;
+    let v: i64 = redis::cmd("HINCRBY")
+        .arg(&key)
+        .arg("v")
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("HDEL")
+        .arg(&key)
+        .arg(format!("l:{}", v + 1))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
     sign_out(buyers[3].token.clone()).await;
+    assert!(
+        whole_once(before).await,
+        "the same version with another change: no whole read"
+    );
     assert!(
         refused_by_the_edge(buyers[3].token.clone()).await,
         "the edge took a signed-out token"
     );
+
+    // And changes again after.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let (edge3, core3, pid3) = revoked_reads(&app).await;
-    assert_eq!(
-        edge3.0, edge2.0,
-        "after the whole read, the edge read the whole hash again"
+    let before = revoked_reads(app).await;
+    sign_out(buyers[4].token.clone()).await;
+    assert!(
+        refused_by_the_edge(buyers[4].token.clone()).await,
+        "the edge took a signed-out token"
     );
-    assert!(edge3.1 > edge2.1);
-    if pid3 == pid2 {
-        assert_eq!(
-            core3.0, core2.0,
-            "after the whole read, the core read the whole hash again"
-        );
-        assert!(core3.1 > core2.1);
-    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    changes_only(&before, &revoked_reads(app).await);
     // Still signed out, all of them; another buyer's token still works.
-    for b in &buyers[..3] {
+    for b in &buyers {
         assert!(refused(b.token.clone()).await);
     }
     let other = app.admin.buyers(1).await.remove(0);
