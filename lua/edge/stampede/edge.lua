@@ -39,7 +39,7 @@ function _M.init(opts)
     dict = opts.state_dict, revoked_dict = opts.revoked_dict, nodes = nodes, cluster = cluster, prefix = r.prefix,
     timeout_ms = r.timeout_ms, interval_s = opts.refresh_interval_s,
   })
-  stats.init({ dict = opts.stats_dict, revoked_dict = opts.revoked_dict })
+  stats.init({ dict = opts.stats_dict, revoked_dict = opts.revoked_dict, state_dict = opts.state_dict })
   -- The constant refusals, from refusals.conf as rendered next to nginx.conf.
   require("stampede.respond").init(ngx.config.prefix() .. "conf/refusals.conf")
   require("stampede.room").init({ dict = opts.queue_dict })

@@ -306,6 +306,9 @@ local function adopt()
       version = v
     end
   end
+  -- Which snapshot this worker answers from, for /edge/stats (a worker left behind
+  -- shows there; a test waits for every worker to have the one published).
+  if version ~= -1 then dict:set("adopted:" .. ngx.worker.id(), version, 5) end
 end
 
 local last_warning, last_revoked_warning = 0, 0

@@ -9,10 +9,10 @@ local concat, format, pairs = table.concat, string.format, pairs
 local _M = {}
 
 local counts = {} -- status → code → rejections since the last flush
-local dict_name, revoked_dict
+local dict_name, revoked_dict, state_dict
 
 function _M.init(opts)
-  dict_name, revoked_dict = opts.dict, opts.revoked_dict
+  dict_name, revoked_dict, state_dict = opts.dict, opts.revoked_dict, opts.state_dict
 end
 
 function _M.reject(status, code)
@@ -58,7 +58,16 @@ function _M.render()
   ngx.print('{"now_ms":', format("%d", ngx.now() * 1000), ',"rejected":{', concat(parts, ","), '}',
     ',"revoked":{"version":"', (r:get("#v") or ""):gsub("[^%d]", ""), '","whole_reads":', format("%d", r:get("#whole") or 0),
     ',"change_reads":', format("%d", r:get("#changes") or 0),
-    ',"again_reads":', format("%d", r:get("#again") or 0), '}}')
+    ',"again_reads":', format("%d", r:get("#again") or 0), '}')
+  -- The sales snapshot (state.lua): the version published, and the one each worker
+  -- answers from.
+  local st = ngx.shared[state_dict]
+  local workers = {}
+  for id = 0, ngx.worker.count() - 1 do
+    workers[#workers + 1] = format('"%d":%d', id, st:get("adopted:" .. id) or -1)
+  end
+  ngx.print(',"snapshot":{"published":', format("%d", st:get("version") or -1),
+    ',"workers":{', concat(workers, ","), '}}}')
 end
 
 return _M
