@@ -1,5 +1,5 @@
--- revoked_read.lua: the revoked-token entries, unless the hash's version is still the
--- one the caller has (then one HGET); with ARGV[3] = 1 it first drops the entries that
+-- revoked_read.lua: every revoked-token entry (a reader's whole read; its change reads
+-- are plain HMGETs of the log); with ARGV[2] = 1 it first drops the entries that
 -- void nothing any more (every token they void expired before ARGV[1]). One script, so
 -- an entry raised meanwhile (revoke_tokens.lua) is never dropped. Dropping leaves the
 -- version as it is: readers keep such an entry until their next whole read or its own
@@ -7,19 +7,16 @@
 --
 -- KEYS[1] revoked  hash  user id → Unix s (revoke_tokens.lua); `v` → version;
 --                        `l:<version>` → the change of that version (not returned)
--- ARGV[1] Unix s: entries below it are dropped   ARGV[2] the version the caller has
--- ARGV[3] 1: drop the entries below ARGV[1] first
+-- ARGV[1] Unix s: entries below it are dropped   ARGV[2] 1: drop them first
 --
 -- Returns (mirrored by Revoked in core/src/auth/revoked.rs) a flat list: the version,
--- the change that made it (`l:<version>`, "" if the log has none), then (unless the
--- version is the caller's and nothing was dropped) user id, Unix s, user id, Unix s, ...
--- With ARGV[3] = 1 it also drops the log's fields older than its last LOG_KEEP (a
--- version raised by hand leaves them behind).
+-- the change that made it (`l:<version>`, "" if the log has none), then user id, Unix s,
+-- user id, Unix s, ... With ARGV[2] = 1 it also drops the log's fields older than its
+-- last LOG_KEEP (a version raised by hand leaves them behind).
 local LOG_KEEP = 1000 -- revoke_tokens.lua's
 local version = redis.call('HGET', KEYS[1], 'v') or '0'
 local change = redis.call('HGET', KEYS[1], 'l:' .. version) or ''
-local prune = ARGV[3] == '1'
-if not prune and version == ARGV[2] then return { version, change } end
+local prune = ARGV[2] == '1'
 local drop_below = tonumber(ARGV[1])
 local oldest_kept = (tonumber(version) or 0) - LOG_KEEP
 local all = redis.call('HGETALL', KEYS[1])

@@ -174,11 +174,9 @@ impl Revoked {
                 }
             }
         }
-        // Every entry ("" for the version the caller has: this read is wanted whole).
         let flat: Vec<String> = READ
             .key(keys.revoked_tokens())
             .arg(now_s - PRUNE_MARGIN_S)
-            .arg("")
             .arg(if prune { "1" } else { "0" })
             .invoke_async(&mut redis.clone())
             .await

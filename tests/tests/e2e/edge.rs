@@ -43,25 +43,29 @@ pub(crate) async fn the_edge_says_sold_out(
         && every_edge_worker_has_the_published_snapshot(app).await
 }
 
+/// `GET /edge/stats` of the stack's edge (its ops server, with the admin token): 200,
+/// its JSON.
+pub(crate) async fn edge_stats(app: &StackApp) -> serde_json::Value {
+    let auth = format!("Bearer {}", app.admin.token);
+    let ops_port = Stack::from_env().ops_port;
+    let a = raw_request(
+        ops_port,
+        "GET",
+        "/edge/stats",
+        &[("Authorization", &auth)],
+        "",
+    )
+    .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    a.json()
+}
+
 /// Whether every worker of the stack's edge answers from the sales snapshot published
 /// now, or a newer one, within 5 s (`/edge/stats`). Fresh connections reach a worker
 /// the kernel picks: eight of them saying sold out may all have reached one, and a
 /// worker left behind answered otherwise later (the last notes' flake).
 pub(crate) async fn every_edge_worker_has_the_published_snapshot(app: &StackApp) -> bool {
-    let stack = Stack::from_env();
-    let auth = format!("Bearer {}", app.admin.token);
-    let stats = || async {
-        let a = raw_request(
-            stack.ops_port,
-            "GET",
-            "/edge/stats",
-            &[("Authorization", &auth)],
-            "",
-        )
-        .await;
-        assert_eq!(a.status, 200, "{a:?}");
-        a.json()["snapshot"].clone()
-    };
+    let stats = || async { edge_stats(app).await["snapshot"].clone() };
     let published = stats().await["published"].as_i64().expect("published");
     let last = std::sync::Mutex::new(serde_json::Value::Null);
     let caught_up = eventually(Duration::from_secs(5), || {
@@ -816,18 +820,8 @@ struct RevokedReads {
 }
 
 async fn revoked_reads(app: &StackApp) -> RevokedReads {
-    let stack = Stack::from_env();
-    let auth = format!("Bearer {}", app.admin.token);
-    let a = raw_request(
-        stack.ops_port,
-        "GET",
-        "/edge/stats",
-        &[("Authorization", &auth)],
-        "",
-    )
-    .await;
-    assert_eq!(a.status, 200, "{a:?}");
-    let r = &a.json()["revoked"];
+    let stats = edge_stats(app).await;
+    let r = &stats["revoked"];
     let n = |field: &str| r[field].as_u64().unwrap_or_else(|| panic!("{field}: {r}"));
     let core = |read: &'static str| async move {
         app.admin
@@ -840,7 +834,8 @@ async fn revoked_reads(app: &StackApp) -> RevokedReads {
         edge_changes: n("change_reads") + n("again_reads"),
         core_whole: core("whole").await,
         core_changes: core("changes").await + core("prune").await,
-        core_pid: std::fs::read_to_string(stack.dir.join("pids/core.pid")).unwrap_or_default(),
+        core_pid: std::fs::read_to_string(Stack::from_env().dir.join("pids/core.pid"))
+            .unwrap_or_default(),
     }
 }
 
