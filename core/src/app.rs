@@ -102,6 +102,9 @@ impl App {
         infra::mysql::migrate(&mysql, s.mysql.order_shards)
             .await
             .map_err(BuildError::Dependency)?;
+        let api_mysql = infra::mysql::connect(config.mysql_api_opts.clone(), timeout)
+            .await
+            .map_err(BuildError::Dependency)?;
         let namesrv = s.rocketmq.namesrv_addr.clone();
         if let Err(e) =
             infra::retry_until("RocketMQ", &namesrv, BROKER_WAIT.min(timeout), || async {
@@ -185,7 +188,7 @@ impl App {
             streams: idle_streams,
         };
         let lifecycle = Lifecycle {
-            mysql: mysql.clone(),
+            mysql: api_mysql.clone(),
             redis: redis.clone(),
             keys: keys.clone(),
             shards: s.mysql.order_shards,
@@ -202,6 +205,7 @@ impl App {
             config,
             redis,
             mysql,
+            api_mysql,
             keys,
             preloader,
             reconciler,
@@ -401,10 +405,17 @@ impl App {
         }
         // Waits for every connection to come back, which one held by a cut-off task
         // never does.
-        match tokio::time::timeout(grace, state.mysql.clone().disconnect()).await {
-            Ok(closed) => closed.context("Failed to close the MySQL pool")?,
+        let pools = async {
+            let (workers, api) = tokio::join!(
+                state.mysql.clone().disconnect(),
+                state.api_mysql.clone().disconnect()
+            );
+            workers.and(api)
+        };
+        match tokio::time::timeout(grace, pools).await {
+            Ok(closed) => closed.context("Failed to close the MySQL pools")?,
             Err(_) => tracing::warn!(
-                "the MySQL pool did not close within server.shutdown_grace_s; leaving its connections"
+                "the MySQL pools did not close within server.shutdown_grace_s; leaving their connections"
             ),
         }
         tracing::info!("stopped");
@@ -422,6 +433,11 @@ fn start_flows(
 ) -> Vec<(&'static str, JoinHandle<()>)> {
     let s = &state.config.settings;
     let mysql = state.mysql.clone();
+    // The timeouts' cancellations run on the pipeline's pool, not the API's.
+    let lifecycle = Lifecycle {
+        mysql: mysql.clone(),
+        ..state.lifecycle.clone()
+    };
     let settings = MqSettings {
         namesrv: s.rocketmq.namesrv_addr.clone(),
         names: Names::new(&s.rocketmq.namespace),
@@ -430,7 +446,7 @@ fn start_flows(
     };
     let settings = Arc::new(settings);
     let start = {
-        let (lifecycle, checkbacks) = (state.lifecycle.clone(), state.metrics.checkbacks.clone());
+        let (lifecycle, checkbacks) = (lifecycle.clone(), state.metrics.checkbacks.clone());
         let grace = Duration::from_secs(s.orders.checkback_grace_s);
         move || {
             let tx = OrdersTxListener::new(
@@ -469,7 +485,7 @@ fn start_flows(
         (
             "the overdue sweep",
             tokio::spawn(lifecycle::timeout::run_overdue_sweep(
-                state.lifecycle.clone(),
+                lifecycle,
                 stopper.subscribe(),
             )),
         ),

@@ -24,7 +24,7 @@ pub async fn readyz(state: &AppState) -> Response {
         }),
         check(async {
             use mysql_async::prelude::Queryable;
-            state.mysql.get_conn().await?.ping().await?;
+            state.api_mysql.get_conn().await?.ping().await?;
             Ok(())
         }),
         check(async {

@@ -23,7 +23,11 @@ use crate::reconcile::Reconciler;
 pub struct AppState {
     pub config: Resolved,
     pub redis: Redis,
+    /// The pool of the order pipeline, the listeners and the sweeps (`mysql.pool_max`).
     pub mysql: Pool,
+    /// The API requests' own pool (`mysql.api_pool_max`): requests waiting on MySQL
+    /// never hold a connection order creation needs.
+    pub api_mysql: Pool,
     pub keys: Keys,
     pub tokens: TokenSigner,
     /// Signed-out tokens (`auth::revoked`), as last read from Redis.
@@ -38,7 +42,8 @@ pub struct AppState {
     pub events: Arc<EventCache>,
     /// The purchase path.
     pub admission: Admission,
-    /// Orders after creation: view, cancel, pay.
+    /// Orders after creation, as buyers and the provider's callback ask: view, cancel,
+    /// pay (on `api_mysql`; the timeouts run on a copy of it on `mysql`).
     pub lifecycle: Lifecycle,
     /// The waiting rooms' joins, passes and fairness (docs/waiting-room.md).
     pub room: crate::room::WaitingRoom,

@@ -105,6 +105,18 @@ impl AdminClient {
         body
     }
 
+    /// `count` new users who sign in with `password` (as `user<id>`); the first's id.
+    pub async fn users_with_password(&self, count: u64, password: &str) -> u64 {
+        let (status, users) = self
+            .post(
+                "/admin/users",
+                serde_json::json!({"count": count, "password": password}),
+            )
+            .await;
+        assert_eq!(status, 201, "{users}");
+        users["first_user_id"].as_u64().unwrap()
+    }
+
     /// `count` new users with tokens valid for an hour.
     pub async fn buyers(&self, count: u64) -> Vec<Buyer> {
         let (status, users) = self

@@ -13,7 +13,7 @@ use crate::state::AppState;
 pub async fn create(state: &AppState, req: Request, limit: usize) -> Result<Response, ApiError> {
     let request: EventRequest = read_json(req, limit).await?;
     let event = NewEvent::try_from(request).map_err(ApiError::Invalid)?;
-    let id = catalog::insert(&state.mysql, &event).await?;
+    let id = catalog::insert(&state.api_mysql, &event).await?;
     state.events.created(id);
     let created = load(state, id).await?;
     tracing::info!(
@@ -34,7 +34,7 @@ pub async fn create(state: &AppState, req: Request, limit: usize) -> Result<Resp
 }
 
 pub async fn list(state: &AppState) -> Result<Response, ApiError> {
-    let events = catalog::list(&state.mysql, 1_000).await?;
+    let events = catalog::list(&state.api_mysql, 1_000).await?;
     Ok(json(StatusCode::OK, &json!({"events": events})))
 }
 
@@ -147,12 +147,12 @@ pub async fn set_waiting_room(
             format!("event {id}'s line is drawn: its pass_ttl_s cannot change any more"),
         ));
     }
-    let saved = crate::room::config::save(&state.mysql, id, &wanted).await?;
+    let saved = crate::room::config::save(&state.api_mysql, id, &wanted).await?;
     if let Err(e) = state.room.store.publish(&event, &saved).await {
         // Not half-applied: MySQL back to the room as it was, so the answer (5xx, nothing
         // changed) is true, and no room the edge never heard of later asks buyers for
         // passes nobody can get (review).
-        if let Err(undo) = crate::room::config::save(&state.mysql, id, &current).await {
+        if let Err(undo) = crate::room::config::save(&state.api_mysql, id, &current).await {
             tracing::error!(
                 event_id = id,
                 error = format!("{undo:#}"),
@@ -183,7 +183,7 @@ async fn preload(state: &AppState, event: &EventRecord) -> Result<PreloadReport,
 }
 
 async fn load(state: &AppState, id: u64) -> Result<EventRecord, ApiError> {
-    catalog::load(&state.mysql, id)
+    catalog::load(&state.api_mysql, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no event {id}")))
 }
@@ -196,7 +196,7 @@ async fn move_to(
     to: EventStatus,
 ) -> Result<EventRecord, ApiError> {
     let current = load(state, id).await?;
-    if !catalog::transition(&state.mysql, id, from, to).await? {
+    if !catalog::transition(&state.api_mysql, id, from, to).await? {
         return Err(crate::public::answers::invalid_transition(
             id,
             current.status,

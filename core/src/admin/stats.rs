@@ -10,13 +10,13 @@ use crate::http::{ApiError, Response, json};
 use crate::state::AppState;
 
 pub async fn event_stats(state: &AppState, id: u64) -> Result<Response, ApiError> {
-    let event = catalog::load(&state.mysql, id)
+    let event = catalog::load(&state.api_mysql, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no event {id}")))?;
     let balance = state.reconciler.measure(&event).await?;
-    let (unsynced, sync_lag_s) = crate::stock_sync::lag(&state.mysql, EventId(id)).await?;
+    let (unsynced, sync_lag_s) = crate::stock_sync::lag(&state.api_mysql, EventId(id)).await?;
     let refunds_pending = crate::lifecycle::pay::refunds_pending(
-        &state.mysql,
+        &state.api_mysql,
         state.config.settings.mysql.order_shards,
         EventId(id),
     )

@@ -95,7 +95,13 @@ pub struct MysqlSettings {
     pub url: String,
     pub password: Option<SecretString>,
     pub password_file: Option<PathBuf>,
+    /// Connections of the pool the order pipeline, the broker's listeners, the event
+    /// cache, the preload and the sweeps share.
     pub pool_max: usize,
+    /// Connections of the API requests' own pool: logins, order views, cancels,
+    /// payments, the admin API and readiness. Apart from `pool_max`'s, so requests
+    /// waiting on MySQL never hold a connection order creation needs, nor the reverse.
+    pub api_pool_max: usize,
     /// Longest the pipeline, the broker's listeners, the event cache and the sweeps wait
     /// for one MySQL call (a batch's transaction, a check-back, an event's read) before
     /// they give up on it and its connection (`infra::mysql::CallTimeout`).

@@ -19,7 +19,10 @@ pub struct Resolved {
     pub token_secret: SecretString,
     /// The payment provider's signing secret, when payments are configured.
     pub provider_secret: Option<SecretString>,
+    /// The pool of the pipeline, the listeners and the sweeps (`mysql.pool_max`).
     pub mysql_opts: mysql_async::Opts,
+    /// The same server and session, for the API requests' pool (`mysql.api_pool_max`).
+    pub mysql_api_opts: mysql_async::Opts,
 }
 
 /// The most orders one worker creates in one batch (`orders.batch_size`).
@@ -143,8 +146,10 @@ impl Settings {
         if self.ids.worker_lease_s < 3 {
             return Err(ConfigError("ids.worker_lease_s must be at least 3".into()));
         }
-        if self.mysql.pool_max == 0 {
-            return Err(ConfigError("mysql.pool_max must be positive".into()));
+        if self.mysql.pool_max == 0 || self.mysql.api_pool_max == 0 {
+            return Err(ConfigError(
+                "mysql.pool_max and mysql.api_pool_max must be positive".into(),
+            ));
         }
         if !(100..=600_000).contains(&self.mysql.call_timeout_ms) {
             return Err(ConfigError(
@@ -178,7 +183,7 @@ impl Settings {
             mysql_async::PoolOpts::default()
                 .with_constraints(
                     mysql_async::PoolConstraints::new(1, self.mysql.pool_max)
-                        .ok_or_else(|| ConfigError("mysql.pool_max is invalid".into()))?,
+                        .expect("1 ≤ pool_max, checked above"),
                 )
                 // Keep up to pool_max idle connections (down to one after a minute idle):
                 // with the default (no idle lifetime) the pool keeps ONE, and closed every
@@ -242,6 +247,15 @@ impl Settings {
             self.payments.provider_secret_file.as_deref(),
             16,
         )?;
+        let mysql_opts = mysql_async::Opts::from(mysql_opts);
+        let mysql_api_opts = mysql_async::OptsBuilder::from_opts(mysql_opts.clone())
+            .pool_opts(
+                mysql_opts.pool_opts().clone().with_constraints(
+                    mysql_async::PoolConstraints::new(1, self.mysql.api_pool_max)
+                        .expect("1 ≤ api_pool_max, checked above"),
+                ),
+            )
+            .into();
         Ok(Resolved {
             provider_secret,
             settings: self,
@@ -249,7 +263,8 @@ impl Settings {
             admin_addr,
             admin_token,
             token_secret,
-            mysql_opts: mysql_opts.into(),
+            mysql_opts,
+            mysql_api_opts,
         })
     }
 }
@@ -395,6 +410,8 @@ mod tests {
             assert!(e.0.contains(key), "{key}: {e}");
         };
         refused(&|s| s.server.max_connections = 0, "server.max_connections");
+        refused(&|s| s.mysql.pool_max = 0, "mysql.pool_max");
+        refused(&|s| s.mysql.api_pool_max = 0, "mysql.api_pool_max");
         refused(&|s| s.server.read_timeout_ms = 0, "server.read_timeout_ms");
         refused(
             &|s| s.server.request_timeout_ms = 99,
@@ -467,6 +484,13 @@ mod tests {
         let setup = r.mysql_opts.setup().join(";");
         assert!(setup.contains("wait_timeout = 60"), "{setup}");
         assert_eq!(r.mysql_opts.conn_ttl(), Some(Duration::from_secs(45)));
+        // The API's pool: the same session, its own size.
+        let (workers, api) = (&r.mysql_opts, &r.mysql_api_opts);
+        assert_eq!(api.setup(), workers.setup());
+        assert_eq!(api.pass(), workers.pass());
+        assert_eq!(api.conn_ttl(), workers.conn_ttl());
+        assert_eq!(workers.pool_opts().constraints().max(), 32);
+        assert_eq!(api.pool_opts().constraints().max(), 8);
         assert_eq!(session_idle_timeout(1_000).as_secs(), 10);
         assert_eq!(session_idle_timeout(600_000).as_secs(), 2_400);
     }

@@ -652,15 +652,7 @@ async fn a_signed_out_token_is_refused_everywhere_and_a_new_login_works() {
     let stack = Stack::from_env();
     let core = format!("http://127.0.0.1:{}", stack.core_port);
     let (event, categories) = open_sale(&app, small_sale(5, 1, 1, 20)).await;
-    let (status, made) = app
-        .admin
-        .post(
-            "/admin/users",
-            json!({"count": 1, "password": "sign-out-pass"}),
-        )
-        .await;
-    assert_eq!(status, 201, "{made}");
-    let user = made["first_user_id"].as_u64().unwrap();
+    let user = app.admin.users_with_password(1, "sign-out-pass").await;
     let login = || async {
         let r = app
             .http

@@ -64,15 +64,7 @@ async fn failed_logins_make_that_account_wait_longer_and_longer() {
         s.login.account_max_failures = 6;
     })
     .await;
-    let (status, users) = app
-        .admin_api
-        .post(
-            "/admin/users",
-            json!({"count": 2, "password": "right-password"}),
-        )
-        .await;
-    assert_eq!(status, 201, "{users}");
-    let first = users["first_user_id"].as_u64().unwrap();
+    let first = app.admin_api.users_with_password(2, "right-password").await;
     let (victim, bystander) = (format!("user{first}"), format!("user{}", first + 1));
     // Spellings the database matches to the same account count as that account.
     let upper = victim.to_uppercase();
@@ -130,14 +122,8 @@ async fn password_checks_at_once_are_bounded_with_503_and_retry_after() {
         (s.login.max_concurrent_checks, s.login.check_wait_ms) = (1, 0);
     })
     .await;
-    let (_, users) = app
-        .admin_api
-        .post(
-            "/admin/users",
-            json!({"count": 1, "password": "right-password"}),
-        )
-        .await;
-    let user = format!("user{}", users["first_user_id"].as_u64().unwrap());
+    let first = app.admin_api.users_with_password(1, "right-password").await;
+    let user = format!("user{first}");
     let attempts = vec![(user, "right-password".to_owned()); 12];
     let answers: Vec<(u16, bool)> = logins_at_once(&app, "127.0.0.1", attempts)
         .await
@@ -166,15 +152,7 @@ async fn a_burst_of_logins_waits_its_turn_for_the_password_checks() {
         (s.login.max_concurrent_checks, s.login.check_wait_ms) = (1, 7_000);
     })
     .await;
-    let (status, users) = app
-        .admin_api
-        .post(
-            "/admin/users",
-            json!({"count": 6, "password": "right-password"}),
-        )
-        .await;
-    assert_eq!(status, 201, "{users}");
-    let first = users["first_user_id"].as_u64().unwrap();
+    let first = app.admin_api.users_with_password(6, "right-password").await;
     let attempts = (first..first + 6)
         .map(|user| (format!("user{user}"), "right-password".to_owned()))
         .collect();
@@ -205,15 +183,8 @@ async fn a_burst_of_guesses_gets_no_more_checks_than_the_free_failures() {
         (s.login.free_failures, s.login.max_waiting) = (3, 100);
     })
     .await;
-    let (status, users) = app
-        .admin_api
-        .post(
-            "/admin/users",
-            json!({"count": 1, "password": "right-password"}),
-        )
-        .await;
-    assert_eq!(status, 201, "{users}");
-    let user = format!("user{}", users["first_user_id"].as_u64().unwrap());
+    let first = app.admin_api.users_with_password(1, "right-password").await;
+    let user = format!("user{first}");
     let attempts = (0..24)
         .map(|n| (user.clone(), format!("guess-{n}")))
         .collect();

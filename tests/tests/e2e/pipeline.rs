@@ -426,6 +426,82 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_waiting_on_mysql_hold_no_connection_order_creation_needs() {
+    // A flood of logins on a slow table (here a locked one) waits for the API's own
+    // connections: orders admitted meanwhile are still created, and the logins are
+    // answered once the table is free. With one pool for both, the logins held every
+    // connection and no order was created until the lock went.
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        (s.mysql.pool_max, s.mysql.api_pool_max) = (4, 2);
+        s.server.request_timeout_ms = 60_000;
+        s.login.max_concurrent_checks = 8;
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(40, 1, 1, 2)).await;
+    app.publish(event).await;
+    let buyers = app.buyers(30).await;
+    let first = app.admin_api.users_with_password(1, "right-password").await;
+    let username = format!("user{first}");
+    let mut lock = app.mysql.get_conn().await.unwrap();
+    lock.query_drop("LOCK TABLES app_user WRITE").await.unwrap();
+    let mut logins = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let (http, url, username) = (app.http.clone(), app.public_url.clone(), username.clone());
+        logins.spawn(async move {
+            let resp = http
+                .post(format!("{url}/api/login"))
+                .json(&json!({"username": username, "password": "right-password"}))
+                .send()
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        });
+    }
+    let waiting_on_the_lock = format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
+         AND STATE = 'Waiting for table metadata lock'",
+        app.database
+    );
+    let blocked = eventually(Duration::from_secs(10), || async {
+        scalar(&app.mysql, &waiting_on_the_lock).await >= 2
+    })
+    .await;
+    assert!(blocked, "the logins did not reach the locked table");
+    let answers = burst(&app, event, categories[0], &buyers).await;
+    assert_eq!(answers.get(&202), Some(&30), "{answers:?}");
+    let created = eventually(Duration::from_secs(30), || async {
+        ordered_units(&app.mysql, event).await == (30, 30)
+    })
+    .await;
+    assert!(
+        created,
+        "orders not created while logins waited on MySQL: {:?}",
+        ordered_units(&app.mysql, event).await
+    );
+    assert_eq!(
+        scalar(&app.mysql, &waiting_on_the_lock).await,
+        2,
+        "the logins took more connections than mysql.api_pool_max"
+    );
+    assert!(
+        logins.try_join_next().is_none(),
+        "a login was answered while its table was locked"
+    );
+    lock.query_drop("UNLOCK TABLES").await.unwrap();
+    drop(lock);
+    let mut statuses = Vec::new();
+    while let Some(status) = logins.join_next().await {
+        statuses.push(status.unwrap());
+    }
+    assert_eq!(
+        statuses, [200; 6],
+        "every login answered once the table was free"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open() {
     // The core's MySQL connections stop answering and stay open (a host gone, a
     // partition) while a batch's transaction is under way: TCP would hold each call for

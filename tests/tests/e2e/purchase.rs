@@ -452,13 +452,7 @@ async fn bad_tokens_get_401_and_closed_sales_403() {
 #[tokio::test]
 async fn login_gives_a_token_that_buys_and_a_wrong_password_gets_401() {
     let app = spawn_app().await;
-    let (_, users) = app
-        .post(
-            "/admin/users",
-            json!({"count": 1, "password": "correct horse"}),
-        )
-        .await;
-    let user = users["first_user_id"].as_u64().unwrap();
+    let user = app.admin_api.users_with_password(1, "correct horse").await;
     let login = |password: &'static str| {
         let http = app.http.clone();
         let url = format!("{}/api/login", app.public_url);
