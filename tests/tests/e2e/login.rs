@@ -201,3 +201,72 @@ async fn a_burst_of_guesses_gets_no_more_checks_than_the_free_failures() {
     assert!((3..=4).contains(&checked), "passwords checked: {answers:?}");
     app.stop().await;
 }
+
+/// `token`'s answer from a core's public API (an authenticated read).
+async fn asked_with(app: &stampede_e2e::TestApp, token: &str) -> u16 {
+    app.http
+        .get(format!("{}/api/events", app.public_url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// A core's reads of the signed-out users, by kind (`stampede_revoked_reads_total`).
+async fn revoked_reads(app: &stampede_e2e::TestApp, read: &str) -> u64 {
+    let series = format!("stampede_revoked_reads_total{{read=\"{read}\"}}");
+    app.admin_api.counter(&series).await.unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sign_out_on_one_core_reaches_the_other_as_a_change() {
+    let first = stampede_e2e::spawn_app().await;
+    let second = stampede_e2e::spawn_app_on(
+        first.settings.clone(),
+        first.database.clone(),
+        first.prefix.clone(),
+    )
+    .await;
+    let buyers = first.admin_api.buyers(3).await;
+    for b in &buyers {
+        for core in [&first, &second] {
+            assert_eq!(asked_with(core, &b.token).await, 200);
+        }
+    }
+    // Each core read the hash whole before it served (not counted); from now on only
+    // its changes.
+    let whole_before = [
+        revoked_reads(&first, "whole").await,
+        revoked_reads(&second, "whole").await,
+    ];
+    let sign_out = |core: &stampede_e2e::TestApp, token: &str| {
+        let request = core
+            .http
+            .post(format!("{}/api/logout", core.public_url))
+            .bearer_auth(token);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    // Each core's sign-out is refused by the other within its next reads.
+    for (signed_out, by, other) in [(0, &first, &second), (1, &second, &first)] {
+        let token = &buyers[signed_out].token;
+        assert_eq!(sign_out(by, token).await, 200);
+        assert_eq!(asked_with(by, token).await, 401, "the core signed out on");
+        let refused = stampede_e2e::eventually(std::time::Duration::from_secs(5), || async {
+            asked_with(other, token).await == 401
+        })
+        .await;
+        assert!(refused, "the other core took a signed-out token");
+    }
+    for (core, whole_before) in [&first, &second].into_iter().zip(whole_before) {
+        assert_eq!(asked_with(core, &buyers[0].token).await, 401);
+        assert_eq!(asked_with(core, &buyers[1].token).await, 401);
+        assert_eq!(asked_with(core, &buyers[2].token).await, 200, "a bystander");
+        // Read as changes: no core read the whole hash again.
+        assert_eq!(revoked_reads(core, "whole").await, whole_before);
+        assert!(revoked_reads(core, "changes").await >= 1);
+    }
+    second.halt().await;
+    first.stop().await;
+}
