@@ -2,7 +2,8 @@
 -- overrides; and, apart, the users signed out (auth.lua). One worker per tick (whoever takes the tick's lock in the shared dict)
 -- reads Redis and stores a snapshot in the shared dict; every worker's timer copies a
 -- new snapshot into a worker-local table. A request reads that table only: no Redis
--- call and no shared-dict operation per request.
+-- call, and no shared-dict operation but a sale's "asked about" mark, at most once a
+-- second per worker and sale (below).
 --
 -- If Redis does not answer, the last snapshot stays in force (logged once a second);
 -- the core checks everything again in its one script, so a stale edge can only let
@@ -40,24 +41,40 @@ local function stamp(versions)
   return table.concat(pairs_, ",")
 end
 
--- A sale that is not on — closed, or more than LIVE_MARGIN_MS from its window — is
--- answered NOT_OPEN from its entry in the sales index, read every tick; its flags, seat
--- stamp and room settings are read again only every QUIET_S, unless it has a waiting
--- room or a train's seat stamp (read every tick: a room is polled before its sale opens,
--- a stamp answers seat maps at any time). Every listed sale was read every tick: with
--- sales published days ahead, each edge read 20 keys a second for each.
-local QUIET_S, LIVE_MARGIN_MS = 1, 2000
+-- A sale's flags, metadata, seat stamp and room settings are read every tick while it
+-- is asked about through this edge (a purchase, a train's availability, a waiting-room
+-- poll, within the last SEEN_S: its "seen" mark in the dict) or has a waiting room;
+-- otherwise every QUIET_S. Its window and status come from the sales index, read every
+-- tick whatever the sale. Every open sale was read every tick, four commands each:
+-- with 472 sales on (trains are on sale for days), an idle edge sent Redis about 9 400
+-- commands a second. A sale nobody asks about here may so answer its first request
+-- from flags up to QUIET_S old (a purchase the core then refuses, or a sold-out answer
+-- a restock undid within that second); that request marks it, and the next tick reads
+-- it.
+local QUIET_S, SEEN_S, MARK_EVERY_S = 1, 5, 1
+local SEEN = "seen:"
 
--- Whether `ev` (from the index, this tick) may keep what `before` (this worker's last
--- snapshot of it) read, at `now` (s).
-local function quiet(ev, before, now)
+-- Worker-local: sale id → when this worker last marked it (cleared every minute, so
+-- sales gone from the index do not pile up; only listed sales are marked).
+local marked, marked_since = {}, 0
+
+-- Marks sale `id` (listed) as asked about, at `now` (s).
+local function mark(id, now)
+  local at = marked[id]
+  if at and now - at < MARK_EVERY_S then return end
+  if now - marked_since >= 60 then marked, marked_since = {}, now end
+  marked[id] = now
+  dict:set(SEEN .. id, true, SEEN_S)
+end
+
+-- Whether `id` (`ev` from the index, this tick) may keep what `before` (this worker's
+-- last snapshot of it) read, at `now` (s).
+local function quiet(id, ev, before, now)
   if not before or not before.read_at or now - before.read_at >= QUIET_S then return false end
-  if before.room or before.seat_stamp then return false end
+  if before.room then return false end
   -- Closed (or reopened) since: read now, so that admitted.lua copies its keys at once.
   if before.open ~= ev.open then return false end
-  local now_ms = now * 1000
-  local live = ev.open and now_ms >= ev.start_ms - LIVE_MARGIN_MS and now_ms < ev.end_ms + LIVE_MARGIN_MS
-  return not live
+  return not dict:get(SEEN .. id)
 end
 
 -- Reads everything from Redis (one Redis, or the nodes of a cluster that own the keys);
@@ -81,7 +98,7 @@ local function pull()
         sold = {}, journeys = {}, read_at = now }
       snap.events[id] = ev
       local before = events[id]
-      if quiet(ev, before, now) then
+      if quiet(id, ev, before, now) then
         ev.sold, ev.journeys, ev.all_sold, ev.read_at = before.sold, before.journeys, before.all_sold, before.read_at
         ev.buckets = before.buckets
       else
@@ -393,15 +410,19 @@ end
 -- id in it). nil, true when that snapshot is older than a few refreshes (Redis out of
 -- reach): a stamp that cannot move proves nothing.
 function _M.seat_stamp(event_id)
-  if ngx.now() - snapshot_at > 5 * cfg.interval_s + 1 then return nil, true end
+  local now = ngx.now()
+  if now - snapshot_at > 5 * cfg.interval_s + 1 then return nil, true end
   local ev = events[event_id]
-  return ev and ev.seat_stamp
+  if not ev then return nil end
+  mark(event_id, now)
+  return ev.seat_stamp
 end
 
 -- The event and its waiting room (nil when it has none) as of the last snapshot, or
 -- nothing when that snapshot is older than a few refreshes: the core answers then.
 function _M.room(event_id)
   local ev = events[event_id]
+  if ev then mark(event_id, ngx.now()) end
   if not ev or not ev.room or ngx.now() - snapshot_at > 5 * cfg.interval_s + 1 then return nil end
   return ev, ev.room
 end
@@ -410,7 +431,9 @@ end
 -- request may go on, else status, code, message.
 function _M.gate(event_id, category_of)
   local ev = events[event_id]
-  local now_ms = floor(ngx.now() * 1000)
+  local now = ngx.now()
+  if ev then mark(event_id, now) end
+  local now_ms = floor(now * 1000)
   if not ev or not ev.open or now_ms < ev.start_ms or now_ms >= ev.end_ms then
     return 403, "NOT_OPEN", "the sale is not open"
   end

@@ -987,3 +987,80 @@ async fn sign_outs_reach_the_edge_and_the_core_as_changes_and_a_gap_as_one_whole
     let other = app.admin.buyers(1).await.remove(0);
     assert!(!refused(other.token).await);
 }
+
+/// Lines of Redis's MONITOR on `port` for `within`: every command any client sent.
+async fn monitored(port: u16, within: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("the test's Redis answers");
+    conn.write_all(b"MONITOR\r\n").await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    let until = tokio::time::Instant::now() + within;
+    while let Ok(Ok(n)) = tokio::time::timeout_at(until, conn.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_asked_about_is_read_every_tick_and_one_nobody_asks_about_once_a_second() {
+    // An edge of its own on a Redis of its own, with two sales on written by hand, each
+    // of one category sold out (the edge answers their purchases itself).
+    let stack = Stack::from_env();
+    let redis_server = stampede_e2e::OwnRedis::start();
+    let mut redis = redis_server.connection().await.unwrap();
+    let keys = stampede_core::keys::Keys::new(&stack.redis_settings().key_prefix);
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let (asked, quiet) = (9_100_001u64, 9_100_002u64);
+    for id in [asked, quiet] {
+        let window = format!("open:{}:{}", now_ms - 3_600_000, now_ms + 3_600_000);
+        let _: () = redis::pipe()
+            .hset_multiple(
+                keys.event_meta(id),
+                &[("categories", "1"), ("epoch", "1"), ("buckets", "1")],
+            )
+            .hset(keys.sold_out(id), "1", "1")
+            .hset(keys.sales_index(), id, window)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    let edge = stampede_e2e::OwnEdge::start(&stack, redis_server.port);
+    let token = TokenSigner::from_text(&stack.secret("token.secret"))
+        .unwrap()
+        .sign(1, chrono::Utc::now().timestamp() + 3_600);
+    let http = reqwest::Client::new();
+    let ask = |n: u32| {
+        let request = http
+            .post(format!("{}/api/events/{asked}/orders", edge.url()))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", format!("k{n}"))
+            .json(&json!({"category_id": 1, "quantity": 1}));
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    let answered = eventually(Duration::from_secs(10), || async { ask(0).await == 409 }).await;
+    assert!(answered, "the edge did not refuse the sold-out sale");
+    // Asked about every 100 ms for four seconds, the other sale never.
+    let watch = tokio::spawn(monitored(redis_server.port, Duration::from_secs(4)));
+    for n in 1..=40 {
+        assert_eq!(ask(n).await, 409);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let commands = watch.await.unwrap();
+    let reads = |id: u64| {
+        commands
+            .matches(&format!("\"{}\"", keys.sold_out(id)))
+            .count()
+    };
+    let (asked_reads, quiet_reads) = (reads(asked), reads(quiet));
+    // Every 0.2 s (20 in four seconds) against every second (4).
+    assert!(
+        (2..=6).contains(&quiet_reads) && asked_reads >= 2 * quiet_reads + 2,
+        "sold-out flags read {asked_reads} times for the sale asked about, {quiet_reads} for the other"
+    );
+}
