@@ -423,7 +423,16 @@ impl Preloader {
     /// True when the event's metadata and stock are in Redis (for an event of several
     /// buckets: its metadata, its pool and every bucket's metadata).
     async fn keys_present(&self, redis: &mut Redis, event: &EventRecord) -> anyhow::Result<bool> {
-        let (e, count) = (event.id, event.buckets);
+        self.keys_present_for(redis, event.id, event.buckets).await
+    }
+
+    /// [`Self::keys_present`] for event `e` of `count` buckets.
+    async fn keys_present_for(
+        &self,
+        redis: &mut Redis,
+        e: u64,
+        count: u16,
+    ) -> anyhow::Result<bool> {
         if count <= 1 {
             let present: u32 = redis::cmd("EXISTS")
                 .arg(self.keys.event_meta(e))
@@ -669,6 +678,24 @@ impl Preloader {
     }
 
     async fn preload_if_missing(&self, id: u64) -> anyhow::Result<()> {
+        // Redis first: a sale whose keys are there (the bucket count its metadata keeps,
+        // never changed after creation) costs MySQL nothing. Each pass read every open
+        // or soon-open event from MySQL (three queries) to find its keys present: with
+        // 620 listed sales, about 370 queries a second of an idle MariaDB per core.
+        let mut redis = self.redis.clone();
+        let buckets: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.event_meta(id))
+            .arg("buckets")
+            .query_async(&mut redis)
+            .await?;
+        // A count that does not parse is MySQL's to say.
+        if let Some(count) = buckets
+            .and_then(|b| b.parse::<u16>().ok())
+            .filter(|&c| c >= 1)
+            && self.keys_present_for(&mut redis, id, count).await?
+        {
+            return Ok(());
+        }
         let Some(event) = catalog::load(&self.mysql, id).await? else {
             return Ok(());
         };
