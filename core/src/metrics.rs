@@ -22,6 +22,9 @@ pub struct Metrics {
     /// Redis was found gone back in time.
     pub reservations_refused: IntCounter,
     pub redis_rewinds: IntCounter,
+    /// The reconciler's periodic passes over a sale, by what was done: `full`, or
+    /// `unchanged` (skipped: a sale on whose books Redis shows as they balanced).
+    pub reconcile_passes: IntCounterVec,
     /// Reads of the signed-out tokens that found a change, by what they read: the
     /// changes from the log, or the whole hash.
     pub revoked_reads: IntCounterVec,
@@ -115,6 +118,14 @@ impl Metrics {
             "Times an event's Redis state was found behind MySQL and fenced for a rebuild",
         )
         .expect("valid metric");
+        let reconcile_passes = IntCounterVec::new(
+            Opts::new(
+                "stampede_reconcile_passes_total",
+                "The reconciler's periodic passes over a sale: made (full), or skipped as nothing of a sale on changed since its books balanced (unchanged)",
+            ),
+            &["pass"],
+        )
+        .expect("valid metric");
         let revoked_reads = IntCounterVec::new(
             Opts::new(
                 "stampede_revoked_reads_total",
@@ -204,6 +215,7 @@ impl Metrics {
             Box::new(reservations_refused.clone()),
             Box::new(redis_rewinds.clone()),
             Box::new(revoked_reads.clone()),
+            Box::new(reconcile_passes.clone()),
             Box::new(reservations_taken_over.clone()),
             Box::new(mysql_calls_cut.clone()),
             Box::new(mysql_sessions_ended.clone()),
@@ -228,6 +240,7 @@ impl Metrics {
             reservations_refused,
             redis_rewinds,
             revoked_reads,
+            reconcile_passes,
             reservations_taken_over,
             mysql_calls_cut,
             mysql_sessions_ended,

@@ -13,6 +13,7 @@ mod books;
 mod heal;
 pub mod report;
 mod retire;
+mod unchanged;
 
 pub use books::{Balance, CategoryBalance, SegmentBalance, units_by_status};
 
@@ -89,6 +90,10 @@ pub struct Reconciler {
     pub oversold_gauge: prometheus::IntGaugeVec,
     /// (event, category) pairs oversold already alarmed: one alarm each, not one a pass.
     pub alarmed: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(u64, u64)>>>,
+    /// Sales on whose last periodic pass balanced, to skip while nothing changed.
+    unchanged: std::sync::Arc<unchanged::Unchanged>,
+    /// `stampede_reconcile_passes_total{pass}`.
+    passes: prometheus::IntCounterVec,
 }
 
 /// The reservations queued in a stream's entries under the keys' current generation
@@ -144,6 +149,8 @@ impl Reconciler {
             rewinds: metrics.redis_rewinds.clone(),
             oversold_gauge: metrics.oversold_units.clone(),
             alarmed: Default::default(),
+            unchanged: Default::default(),
+            passes: metrics.reconcile_passes.clone(),
             preloader,
         }
     }
@@ -530,6 +537,20 @@ impl Reconciler {
     /// A periodic pass over one event: heal, then retire the event if its sale is over
     /// and nothing is left to do (retire.rs).
     async fn pass_and_retire(&self, id: u64, margin: chrono::TimeDelta) -> anyhow::Result<()> {
+        // Taken before the pass: a change during it shows at the next.
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let before = match unchanged::fingerprint(&self.redis, &self.keys, id, now_ms).await {
+            Ok(print) => print,
+            Err(e) if Down::of(&e).is_some() => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(print) = &before
+            && self.unchanged.skip(id, print)
+        {
+            self.passes.with_label_values(&["unchanged"]).inc();
+            return Ok(());
+        }
+        self.unchanged.forget(id);
         let Some(event) = catalog::load(&self.mysql, id).await? else {
             return Ok(());
         };
@@ -553,6 +574,18 @@ impl Reconciler {
             return Ok(());
         }
         let report = self.pass(&event, true).await?;
+        self.passes.with_label_values(&["full"]).inc();
+        let b = &report.balance;
+        if let Some(print) = before
+            && report.actions.is_empty()
+            && b.loaded
+            && b.redis_unavailable.is_none()
+            && b.queued_reservations == 0
+            && !b.in_flight
+            && b.settled()
+        {
+            self.unchanged.balanced(id, print);
+        }
         if !self.retire_if_over(&event, &report).await? {
             self.list_if_selling(&event, &report).await?;
         }
@@ -608,6 +641,7 @@ impl Reconciler {
                     continue;
                 }
             };
+            self.unchanged.keep(&ids.iter().copied().collect());
             for id in ids {
                 let pass = self.pass_and_retire(id, margin);
                 if let Err(e) = per_event.try_within("a reconcile pass", pass).await {

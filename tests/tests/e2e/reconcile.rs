@@ -916,3 +916,91 @@ async fn a_sale_not_yet_open_has_its_keys_kept_without_its_books_measured() {
     assert!(!gauged(ahead).await);
     app.stop().await;
 }
+
+/// The core's periodic reconcile passes so far, `full` or `unchanged`.
+async fn passes(app: &TestApp, pass: &str) -> u64 {
+    let series = format!("stampede_reconcile_passes_total{{pass=\"{pass}\"}}");
+    app.admin_api.counter(&series).await.unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_on_whose_books_balance_is_passed_in_full_only_when_redis_shows_a_change() {
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        s.reconcile.interval_s = 1;
+        s.reconcile.confirm_ms = 100;
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(20, 1, 1, 4)).await;
+    app.publish(event).await;
+    let ga = categories[0];
+    let total = app.stock(event, ga).await;
+    // Nothing happens: one full pass in six.
+    let skipping = eventually(Duration::from_secs(15), || async {
+        passes(&app, "unchanged").await >= 3
+    })
+    .await;
+    assert!(
+        skipping,
+        "no pass was skipped: {}",
+        passes(&app, "full").await
+    );
+    let (full, unchanged) = (passes(&app, "full").await, passes(&app, "unchanged").await);
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let (full, unchanged) = (
+        passes(&app, "full").await - full,
+        passes(&app, "unchanged").await - unchanged,
+    );
+    assert!(
+        (1..=3).contains(&full) && unchanged >= 2 * full,
+        "{full} full passes and {unchanged} skipped in 7 s"
+    );
+
+    // Redis offering 3 units too many (a change Redis shows), just after a full pass:
+    // the next pass is full all the same, and heals it (one under way when the change
+    // was made may still skip: one at most), not the sixth.
+    let full = passes(&app, "full").await;
+    let passed = eventually(Duration::from_secs(10), || async {
+        passes(&app, "full").await > full
+    })
+    .await;
+    assert!(passed, "no full pass in 10 s");
+    let skipped_before = passes(&app, "unchanged").await;
+    let stock_key = app.keys().stock(Bucket::only(event));
+    let _: i64 = app.redis.clone().hincr(&stock_key, ga, 3).await.unwrap();
+    let healed = eventually(Duration::from_secs(15), || async {
+        app.stock(event, ga).await == total
+    })
+    .await;
+    assert!(healed, "the extra units were not taken back");
+    let skipped = passes(&app, "unchanged").await - skipped_before;
+    assert!(
+        skipped <= 1,
+        "{skipped} passes skipped a change Redis showed"
+    );
+
+    // MySQL's remain off by 2 (a change in MySQL alone): healed by a full pass all the
+    // same, at the latest the sixth.
+    let mut conn = app.mysql.get_conn().await.unwrap();
+    use mysql_async::prelude::Queryable;
+    conn.exec_drop(
+        "UPDATE ticket_category SET remain = remain - 2 WHERE id = ?",
+        (ga,),
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    let remain = || async {
+        scalar(
+            &app.mysql,
+            &format!("SELECT remain FROM ticket_category WHERE id = {ga}"),
+        )
+        .await
+    };
+    let corrected = eventually(Duration::from_secs(20), || async {
+        remain().await == total
+    })
+    .await;
+    assert!(corrected, "remain left at {}", remain().await);
+    app.stop().await;
+}
