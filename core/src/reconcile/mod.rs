@@ -642,6 +642,13 @@ impl Reconciler {
                 }
             };
             self.unchanged.keep(&ids.iter().copied().collect());
+            let identity = limit
+                .try_within("Redis's identity", unchanged::redis_identity(&self.redis))
+                .await;
+            if let Err(e) = &identity {
+                tracing::debug!(error = format!("{e:#}"), "Redis's identity unread");
+            }
+            self.unchanged.redis_is(identity.ok());
             for id in ids {
                 let pass = self.pass_and_retire(id, margin);
                 if let Err(e) = per_event.try_within("a reconcile pass", pass).await {

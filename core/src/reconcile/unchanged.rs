@@ -87,16 +87,70 @@ pub async fn fingerprint(
     Ok(Some(Fingerprint(parts)))
 }
 
+/// Which Redis processes hold the sales: each one's `run_id` (on a cluster, each
+/// master's, by address), sorted. A Redis that goes back in time — restarted from an
+/// older copy, or a replica behind its master taking over — is another process, and
+/// may show a sale exactly as a balanced pass left it although MySQL has orders it
+/// lacks (the last admissions before a crash are what a lagging replica misses): a
+/// new identity makes every sale's next pass a full one, whose rewind check
+/// (`Preloader::behind`) sees it.
+pub async fn redis_identity(redis: &Redis) -> anyhow::Result<String> {
+    let reply: redis::Value = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut redis.clone())
+        .await?;
+    let mut ids = Vec::new();
+    // A single Redis answers its text; a cluster a map of each master's address to its.
+    let mut collect = |node: &str, info: &redis::Value| -> anyhow::Result<()> {
+        let text: String = redis::from_redis_value(info)?;
+        let run_id = text
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .ok_or_else(|| anyhow::anyhow!("INFO server of {node:?} has no run_id"))?;
+        ids.push(format!("{node}={}", run_id.trim()));
+        Ok(())
+    };
+    match &reply {
+        redis::Value::Map(nodes) => {
+            for (node, info) in nodes {
+                let node: String = redis::from_redis_value(node)?;
+                collect(&node, info)?;
+            }
+        }
+        one => collect("", one)?,
+    }
+    ids.sort_unstable();
+    Ok(ids.join(","))
+}
+
 /// Per sale on: the fingerprint its last full pass balanced with, and the passes
-/// skipped since.
+/// skipped since; and the [`redis_identity`] those fingerprints were read from.
 #[derive(Default)]
-pub struct Unchanged(Mutex<HashMap<u64, (Fingerprint, u32)>>);
+pub struct Unchanged {
+    seen: Mutex<HashMap<u64, (Fingerprint, u32)>>,
+    redis: Mutex<Option<String>>,
+}
 
 impl Unchanged {
+    /// Redis is `identity` now (None: unknown): when it is not the one the fingerprints
+    /// were read from, every sale's next pass is a full one.
+    pub fn redis_is(&self, identity: Option<String>) {
+        let mut was = self.redis.lock().unwrap_or_else(|p| p.into_inner());
+        if identity.is_none() || *was != identity {
+            if was.is_some() {
+                tracing::info!(
+                    "Redis is not the process the last passes read (restarted or failed over): every sale on passed in full"
+                );
+            }
+            self.seen.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            *was = identity;
+        }
+    }
+
     /// Whether the pass over `event_id` may be skipped, `now` showing `now` (counted as
     /// skipped if so).
     pub fn skip(&self, event_id: u64, now: &Fingerprint) -> bool {
-        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         match seen.get_mut(&event_id) {
             Some((balanced, skipped)) if balanced == now && *skipped + 1 < FULL_EVERY => {
                 *skipped += 1;
@@ -109,13 +163,13 @@ impl Unchanged {
     /// A full pass found the books balanced, with nothing queued, moving or healed,
     /// Redis showing `then` before it.
     pub fn balanced(&self, event_id: u64, then: Fingerprint) {
-        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.insert(event_id, (then, 0));
     }
 
     /// The next pass over `event_id` is a full one.
     pub fn forget(&self, event_id: u64) {
-        self.0
+        self.seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&event_id);
@@ -123,7 +177,7 @@ impl Unchanged {
 
     /// Keeps only the sales in `listed` (the others were retired or deleted).
     pub fn keep(&self, listed: &HashSet<u64>) {
-        self.0
+        self.seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|id, _| listed.contains(id));
@@ -164,5 +218,19 @@ mod tests {
         unchanged.balanced(7, print("10"));
         unchanged.keep(&HashSet::from([8]));
         assert!(!unchanged.skip(7, &print("10")), "no longer listed");
+    }
+
+    #[test]
+    fn another_redis_process_makes_every_next_pass_a_full_one() {
+        let unchanged = Unchanged::default();
+        unchanged.redis_is(Some("=a".to_owned()));
+        unchanged.balanced(7, print("10"));
+        unchanged.redis_is(Some("=a".to_owned()));
+        assert!(unchanged.skip(7, &print("10")), "the same Redis: skipped");
+        unchanged.redis_is(Some("=b".to_owned()));
+        assert!(!unchanged.skip(7, &print("10")), "restarted: a full pass");
+        unchanged.balanced(7, print("10"));
+        unchanged.redis_is(None);
+        assert!(!unchanged.skip(7, &print("10")), "unknown: a full pass");
     }
 }

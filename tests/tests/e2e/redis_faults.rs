@@ -607,3 +607,95 @@ async fn a_trains_seat_maps_asked_journey_by_journey_read_the_class_once_a_momen
     );
     app.stop().await;
 }
+
+/// A sale on whose last pass balanced is skipped while Redis shows it unchanged; a Redis
+/// restarted from a copy taken before the sale's last admissions shows it exactly so
+/// (the last admissions before a crash are what a lagging replica or an older copy
+/// lacks). The restart is another Redis process: the next pass is a full one, and its
+/// rewind check fences and rebuilds the sale — not the sixth pass, 25 s later here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_from_an_older_copy_is_fenced_at_the_next_pass_of_an_idle_sale() {
+    let _heavy = stampede_e2e::heavy().await;
+    let redis_server = OwnRedis::start();
+    let interval = Duration::from_secs(5);
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        redis_server.use_in(s);
+        s.reconcile.interval_s = interval.as_secs();
+        s.reconcile.confirm_ms = 100;
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(20, 1, 1, 4)).await;
+    app.publish(event).await;
+    let ga = categories[0];
+    let passes = |pass: &'static str| {
+        let series = format!("stampede_reconcile_passes_total{{pass=\"{pass}\"}}");
+        let admin = &app.admin_api;
+        async move { admin.counter(&series).await.unwrap_or(0) }
+    };
+    let skipping = eventually(Duration::from_secs(20), || async {
+        passes("unchanged").await >= 1
+    })
+    .await;
+    assert!(skipping, "no pass over the idle sale was skipped");
+    // The AOF of the idle sale (everysec: wait for the fsync), kept aside.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let aside = redis_server.aof_dir().with_extension("aside");
+    copy_dir(&redis_server.aof_dir(), &aside);
+    // Just after a full pass (the next five would be skipped), three admissions become
+    // orders, and Redis restarts from the copy before the next pass.
+    let full = passes("full").await;
+    let passed = eventually(Duration::from_secs(40), || async {
+        passes("full").await > full
+    })
+    .await;
+    assert!(passed, "no full pass in 40 s");
+    let since_pass = std::time::Instant::now();
+    let buyers = app.buyers(3).await;
+    assert_eq!(buy_one_each(&app, event, ga, &buyers).await, vec![202; 3]);
+    assert!(drained(&app, event).await);
+    assert_eq!(live_units(&app, ga).await, 3);
+    redis_server.kill9();
+    std::fs::remove_dir_all(redis_server.aof_dir()).unwrap();
+    std::fs::rename(&aside, redis_server.aof_dir()).unwrap();
+    redis_server.restart();
+    let restarted = std::time::Instant::now();
+    let mut redis = redis_server.connection().await.unwrap();
+    let stock: i64 = redis
+        .hget(app.keys().stock(Bucket::only(event)), ga)
+        .await
+        .unwrap();
+    assert_eq!(stock, 20, "the copy predates the admissions");
+    let epoch = || async {
+        scalar(
+            &app.mysql,
+            &format!("SELECT redis_epoch FROM event WHERE id = {event}"),
+        )
+        .await
+    };
+    let rebuilt = eventually(2 * interval + Duration::from_secs(4), || async {
+        epoch().await >= 2
+    })
+    .await;
+    assert!(
+        rebuilt,
+        "not rebuilt {:?} after the restart (made {:?} after a full pass); {} passes skipped",
+        restarted.elapsed(),
+        restarted - since_pass,
+        passes("unchanged").await
+    );
+    let healed = eventually(Duration::from_secs(10), || async {
+        let Ok(mut redis) = redis_server.connection().await else {
+            return false;
+        };
+        redis
+            .hget::<_, _, Option<i64>>(app.keys().stock(Bucket::only(event)), ga)
+            .await
+            .ok()
+            .flatten()
+            == Some(17)
+    })
+    .await;
+    assert!(healed, "Redis's stock is not MySQL's 17 after the rebuild");
+    app.stop().await;
+}
