@@ -100,7 +100,7 @@ local function pull()
       local before = events[id]
       if quiet(id, ev, before, now) then
         ev.sold, ev.journeys, ev.all_sold, ev.read_at = before.sold, before.journeys, before.all_sold, before.read_at
-        ev.buckets = before.buckets
+        ev.buckets, ev.seat_stamp = before.buckets, before.seat_stamp
       else
         ids[#ids + 1] = id
         cmds[#cmds + 1] = { "hgetall", p .. format(layout.sold_out, id) }

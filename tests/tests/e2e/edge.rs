@@ -1064,3 +1064,58 @@ async fn a_sale_asked_about_is_read_every_tick_and_one_nobody_asks_about_once_a_
         "sold-out flags read {asked_reads} times for the sale asked about, {quiet_reads} for the other"
     );
 }
+
+/// A train nobody asks about through an edge keeps its seat stamp between the reads of
+/// its quiet ticks, so a journey's kept count still answers after a lull (HIT). The
+/// quiet ticks dropped the stamp: a first ask after a lull went to the core for a full
+/// count of every seat, past the cache, the lock and the budget (review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_train_nobody_asks_about_keeps_its_kept_counts_between_reads() {
+    let (app, _edge) = stack_app().await;
+    let (event, _) = open_sale(
+        &app,
+        json!({
+            "title": "G9", "venue": "Line 9", "kind": "train", "stations": ["A", "B", "C"],
+            "show_time": "2031-06-01T20:00:00Z",
+            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+            "per_user_limit": 2, "pay_timeout_s": 900,
+            "categories": [{"name": "first", "price_cents": 1000, "seats": {"rows": 2, "cols": 2}}],
+        }),
+    )
+    .await;
+    let stack = Stack::from_env();
+    // An edge of its own (its own cache and marks) on the stack's Redis and core.
+    let edge = stampede_e2e::OwnEdge::start(&stack, stack.redis_port);
+    let buyer = app.admin.buyers(1).await.remove(0);
+    let url = format!("{}/api/events/{event}/availability?from=0&to=2", edge.url());
+    let ask = || async {
+        let r = app
+            .http
+            .get(&url)
+            .bearer_auth(&buyer.token)
+            .send()
+            .await
+            .unwrap();
+        let cache = r
+            .headers()
+            .get("x-cache")
+            .map(|v| v.to_str().unwrap().to_owned());
+        (r.status().as_u16(), cache.unwrap_or_default())
+    };
+    let counted = eventually(Duration::from_secs(10), || async {
+        ask().await == (200, "MISS".to_owned())
+    })
+    .await;
+    assert!(counted, "the own edge did not count the journey");
+    let kept = eventually(Duration::from_secs(3), || async {
+        ask().await == (200, "HIT".to_owned())
+    })
+    .await;
+    assert!(kept, "the count was not kept");
+    // Three lulls past the "asked about" mark (5 s): each ask after one lands on a quiet
+    // tick four times in five, where a dropped stamp would send it to the core.
+    for lull in 0..3 {
+        tokio::time::sleep(Duration::from_millis(5_600)).await;
+        assert_eq!(ask().await, (200, "HIT".to_owned()), "after lull {lull}");
+    }
+}
