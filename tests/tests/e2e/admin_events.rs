@@ -5,7 +5,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use serde_json::json;
 use stampede_core::keys::SeatState;
-use stampede_e2e::{concert, eventually, spawn_app};
+use stampede_e2e::{concert, eventually, spawn_app, spawn_app_with};
 
 #[tokio::test]
 async fn creating_an_event_writes_it_its_categories_and_seats_to_mysql() {
@@ -208,7 +208,8 @@ async fn close_and_reopen_move_the_sale_in_mysql_and_redis() {
 
 #[tokio::test]
 async fn the_scheduler_preloads_a_published_event_whose_keys_are_gone() {
-    let app = spawn_app().await;
+    // The reconciler off: its passes rebuild missing keys too.
+    let app = spawn_app_with(|s| s.reconcile.interval_s = 0).await;
     let r = app.redis.clone();
     // All of its keys gone; its stock alone (the scheduler finds the bucket count in the
     // metadata left, and MySQL is not read for a sale whose keys are all there); its
