@@ -150,6 +150,13 @@ impl App {
             call_timeout.clone(),
         );
         let reconciler = Reconciler::new(preloader.clone(), s, &metrics, replicas.clone());
+        // The requests' copies (a purchase status read from MySQL, the admin's preloads,
+        // stats and reconciles) on the API's pool; the scheduler, the passes and the
+        // pipeline on the pipeline's.
+        let (api_preloader, api_reconciler) = (
+            preloader.on(api_mysql.clone()),
+            reconciler.on(api_mysql.clone()),
+        );
         let idle_streams = Arc::new(crate::orders::IdleStreams::default());
         let pipeline = s.orders.enabled.then(|| {
             Arc::new(Pipeline {
@@ -180,7 +187,7 @@ impl App {
             events: events.clone(),
             limits: Throttle::new(&s.admission),
             order_ids,
-            preloader: preloader.clone(),
+            preloader: api_preloader.clone(),
             max_stream_depth: s.orders.max_stream_depth,
             replicas,
             refills: Default::default(),
@@ -207,8 +214,8 @@ impl App {
             mysql,
             api_mysql,
             keys,
-            preloader,
-            reconciler,
+            preloader: api_preloader,
+            reconciler: api_reconciler,
             metrics,
             events,
             admission,
@@ -261,7 +268,7 @@ impl App {
         let p = &s.preload;
         tasks.push((
             "the preload scheduler",
-            tokio::spawn(state.preloader.clone().run_scheduler(
+            tokio::spawn(state.preloader.on(state.mysql.clone()).run_scheduler(
                 Duration::from_secs(p.interval_s),
                 Duration::from_secs(p.window_s),
                 stopper.subscribe(),
@@ -270,7 +277,7 @@ impl App {
         if s.reconcile.interval_s > 0 {
             tasks.push((
                 "the reconciler",
-                tokio::spawn(state.reconciler.clone().run(
+                tokio::spawn(state.reconciler.on(state.mysql.clone()).run(
                     Duration::from_secs(s.reconcile.interval_s),
                     p.window_s,
                     stopper.subscribe(),

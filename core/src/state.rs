@@ -34,8 +34,11 @@ pub struct AppState {
     pub revoked: Arc<crate::auth::revoked::Revoked>,
     /// Failed logins per account, and the bound on password checks at once.
     pub login: LoginGuard,
+    /// The requests' preloader (admission's status reads, the admin's preloads), on
+    /// `api_mysql`; the scheduler runs a copy on `mysql`.
     pub preloader: Preloader,
-    /// Compares Redis with MySQL and heals drift (periodic job and admin endpoint).
+    /// Compares Redis with MySQL and heals drift: the admin endpoints', on `api_mysql`;
+    /// the periodic job runs a copy on `mysql`.
     pub reconciler: Reconciler,
     pub metrics: Metrics,
     /// Events as the hot path reads them (moka, short TTL).

@@ -108,6 +108,15 @@ impl Preloader {
         }
     }
 
+    /// This preloader on MySQL pool `mysql` (the API's requests have a pool of their
+    /// own, app.rs), sharing the rest: its scheduler's wake-up among them.
+    pub fn on(&self, mysql: Pool) -> Preloader {
+        Preloader {
+            mysql,
+            ..self.clone()
+        }
+    }
+
     /// Writes the event's hot-path keys where they are missing, and its metadata always.
     pub async fn preload(&self, event: &EventRecord) -> Result<PreloadReport, PreloadError> {
         let mut redis = self.redis.clone();

@@ -155,6 +155,16 @@ impl Reconciler {
         }
     }
 
+    /// This reconciler on MySQL pool `mysql` (its preloader too), sharing the rest: its
+    /// alarms, gauges and skipped sales among them.
+    pub fn on(&self, mysql: Pool) -> Reconciler {
+        Reconciler {
+            preloader: self.preloader.on(mysql.clone()),
+            mysql,
+            ..self.clone()
+        }
+    }
+
     /// For `stampede reconcile`: connects to Redis and MySQL as the core would.
     pub async fn connect(config: &Resolved) -> anyhow::Result<Reconciler> {
         let s = &config.settings;

@@ -1489,3 +1489,105 @@ async fn a_release_after_a_rebuild_gives_nothing_back_twice() {
     assert_eq!(len, 0, "both entries gone");
     app.stop().await;
 }
+
+/// The API's requests that read MySQL through the preloader or the reconciler — a
+/// purchase status read from the orders (a sale over whose buyer's keys are gone), the
+/// admin stats, `POST …/reconcile`, the preload on publish — and `/readyz` take the
+/// API's connections: with the pipeline's one connection held by an order creation
+/// waiting on a locked table, each answers. They took the pipeline's, and waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_through_the_preloader_and_the_reconciler_hold_no_connection_of_the_pipeline() {
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        (s.mysql.pool_max, s.mysql.api_pool_max) = (1, 4);
+        s.server.request_timeout_ms = 5_000;
+        // Neither pass may rebuild the over sale's keys meanwhile.
+        s.reconcile.interval_s = 0;
+        // The events as read before the lock (the cache reads on the pipeline's pool:
+        // a purchase's event read is the pipeline's).
+        s.admission.event_cache_ttl_ms = 120_000;
+    })
+    .await;
+    // A sale over, one order in it, its buyer's keys gone (as after a purge).
+    let end = chrono::Utc::now() + chrono::Duration::seconds(3);
+    let mut sale = small_sale(5, 1, 1, 2);
+    sale["sale_end"] = json!(end.to_rfc3339());
+    let (over, over_categories) = app.create_event(sale).await;
+    app.publish(over).await;
+    let buyer = app.buyers(1).await.remove(0);
+    let body = json!({"category_id": over_categories[0], "quantity": 1});
+    assert_eq!(app.buy(over, &buyer, "k", body).await.0, 202);
+    let created = eventually(Duration::from_secs(20), || async {
+        ordered_units(&app.mysql, over).await == (1, 1)
+    })
+    .await;
+    assert!(created, "the over sale's order was not created");
+    // Past its end.
+    let wait = (end - chrono::Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(2);
+    tokio::time::sleep(wait).await;
+    let bucket = Bucket::only(over);
+    let _: () = app
+        .redis
+        .clone()
+        .del(&[app.keys().purchase_status(bucket), app.keys().meta(bucket)])
+        .await
+        .unwrap();
+    let status = app.purchase_status(over, &buyer).await;
+    assert_eq!(status["status"], "CREATED", "from the orders: {status}");
+
+    // A sale on whose order creation waits on a locked table, holding the pipeline's
+    // only connection.
+    let (event, categories) = app.create_event(small_sale(10, 1, 1, 2)).await;
+    app.publish(event).await;
+    let mut lock = app.mysql.get_conn().await.unwrap();
+    lock.query_drop("LOCK TABLES user_hold WRITE")
+        .await
+        .unwrap();
+    let body = json!({"category_id": categories[0], "quantity": 1});
+    assert_eq!(app.buy(event, &buyer, "k2", body).await.0, 202);
+    let waiting = format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
+         AND STATE = 'Waiting for table metadata lock'",
+        app.database
+    );
+    let blocked = eventually(Duration::from_secs(10), || async {
+        scalar(&app.mysql, &waiting).await >= 1
+    })
+    .await;
+    assert!(blocked, "the order creation did not reach the locked table");
+
+    let status = app.purchase_status(over, &buyer).await;
+    assert_eq!(status["status"], "CREATED", "{status}");
+    let (code, stats) = app
+        .admin_api
+        .get(&format!("/admin/events/{event}/stats"))
+        .await;
+    assert_eq!(code, 200, "stats: {stats}");
+    let (code, report) = app
+        .admin_api
+        .post(&format!("/admin/events/{over}/reconcile"), json!({}))
+        .await;
+    assert_eq!(code, 200, "reconcile: {report}");
+    let (third, _) = app.create_event(small_sale(3, 1, 1, 1)).await;
+    app.publish(third).await;
+    let ready = app
+        .http
+        .get(format!("{}/readyz", app.public_url))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(ready, 200);
+    // All of it while the pipeline's connection waited.
+    assert_eq!(scalar(&app.mysql, &waiting).await, 1, "the lock was let go");
+    assert_eq!(ordered_units(&app.mysql, event).await, (0, 0));
+
+    lock.query_drop("UNLOCK TABLES").await.unwrap();
+    drop(lock);
+    let created = eventually(Duration::from_secs(20), || async {
+        ordered_units(&app.mysql, event).await == (1, 1)
+    })
+    .await;
+    assert!(created, "the order was not created once the table was free");
+    app.stop().await;
+}
