@@ -501,6 +501,66 @@ async fn logins_waiting_on_mysql_hold_no_connection_order_creation_needs() {
     app.stop().await;
 }
 
+/// Logins cut off at the request timeout while their table is locked leave their
+/// sessions to the pool, which waits for each to finish before handing it out again:
+/// waves of them never hold more MariaDB sessions than `mysql.api_pool_max`, however
+/// many are cut off (each a new session would take MariaDB to its max_connections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_cut_off_on_a_locked_table_hold_no_more_sessions_than_the_apis_pool() {
+    let app = spawn_app_with(|s| {
+        s.mysql.api_pool_max = 2;
+        s.server.request_timeout_ms = 1_000;
+        s.login.max_concurrent_checks = 32;
+        s.login.check_wait_ms = 500;
+    })
+    .await;
+    let first = app.admin_api.users_with_password(1, "right-password").await;
+    let username = format!("user{first}");
+    let login = || {
+        let (http, url, username) = (app.http.clone(), app.public_url.clone(), username.clone());
+        async move {
+            http.post(format!("{url}/api/login"))
+                .json(&json!({"username": username, "password": "right-password"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(login().await, 200);
+    let mut lock = app.mysql.get_conn().await.unwrap();
+    lock.query_drop("LOCK TABLES app_user WRITE").await.unwrap();
+    let waiting_on_the_lock = format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
+         AND STATE = 'Waiting for table metadata lock'",
+        app.database
+    );
+    // Three waves of eight, each cut off after a second.
+    let mut most = 0;
+    for wave in 0..3 {
+        let mut wave_of = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            wave_of.spawn(login());
+        }
+        let answers = wave_of.join_all().await;
+        assert!(
+            answers.iter().all(|&a| a == 503),
+            "wave {wave}: {answers:?}"
+        );
+        most = most.max(scalar(&app.mysql, &waiting_on_the_lock).await);
+    }
+    assert!(
+        (1..=2).contains(&most),
+        "{most} sessions waited on the locked table for 24 cut-off logins"
+    );
+    lock.query_drop("UNLOCK TABLES").await.unwrap();
+    drop(lock);
+    let back = eventually(Duration::from_secs(10), || async { login().await == 200 }).await;
+    assert!(back, "no login answered once the table was free");
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open() {
     // The core's MySQL connections stop answering and stay open (a host gone, a
