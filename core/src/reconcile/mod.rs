@@ -656,7 +656,12 @@ impl Reconciler {
                 .try_within("Redis's identity", unchanged::redis_identity(&self.redis))
                 .await;
             if let Err(e) = &identity {
-                tracing::debug!(error = format!("{e:#}"), "Redis's identity unread");
+                // Down, or INFO refused (a managed Redis may rename it): nothing is
+                // skipped while it cannot be read.
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "Redis's identity (INFO server) unread: every sale passed in full this round"
+                );
             }
             self.unchanged.redis_is(identity.ok());
             for id in ids {
