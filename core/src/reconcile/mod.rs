@@ -127,6 +127,9 @@ fn open_margin(interval: Duration) -> chrono::TimeDelta {
     passes.max(chrono::TimeDelta::seconds(60))
 }
 
+/// How long the reconciler waits for Redis's identity.
+const IDENTITY_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Reconciler {
     /// Shares the preloader's connections; exports into `metrics`.
     pub fn new(
@@ -629,6 +632,23 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Which Redis the skipped sales' fingerprints are read from ([`unchanged::redis_identity`]).
+    async fn read_redis_identity(&self) {
+        let identity =
+            tokio::time::timeout(IDENTITY_TIMEOUT, unchanged::redis_identity(&self.redis))
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {IDENTITY_TIMEOUT:?}")));
+        if let Err(e) = &identity {
+            // Down, or INFO refused (an ACL user without @dangerous, a proxy, a managed
+            // Redis that renames it): nothing is skipped while it cannot be read.
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "Redis's identity (INFO) unread: every sale passed in full"
+            );
+        }
+        self.unchanged.redis_is(identity.ok());
+    }
+
     /// Every `interval`, a healing pass over [`Reconciler::events`], until `stop`.
     pub async fn run(self, interval: Duration, window_s: u64, mut stop: Shutdown) {
         let mut tick = tokio::time::interval(interval);
@@ -652,18 +672,7 @@ impl Reconciler {
                 }
             };
             self.unchanged.keep(&ids.iter().copied().collect());
-            let identity = limit
-                .try_within("Redis's identity", unchanged::redis_identity(&self.redis))
-                .await;
-            if let Err(e) = &identity {
-                // Down, or INFO refused (a managed Redis may rename it): nothing is
-                // skipped while it cannot be read.
-                tracing::warn!(
-                    error = format!("{e:#}"),
-                    "Redis's identity (INFO server) unread: every sale passed in full this round"
-                );
-            }
-            self.unchanged.redis_is(identity.ok());
+            self.read_redis_identity().await;
             for id in ids {
                 let pass = self.pass_and_retire(id, margin);
                 if let Err(e) = per_event.try_within("a reconcile pass", pass).await {
@@ -674,6 +683,9 @@ impl Reconciler {
                     );
                 }
             }
+            // Again after the round: a Redis restarted during it may have let the
+            // rest of the round skip sales on what it lost; their next pass is full.
+            self.read_redis_identity().await;
             if let Err(e) = self.purge_due().await {
                 tracing::warn!(error = format!("{e:#}"), "purging retired sales failed");
             }

@@ -87,40 +87,49 @@ pub async fn fingerprint(
     Ok(Some(Fingerprint(parts)))
 }
 
-/// Which Redis processes hold the sales: each one's `run_id` (on a cluster, each
-/// master's, by address), sorted. A Redis that goes back in time — restarted from an
-/// older copy, or a replica behind its master taking over — is another process, and
-/// may show a sale exactly as a balanced pass left it although MySQL has orders it
-/// lacks (the last admissions before a crash are what a lagging replica misses): a
-/// new identity makes every sale's next pass a full one, whose rewind check
-/// (`Preloader::behind`) sees it.
+/// Which Redis processes hold the sales, and which history each serves: each one's
+/// `run_id` and `master_replid` (on a cluster, each master's, by address), sorted. A
+/// Redis that goes back in time — restarted from an older copy, a replica behind its
+/// master taking over, a node fully resynced from a lagging master — is another
+/// process or another replication history, and may show a sale exactly as a balanced
+/// pass left it although MySQL has orders it lacks (the last admissions before a crash
+/// are what a lagging replica misses): a new identity makes every sale's next pass a
+/// full one, whose rewind check (`Preloader::behind`) sees it. INFO is in Redis's
+/// `@dangerous` ACL category: a user without it skips nothing (README).
 pub async fn redis_identity(redis: &Redis) -> anyhow::Result<String> {
-    let reply: redis::Value = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut redis.clone())
-        .await?;
-    let mut ids = Vec::new();
-    // A single Redis answers its text; a cluster a map of each master's address to its.
-    let mut collect = |node: &str, info: &redis::Value| -> anyhow::Result<()> {
-        let text: String = redis::from_redis_value(info)?;
-        let run_id = text
-            .lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .ok_or_else(|| anyhow::anyhow!("INFO server of {node:?} has no run_id"))?;
-        ids.push(format!("{node}={}", run_id.trim()));
-        Ok(())
-    };
-    match &reply {
-        redis::Value::Map(nodes) => {
-            for (node, info) in nodes {
-                let node: String = redis::from_redis_value(node)?;
-                collect(&node, info)?;
-            }
+    let mut nodes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (section, field) in [("server", "run_id"), ("replication", "master_replid")] {
+        let reply: redis::Value = redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut redis.clone())
+            .await?;
+        // A single Redis answers its text; a cluster a map of each master's address to
+        // its (the masters it could reach: none is no answer).
+        let answers: Vec<(String, &redis::Value)> = match &reply {
+            redis::Value::Map(each) => each
+                .iter()
+                .map(|(node, info)| Ok((redis::from_redis_value(node)?, info)))
+                .collect::<redis::RedisResult<_>>()?,
+            one => vec![(String::new(), one)],
+        };
+        anyhow::ensure!(!answers.is_empty(), "no node answered INFO {section}");
+        for (node, info) in answers {
+            let text: String = redis::from_redis_value(info)?;
+            let value = text
+                .lines()
+                .find_map(|l| l.strip_prefix(field).and_then(|v| v.strip_prefix(':')))
+                .ok_or_else(|| anyhow::anyhow!("INFO {section} of {node:?} has no {field}"))?;
+            nodes
+                .entry(node)
+                .or_default()
+                .push(format!("{field}={}", value.trim()));
         }
-        one => collect("", one)?,
     }
-    ids.sort_unstable();
-    Ok(ids.join(","))
+    Ok(nodes
+        .into_iter()
+        .map(|(node, ids)| format!("{node}:{}", ids.join("/")))
+        .collect::<Vec<_>>()
+        .join(","))
 }
 
 /// Per sale on: the fingerprint its last full pass balanced with, and the passes
