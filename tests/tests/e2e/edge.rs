@@ -1072,17 +1072,7 @@ async fn a_sale_asked_about_is_read_every_tick_and_one_nobody_asks_about_once_a_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_train_nobody_asks_about_keeps_its_kept_counts_between_reads() {
     let (app, _edge) = stack_app().await;
-    let (event, _) = open_sale(
-        &app,
-        json!({
-            "title": "G9", "venue": "Line 9", "kind": "train", "stations": ["A", "B", "C"],
-            "show_time": "2031-06-01T20:00:00Z",
-            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
-            "per_user_limit": 2, "pay_timeout_s": 900,
-            "categories": [{"name": "first", "price_cents": 1000, "seats": {"rows": 2, "cols": 2}}],
-        }),
-    )
-    .await;
+    let (event, _) = open_sale(&app, crate::trains::small_train("G9")).await;
     let stack = Stack::from_env();
     // An edge of its own (its own cache and marks) on the stack's Redis and core.
     let edge = stampede_e2e::OwnEdge::start(&stack, stack.redis_port);

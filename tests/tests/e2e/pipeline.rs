@@ -425,6 +425,16 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
     app.stop().await;
 }
 
+/// Sessions of the app's database waiting on a table lock (`LOCK TABLES` by the test).
+async fn waiting_on_a_lock(app: &TestApp) -> i64 {
+    let sql = format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
+         AND STATE = 'Waiting for table metadata lock'",
+        app.database
+    );
+    scalar(&app.mysql, &sql).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logins_waiting_on_mysql_hold_no_connection_order_creation_needs() {
     // A flood of logins on a slow table (here a locked one) waits for the API's own
@@ -458,13 +468,8 @@ async fn logins_waiting_on_mysql_hold_no_connection_order_creation_needs() {
             resp.status().as_u16()
         });
     }
-    let waiting_on_the_lock = format!(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
-         AND STATE = 'Waiting for table metadata lock'",
-        app.database
-    );
     let blocked = eventually(Duration::from_secs(10), || async {
-        scalar(&app.mysql, &waiting_on_the_lock).await >= 2
+        waiting_on_a_lock(&app).await >= 2
     })
     .await;
     assert!(blocked, "the logins did not reach the locked table");
@@ -480,7 +485,7 @@ async fn logins_waiting_on_mysql_hold_no_connection_order_creation_needs() {
         ordered_units(&app.mysql, event).await
     );
     assert_eq!(
-        scalar(&app.mysql, &waiting_on_the_lock).await,
+        waiting_on_a_lock(&app).await,
         2,
         "the logins took more connections than mysql.api_pool_max"
     );
@@ -532,11 +537,6 @@ async fn logins_cut_off_on_a_locked_table_hold_no_more_sessions_than_the_apis_po
     assert_eq!(login().await, 200);
     let mut lock = app.mysql.get_conn().await.unwrap();
     lock.query_drop("LOCK TABLES app_user WRITE").await.unwrap();
-    let waiting_on_the_lock = format!(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
-         AND STATE = 'Waiting for table metadata lock'",
-        app.database
-    );
     // Three waves of eight, each cut off after a second.
     let mut most = 0;
     for wave in 0..3 {
@@ -549,7 +549,7 @@ async fn logins_cut_off_on_a_locked_table_hold_no_more_sessions_than_the_apis_po
             answers.iter().all(|&a| a == 503),
             "wave {wave}: {answers:?}"
         );
-        most = most.max(scalar(&app.mysql, &waiting_on_the_lock).await);
+        most = most.max(waiting_on_a_lock(&app).await);
     }
     assert!(
         (1..=2).contains(&most),
@@ -1607,13 +1607,8 @@ async fn requests_through_the_preloader_and_the_reconciler_hold_no_connection_of
         .unwrap();
     let body = json!({"category_id": categories[0], "quantity": 1});
     assert_eq!(app.buy(event, &buyer, "k2", body).await.0, 202);
-    let waiting = format!(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
-         AND STATE = 'Waiting for table metadata lock'",
-        app.database
-    );
     let blocked = eventually(Duration::from_secs(10), || async {
-        scalar(&app.mysql, &waiting).await >= 1
+        waiting_on_a_lock(&app).await >= 1
     })
     .await;
     assert!(blocked, "the order creation did not reach the locked table");
@@ -1641,7 +1636,7 @@ async fn requests_through_the_preloader_and_the_reconciler_hold_no_connection_of
         .status();
     assert_eq!(ready, 200);
     // All of it while the pipeline's connection waited.
-    assert_eq!(scalar(&app.mysql, &waiting).await, 1, "the lock was let go");
+    assert_eq!(waiting_on_a_lock(&app).await, 1, "the lock was let go");
     assert_eq!(ordered_units(&app.mysql, event).await, (0, 0));
 
     lock.query_drop("UNLOCK TABLES").await.unwrap();

@@ -918,7 +918,7 @@ async fn a_sale_not_yet_open_has_its_keys_kept_without_its_books_measured() {
 }
 
 /// The core's periodic reconcile passes so far, `full` or `unchanged`.
-async fn passes(app: &TestApp, pass: &str) -> u64 {
+pub(crate) async fn passes(app: &TestApp, pass: &str) -> u64 {
     let series = format!("stampede_reconcile_passes_total{{pass=\"{pass}\"}}");
     app.admin_api.counter(&series).await.unwrap_or(0)
 }

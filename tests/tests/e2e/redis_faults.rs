@@ -628,11 +628,7 @@ async fn a_redis_restarted_from_an_older_copy_is_fenced_at_the_next_pass_of_an_i
     let (event, categories) = app.create_event(small_sale(20, 1, 1, 4)).await;
     app.publish(event).await;
     let ga = categories[0];
-    let passes = |pass: &'static str| {
-        let series = format!("stampede_reconcile_passes_total{{pass=\"{pass}\"}}");
-        let admin = &app.admin_api;
-        async move { admin.counter(&series).await.unwrap_or(0) }
-    };
+    let passes = |pass: &'static str| crate::reconcile::passes(&app, pass);
     let all_passes = || async { passes("full").await + passes("unchanged").await };
     // Up to three tries: on a slow machine a pass may come between the admissions and
     // the restart (it then sees them, and the try shows nothing).

@@ -614,6 +614,17 @@ async fn get_at(
     )
 }
 
+/// A train `title` of three stations (A, B, C), on sale, one class of 2 × 2 seats.
+pub(crate) fn small_train(title: &str) -> serde_json::Value {
+    serde_json::json!({
+        "title": title, "venue": "Line", "kind": "train", "stations": ["A", "B", "C"],
+        "show_time": "2031-06-01T20:00:00Z",
+        "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
+        "per_user_limit": 2, "pay_timeout_s": 900,
+        "categories": [{"name": "first", "price_cents": 1000, "seats": {"rows": 2, "cols": 2}}],
+    })
+}
+
 /// Free seats of each class on a journey, from the edge's availability answer.
 fn free_by_class(answer: &serde_json::Value) -> Vec<u64> {
     answer["classes"]
@@ -632,20 +643,9 @@ fn free_by_class(answer: &serde_json::Value) -> Vec<u64> {
 #[tokio::test]
 async fn an_edge_without_its_snapshot_keeps_recounting_a_journey_within_its_budget() {
     use crate::edge::open_sale;
-    use serde_json::json;
 
     let (app, _edge) = stampede_e2e::stack_app().await;
-    let (event, _) = open_sale(
-        &app,
-        json!({
-            "title": "G3", "venue": "Line 3", "kind": "train", "stations": ["A", "B", "C"],
-            "show_time": "2031-06-01T20:00:00Z",
-            "sale_start": "2020-01-01T00:00:00Z", "sale_end": "2031-06-01T12:00:00Z",
-            "per_user_limit": 2, "pay_timeout_s": 900,
-            "categories": [{"name": "first", "price_cents": 1000, "seats": {"rows": 2, "cols": 2}}],
-        }),
-    )
-    .await;
+    let (event, _) = open_sale(&app, small_train("G3")).await;
     let buyers = app.admin.buyers(2).await;
     let path = format!("/api/events/{event}/availability?from=0&to=2");
     let (status, _, counted) = edge_get(&app, &path, &buyers[0].token).await;
