@@ -209,6 +209,7 @@ impl App {
             revoked: Arc::default(),
             room,
             login: LoginGuard::new(&s.login),
+            mysql_probe: crate::health::MysqlProbe::new(config.mysql_api_opts.clone()),
             config,
             redis,
             mysql,

@@ -28,6 +28,8 @@ pub struct AppState {
     /// The API requests' own pool (`mysql.api_pool_max`): requests waiting on MySQL
     /// never hold a connection order creation needs.
     pub api_mysql: Pool,
+    /// /readyz's own connection to MariaDB (`health::MysqlProbe`).
+    pub mysql_probe: crate::health::MysqlProbe,
     pub keys: Keys,
     pub tokens: TokenSigner,
     /// Signed-out tokens (`auth::revoked`), as last read from Redis.

@@ -77,6 +77,14 @@ impl StallingRelay {
         }
     }
 
+    /// Points a core's `settings` at this relay instead of MariaDB on `direct_port`.
+    pub fn carry_mysql_of(&self, settings: &mut stampede_core::Settings, direct_port: u16) {
+        let (direct, relayed) = (format!(":{direct_port}/"), format!(":{}/", self.port));
+        let url = &mut settings.mysql.url;
+        assert!(url.contains(&direct), "{url}");
+        *url = url.replace(&direct, &relayed);
+    }
+
     /// Every connection open now stops carrying bytes, either way, and stays open: its
     /// ends wait for an answer that never comes. Connections opened later are relayed.
     pub fn stall_open_connections(&self) {

@@ -249,6 +249,21 @@ impl Settings {
         )?;
         let mysql_opts = mysql_async::Opts::from(mysql_opts);
         let mysql_api_opts = mysql_async::OptsBuilder::from_opts(mysql_opts.clone())
+            // Every statement of an API session ends when its request can no longer be
+            // answered. A request cut off at server.request_timeout_ms drops its
+            // connection, but MariaDB does not see a client leave while a statement runs
+            // (a wait on a row lock, a long scan): the session would run on, up to
+            // innodb_lock_wait_timeout or to its end, while the pool opens another in
+            // its place. MariaDB aborts it itself, with no KILL to send, half a second
+            // after the request's limit.
+            .setup(
+                mysql_opts
+                    .setup()
+                    .iter()
+                    .cloned()
+                    .chain([api_statement_limit(self.server.request_timeout_ms)])
+                    .collect::<Vec<_>>(),
+            )
             .pool_opts(
                 mysql_opts.pool_opts().clone().with_constraints(
                     mysql_async::PoolConstraints::new(1, self.mysql.api_pool_max)
@@ -323,6 +338,15 @@ fn secret(
         )));
     }
     Ok(Some(SecretString::from(value)))
+}
+
+/// The session setting that bounds each statement of the API's pool to a request's
+/// limit and half a second (MariaDB's `max_statement_time`, in seconds to the
+/// millisecond). The margin lets the request's own 503 come first; a statement
+/// stopped first answers 503 as well (`infra::Down`).
+fn api_statement_limit(request_timeout_ms: u64) -> String {
+    let ms = request_timeout_ms.saturating_add(500);
+    format!("SET max_statement_time = {}.{:03}", ms / 1_000, ms % 1_000)
 }
 
 /// MariaDB's `wait_timeout` for Stampede's sessions: four times
@@ -486,7 +510,15 @@ mod tests {
         assert_eq!(r.mysql_opts.conn_ttl(), Some(Duration::from_secs(45)));
         // The API's pool: the same session, its own size.
         let (workers, api) = (&r.mysql_opts, &r.mysql_api_opts);
-        assert_eq!(api.setup(), workers.setup());
+        // The API's sessions also end each statement past the request's limit (15 s).
+        assert_eq!(api.setup()[..workers.setup().len()], workers.setup()[..]);
+        assert_eq!(
+            api.setup().last().unwrap(),
+            "SET max_statement_time = 15.500"
+        );
+        assert!(!setup.contains("max_statement_time"), "{setup}");
+        assert_eq!(api_statement_limit(1_250), "SET max_statement_time = 1.750");
+        assert_eq!(api_statement_limit(100), "SET max_statement_time = 0.600");
         assert_eq!(api.pass(), workers.pass());
         assert_eq!(api.conn_ttl(), workers.conn_ttl());
         assert_eq!(workers.pool_opts().constraints().max(), 32);

@@ -111,6 +111,11 @@ impl Down {
                 Some(mysql_async::Error::Io(_) | mysql_async::Error::Driver(_)) => {
                     Some(Down::MySql)
                 }
+                // Too slow: a statement past the API's sessions' max_statement_time
+                // (1969), a lock waited on past innodb_lock_wait_timeout (1205).
+                Some(mysql_async::Error::Server(s)) if [1969, 1205].contains(&s.code) => {
+                    Some(Down::MySql)
+                }
                 _ => None,
             }
         })
@@ -155,6 +160,17 @@ mod tests {
         ))
         .context("Failed to read the event");
         assert_eq!(Down::of(&cut), Some(Down::MySql), "a MySQL call cut off");
+        let refused = |code| {
+            anyhow::Error::new(mysql_async::Error::Server(mysql_async::ServerError {
+                code,
+                message: "x".into(),
+                state: "HY000".into(),
+            }))
+            .context("Failed to change the event status")
+        };
+        assert_eq!(Down::of(&refused(1969)), Some(Down::MySql), "too slow");
+        assert_eq!(Down::of(&refused(1205)), Some(Down::MySql), "too slow");
+        assert_eq!(Down::of(&refused(1062)), None, "an answer, not an outage");
         let auth = ::redis::RedisError::from((
             ::redis::ErrorKind::AuthenticationFailed,
             "Password authentication failed",

@@ -2,8 +2,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use stampede_e2e::{
-    CoreProcess, OwnBroker, Stack, core_binary, eventually, free_port, spawn_app, spawn_app_with,
-    test_settings,
+    CoreProcess, OwnBroker, Stack, TestApp, core_binary, eventually, free_port, spawn_app,
+    spawn_app_with, test_settings,
 };
 
 #[tokio::test]
@@ -39,22 +39,17 @@ async fn readyz_is_ready_when_redis_mysql_and_rocketmq_answer() {
     app.stop().await;
 }
 
+/// `/readyz` on `base` (the app's admin or public URL): status and body.
+pub(crate) async fn readyz(app: &TestApp, base: &str) -> (u16, serde_json::Value) {
+    let resp = app.http.get(format!("{base}/readyz")).send().await.unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
 #[tokio::test]
 async fn stopping_the_broker_turns_readyz_to_503_and_status_names_it() {
     let own = OwnBroker::start();
     let app = spawn_app_with(|s| s.rocketmq.namesrv_addr = own.namesrv_addr()).await;
-    let readyz = || async {
-        let resp = app
-            .http
-            .get(format!("{}/readyz", app.admin_url))
-            .send()
-            .await
-            .unwrap();
-        (
-            resp.status().as_u16(),
-            resp.json::<serde_json::Value>().await.unwrap(),
-        )
-    };
+    let readyz = || readyz(&app, &app.admin_url);
     assert_eq!(readyz().await.0, 200);
 
     own.stop_broker();
@@ -96,6 +91,44 @@ async fn stopping_the_broker_turns_readyz_to_503_and_status_names_it() {
     })
     .await;
     assert!(back, "ready again once the broker is back");
+    app.stop().await;
+}
+
+/// /readyz's own MariaDB connection: a MariaDB that stops answering on it turns the
+/// check to 503 within its second, a connection that answers again turns it back (the
+/// stalled one dropped, a new one opened), and a MariaDB that refuses connections is
+/// down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_mariadb_on_a_connection_of_its_own() {
+    let stack = Stack::from_env();
+    let relay = stampede_e2e::StallingRelay::start(([127, 0, 0, 1], stack.mysql_port).into()).await;
+    let app = spawn_app_with(|s| relay.carry_mysql_of(s, stack.mysql_port)).await;
+    let readyz = || readyz(&app, &app.admin_url);
+    let (status, body) = readyz().await;
+    assert_eq!(
+        (status, &body["dependencies"]["mysql"]),
+        (200, &"up".into())
+    );
+
+    relay.stall_open_connections();
+    let (status, body) = readyz().await;
+    assert_eq!(status, 503, "{body}");
+    let mysql = body["dependencies"]["mysql"].as_str().unwrap();
+    assert!(mysql.starts_with("down: no answer within"), "{body}");
+    assert_eq!(body["dependencies"]["redis"], "up", "{body}");
+    let (status, body) = readyz().await;
+    assert_eq!(status, 200, "a new connection answers: {body}");
+
+    drop(relay);
+    let (status, body) = readyz().await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["dependencies"]["mysql"]
+            .as_str()
+            .unwrap()
+            .starts_with("down"),
+        "{body}"
+    );
     app.stop().await;
 }
 

@@ -426,6 +426,21 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
 }
 
 /// Sessions of the app's database waiting on a table lock (`LOCK TABLES` by the test).
+/// A login of `username` (password "right-password"): its answer's status.
+fn login(app: &TestApp, username: &str) -> impl Future<Output = u16> + Send + 'static {
+    let (http, url) = (app.http.clone(), app.public_url.clone());
+    let body = json!({"username": username, "password": "right-password"});
+    async move {
+        http.post(format!("{url}/api/login"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+}
+
 async fn waiting_on_a_lock(app: &TestApp) -> i64 {
     let sql = format!(
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
@@ -457,16 +472,7 @@ async fn logins_waiting_on_mysql_hold_no_connection_order_creation_needs() {
     lock.query_drop("LOCK TABLES app_user WRITE").await.unwrap();
     let mut logins = tokio::task::JoinSet::new();
     for _ in 0..6 {
-        let (http, url, username) = (app.http.clone(), app.public_url.clone(), username.clone());
-        logins.spawn(async move {
-            let resp = http
-                .post(format!("{url}/api/login"))
-                .json(&json!({"username": username, "password": "right-password"}))
-                .send()
-                .await
-                .unwrap();
-            resp.status().as_u16()
-        });
+        logins.spawn(login(&app, &username));
     }
     let blocked = eventually(Duration::from_secs(10), || async {
         waiting_on_a_lock(&app).await >= 2
@@ -508,9 +514,8 @@ async fn logins_waiting_on_mysql_hold_no_connection_order_creation_needs() {
 
 /// Logins cut off at the request timeout while their table is locked: waves of them
 /// never keep more MariaDB sessions waiting than `mysql.api_pool_max`. (A cut-off
-/// request's connection is closed, and MariaDB ends a session waiting on a lock once
-/// its client is gone; a query that runs on without noticing, a long scan, would keep
-/// its session to its end: see the README.)
+/// request's connection is closed, and MariaDB ends a session waiting on a table lock
+/// once its client is gone; for what it does not notice, the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logins_cut_off_on_a_locked_table_hold_no_more_sessions_than_the_apis_pool() {
     let app = spawn_app_with(|s| {
@@ -522,18 +527,7 @@ async fn logins_cut_off_on_a_locked_table_hold_no_more_sessions_than_the_apis_po
     .await;
     let first = app.admin_api.users_with_password(1, "right-password").await;
     let username = format!("user{first}");
-    let login = || {
-        let (http, url, username) = (app.http.clone(), app.public_url.clone(), username.clone());
-        async move {
-            http.post(format!("{url}/api/login"))
-                .json(&json!({"username": username, "password": "right-password"}))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    };
+    let login = || login(&app, &username);
     assert_eq!(login().await, 200);
     let mut lock = app.mysql.get_conn().await.unwrap();
     lock.query_drop("LOCK TABLES app_user WRITE").await.unwrap();
@@ -562,6 +556,116 @@ async fn logins_cut_off_on_a_locked_table_hold_no_more_sessions_than_the_apis_po
     app.stop().await;
 }
 
+/// MariaDB does not notice a client leave while a statement waits on a row lock (nor
+/// during a long scan): the session of an API request cut off there would wait on, up
+/// to innodb_lock_wait_timeout (50 s), while the pool opened another in its place, and
+/// waves of cut-off requests piled sessions up toward max_connections. Each statement
+/// of the API's sessions ends half a second past the request's limit
+/// (max_statement_time), so none is left waiting for long once its request has been
+/// answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_requests_cut_off_on_a_row_lock_leave_no_session_waiting_behind() {
+    let app = spawn_app_with(|s| {
+        s.mysql.api_pool_max = 2;
+        s.server.request_timeout_ms = 1_000;
+        s.login.check_wait_ms = 500;
+    })
+    .await;
+    let (event, _) = app.create_event(small_sale(10, 1, 1, 2)).await;
+    let sql = format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
+         AND INFO LIKE 'UPDATE event SET status%'",
+        app.database
+    );
+    let updating = || scalar(&app.mysql, &sql);
+    let publish = || {
+        let admin = app.admin_api.clone();
+        async move {
+            admin
+                .post(&format!("/admin/events/{event}/publish"), json!(null))
+                .await
+                .0
+        }
+    };
+    let mut lock = app.mysql.get_conn().await.unwrap();
+    lock.query_drop("BEGIN").await.unwrap();
+    lock.exec_drop("SELECT id FROM event WHERE id = ? FOR UPDATE", (event,))
+        .await
+        .unwrap();
+    // Three waves of four publishes, each cut off after a second.
+    let mut seen_waiting = 0;
+    for wave in 0..3 {
+        let mut wave_of = tokio::task::JoinSet::new();
+        for _ in 0..4 {
+            wave_of.spawn(publish());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        seen_waiting = seen_waiting.max(updating().await);
+        let answers = wave_of.join_all().await;
+        assert!(
+            answers.iter().all(|&a| a == 503),
+            "wave {wave}: {answers:?}"
+        );
+    }
+    assert!(
+        seen_waiting >= 1,
+        "no publish ever waited on the locked row"
+    );
+    // A statement ends half a second after its request's limit; without the limit,
+    // after innodb_lock_wait_timeout (50 s).
+    let drained = eventually(Duration::from_secs(3), || async { updating().await == 0 }).await;
+    assert!(
+        drained,
+        "{} sessions of cut-off publishes still wait on the row",
+        updating().await
+    );
+    let status: String = lock
+        .exec_first("SELECT status FROM event WHERE id = ?", (event,))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, "DRAFT", "nothing changed while the row was locked");
+    lock.query_drop("ROLLBACK").await.unwrap();
+    drop(lock);
+    assert_eq!(publish().await, 200, "published once the row was free");
+    app.stop().await;
+}
+
+/// /readyz asks MariaDB on a connection of its own: with every connection of the
+/// API's pool held by logins waiting on a locked table, MariaDB still answers, and so
+/// does the check (through the pool it waited, and every core failed at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_answers_while_every_connection_of_the_apis_pool_waits_on_a_slow_table() {
+    let app = spawn_app_with(|s| {
+        s.mysql.api_pool_max = 1;
+        s.server.request_timeout_ms = 20_000;
+        s.login.max_concurrent_checks = 8;
+    })
+    .await;
+    let first = app.admin_api.users_with_password(1, "right-password").await;
+    let username = format!("user{first}");
+    let mut lock = app.mysql.get_conn().await.unwrap();
+    lock.query_drop("LOCK TABLES app_user WRITE").await.unwrap();
+    let mut logins = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        logins.spawn(login(&app, &username));
+    }
+    let held = eventually(Duration::from_secs(5), || async {
+        waiting_on_a_lock(&app).await == 1
+    })
+    .await;
+    assert!(held, "no login waited on the locked table");
+    for base in [&app.admin_url, &app.public_url] {
+        let (status, body) = crate::health::readyz(&app, base).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["dependencies"]["mysql"], "up", "{body}");
+    }
+    lock.query_drop("UNLOCK TABLES").await.unwrap();
+    drop(lock);
+    assert_eq!(logins.join_all().await, [200; 3]);
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open() {
     // The core's MySQL connections stop answering and stay open (a host gone, a
@@ -573,12 +677,7 @@ async fn orders_are_still_created_when_the_cores_mysql_connections_go_half_open(
     let app = spawn_app_with(|s| {
         s.orders.enabled = true;
         s.mysql.call_timeout_ms = 3_000;
-        let (direct, relayed) = (
-            format!(":{}/", stack.mysql_port),
-            format!(":{}/", relay.port),
-        );
-        assert!(s.mysql.url.contains(&direct), "{}", s.mysql.url);
-        s.mysql.url = s.mysql.url.replace(&direct, &relayed);
+        relay.carry_mysql_of(s, stack.mysql_port);
     })
     .await;
     let (event, categories) = app.create_event(small_sale(40, 1, 1, 2)).await;
