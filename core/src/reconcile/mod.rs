@@ -130,6 +130,42 @@ fn open_margin(interval: Duration) -> chrono::TimeDelta {
 /// How long the reconciler waits for Redis's identity.
 const IDENTITY_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// While Redis's identity stays unread (an ACL user without INFO reads none ever), the
+/// warning is logged again this often, not twice a round.
+const IDENTITY_WARN_EVERY: Duration = Duration::from_secs(600);
+
+/// Logs what reading Redis's identity gave, `warned` being when the last warning was:
+/// a warning when it first fails and again every [`IDENTITY_WARN_EVERY`] while it
+/// does, a note when it is read again. Whether it warned.
+fn report_identity(
+    read: anyhow::Result<()>,
+    warned: &mut Option<std::time::Instant>,
+    now: std::time::Instant,
+) -> bool {
+    match read {
+        Err(e) => {
+            let due = warned.is_none_or(|at| now.duration_since(at) >= IDENTITY_WARN_EVERY);
+            if due {
+                // Down, or INFO refused (an ACL user without @dangerous, a proxy, a
+                // managed Redis that renames it): nothing is skipped while unread.
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    again_after_s = IDENTITY_WARN_EVERY.as_secs(),
+                    "Redis's identity (INFO) unread: every sale passed in full"
+                );
+                *warned = Some(now);
+            }
+            due
+        }
+        Ok(()) => {
+            if warned.take().is_some() {
+                tracing::info!("Redis's identity read again: unchanged sales may be skipped");
+            }
+            false
+        }
+    }
+}
+
 impl Reconciler {
     /// Shares the preloader's connections; exports into `metrics`.
     pub fn new(
@@ -632,27 +668,30 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Which Redis the skipped sales' fingerprints are read from ([`unchanged::redis_identity`]).
-    async fn read_redis_identity(&self) {
+    /// Which Redis the skipped sales' fingerprints are read from
+    /// ([`unchanged::redis_identity`]); unread, every sale's next pass is full.
+    async fn read_redis_identity(&self) -> anyhow::Result<()> {
         let identity =
             tokio::time::timeout(IDENTITY_TIMEOUT, unchanged::redis_identity(&self.redis))
                 .await
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {IDENTITY_TIMEOUT:?}")));
-        if let Err(e) = &identity {
-            // Down, or INFO refused (an ACL user without @dangerous, a proxy, a managed
-            // Redis that renames it): nothing is skipped while it cannot be read.
-            tracing::warn!(
-                error = format!("{e:#}"),
-                "Redis's identity (INFO) unread: every sale passed in full"
-            );
+        match identity {
+            Ok(identity) => {
+                self.unchanged.redis_is(Some(identity));
+                Ok(())
+            }
+            Err(e) => {
+                self.unchanged.redis_is(None);
+                Err(e)
+            }
         }
-        self.unchanged.redis_is(identity.ok());
     }
 
     /// Every `interval`, a healing pass over [`Reconciler::events`], until `stop`.
     pub async fn run(self, interval: Duration, window_s: u64, mut stop: Shutdown) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut identity_warned = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -672,7 +711,8 @@ impl Reconciler {
                 }
             };
             self.unchanged.keep(&ids.iter().copied().collect());
-            self.read_redis_identity().await;
+            let read = self.read_redis_identity().await;
+            report_identity(read, &mut identity_warned, std::time::Instant::now());
             for id in ids {
                 let pass = self.pass_and_retire(id, margin);
                 if let Err(e) = per_event.try_within("a reconcile pass", pass).await {
@@ -685,7 +725,8 @@ impl Reconciler {
             }
             // Again after the round: a Redis restarted during it may have let the
             // rest of the round skip sales on what it lost; their next pass is full.
-            self.read_redis_identity().await;
+            let read = self.read_redis_identity().await;
+            report_identity(read, &mut identity_warned, std::time::Instant::now());
             if let Err(e) = self.purge_due().await {
                 tracing::warn!(error = format!("{e:#}"), "purging retired sales failed");
             }
@@ -696,6 +737,42 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unread_identity_warns_once_then_every_ten_minutes_and_again_after_a_read() {
+        let t0 = std::time::Instant::now();
+        let unread = || {
+            Err(anyhow::anyhow!(
+                "NOPERM this user has no permissions to run 'info'"
+            ))
+        };
+        let mut warned = None;
+        assert!(report_identity(unread(), &mut warned, t0));
+        // Twice a round, every round of a 10 s interval: silent for ten minutes.
+        for s in (5..600).step_by(5) {
+            assert!(!report_identity(
+                unread(),
+                &mut warned,
+                t0 + Duration::from_secs(s)
+            ));
+        }
+        assert!(report_identity(
+            unread(),
+            &mut warned,
+            t0 + Duration::from_secs(600)
+        ));
+        assert!(!report_identity(
+            Ok(()),
+            &mut warned,
+            t0 + Duration::from_secs(605)
+        ));
+        assert_eq!(warned, None, "read again");
+        assert!(report_identity(
+            unread(),
+            &mut warned,
+            t0 + Duration::from_secs(610)
+        ));
+    }
 
     #[test]
     fn only_a_published_sale_more_than_a_minute_from_its_open_is_not_yet_open() {
