@@ -414,9 +414,10 @@ impl App {
         // Waits for every connection to come back, which one held by a cut-off task
         // never does.
         let pools = async {
-            let (workers, api) = tokio::join!(
+            let (workers, api, ()) = tokio::join!(
                 state.mysql.clone().disconnect(),
-                state.api_mysql.clone().disconnect()
+                state.api_mysql.clone().disconnect(),
+                state.mysql_probe.close()
             );
             workers.and(api)
         };

@@ -232,7 +232,7 @@ impl EventCache {
         self.reads.inc();
         let pool = self.pool.clone();
         let read = async move {
-            let mut conn = pool.get_conn().await?;
+            let mut conn = crate::infra::mysql::checkout(&pool).await?;
             let max: Option<u64> = conn
                 .query_first("SELECT COALESCE(MAX(id), 0) FROM event")
                 .await?;
@@ -391,8 +391,7 @@ pub struct SeatGrid {
 
 /// Inserts the event, its categories and seats in one transaction; returns its id.
 pub async fn insert(pool: &Pool, e: &NewEvent) -> anyhow::Result<u64> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
@@ -481,8 +480,7 @@ const EVENT_COLUMNS: &str = "id, title, venue, show_time, sale_start, sale_end, 
 
 /// The event's status alone (one query, where [`load`] makes three).
 pub async fn status_of(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventStatus>> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     let status: Option<String> = conn
@@ -494,8 +492,7 @@ pub async fn status_of(pool: &Pool, event_id: u64) -> anyhow::Result<Option<Even
 
 /// The event with its categories, or None.
 pub async fn load(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventRecord>> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     let row: Option<EventRow> = conn
@@ -546,8 +543,7 @@ pub async fn load(pool: &Pool, event_id: u64) -> anyhow::Result<Option<EventReco
 
 /// Every event, newest first, without categories.
 pub async fn list(pool: &Pool, limit: u32) -> anyhow::Result<Vec<EventRecord>> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     let rows: Vec<EventRow> = conn
@@ -601,8 +597,7 @@ pub async fn transition(
     to: EventStatus,
 ) -> anyhow::Result<bool> {
     let allowed: Vec<String> = from.iter().map(|s| format!("'{}'", s.as_str())).collect();
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     conn.exec_drop(
@@ -623,8 +618,7 @@ pub async fn transition(
 
 /// Published events whose sale opens within `window_s` and has not ended.
 pub async fn published_opening_within(pool: &Pool, window_s: u64) -> anyhow::Result<Vec<u64>> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     conn.exec(
@@ -639,8 +633,7 @@ pub async fn published_opening_within(pool: &Pool, window_s: u64) -> anyhow::Res
 /// Units per category created but not yet subtracted from `remain` (their stock_batch
 /// rows not synced).
 pub async fn unsynced_units(pool: &Pool, event_id: u64) -> anyhow::Result<Vec<(u64, i64)>> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     conn.exec(
@@ -654,8 +647,7 @@ pub async fn unsynced_units(pool: &Pool, event_id: u64) -> anyhow::Result<Vec<(u
 
 /// Seats of a category as (row, col, status).
 pub async fn seats(pool: &Pool, category_id: u64) -> anyhow::Result<Vec<(u32, u32, String)>> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     conn.exec(

@@ -60,36 +60,62 @@ pub async fn readyz(state: &AppState) -> Response {
 /// pool would wait for one of its connections: with every one of them held by requests
 /// on a slow table (a login flood on a locked users' table), every core would fail its
 /// check at once and leave the balancer, although MariaDB answers. One connection per
-/// core, kept between checks; checks at once take turns on it.
+/// core, kept between checks. Checks at once share pings: one that began after a check
+/// asked answers it too, so a flood of checks costs MariaDB one ping at a time.
 pub struct MysqlProbe {
     opts: mysql_async::Opts,
-    conn: tokio::sync::Mutex<Option<mysql_async::Conn>>,
+    kept: tokio::sync::Mutex<Kept>,
 }
+
+#[derive(Default)]
+struct Kept {
+    conn: Option<mysql_async::Conn>,
+    /// When the last ping that MariaDB answered began.
+    answered_from: Option<tokio::time::Instant>,
+}
+
+/// How long the kept connection has to answer before a new one is tried (a connection
+/// a NAT or a failover dropped silently would hold the whole check).
+const KEPT_PING: Duration = Duration::from_millis(300);
 
 impl MysqlProbe {
     pub fn new(opts: mysql_async::Opts) -> MysqlProbe {
         MysqlProbe {
             opts,
-            conn: tokio::sync::Mutex::new(None),
+            kept: Default::default(),
         }
     }
 
-    /// Pings on the kept connection; when that fails (MariaDB closed it after
-    /// wait_timeout idle, or restarted), once more on a new one, which is kept. A ping
-    /// cut off drops its connection (it is taken out while in use).
+    /// Pings on the kept connection; when that fails or is slow (MariaDB closed it
+    /// after wait_timeout idle, restarted, or the path to it died), once more on a new
+    /// one, which is kept. A ping cut off drops its connection (it is taken out while in
+    /// use).
     pub async fn ping(&self) -> anyhow::Result<()> {
         use mysql_async::prelude::Queryable;
-        let mut kept = self.conn.lock().await;
-        if let Some(mut conn) = kept.take()
-            && conn.ping().await.is_ok()
-        {
-            *kept = Some(conn);
+        let asked = tokio::time::Instant::now();
+        let mut kept = self.kept.lock().await;
+        if kept.answered_from.is_some_and(|from| from >= asked) {
             return Ok(());
         }
+        let began = tokio::time::Instant::now();
+        if let Some(mut conn) = kept.conn.take()
+            && let Ok(Ok(())) = tokio::time::timeout(KEPT_PING, conn.ping()).await
+        {
+            (kept.conn, kept.answered_from) = (Some(conn), Some(began));
+            return Ok(());
+        }
+        let began = tokio::time::Instant::now();
         let mut conn = mysql_async::Conn::new(self.opts.clone()).await?;
         conn.ping().await?;
-        *kept = Some(conn);
+        (kept.conn, kept.answered_from) = (Some(conn), Some(began));
         Ok(())
+    }
+
+    /// Closes the kept connection (at shutdown).
+    pub async fn close(&self) {
+        if let Some(conn) = self.kept.lock().await.conn.take() {
+            let _ = conn.disconnect().await;
+        }
     }
 }
 

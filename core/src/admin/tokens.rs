@@ -41,7 +41,7 @@ pub async fn issue(state: &AppState, req: Request, limit: usize) -> Result<Respo
         )));
     }
     let last = first + count - 1;
-    let mut conn = state.api_mysql.get_conn().await?;
+    let mut conn = crate::infra::mysql::checkout(&state.api_mysql).await?;
     let existing: Option<u64> = conn
         .exec_first(
             "SELECT COUNT(*) FROM app_user WHERE id BETWEEN ? AND ?",

@@ -76,9 +76,7 @@ async fn hash_password(password: String) -> anyhow::Result<String> {
 }
 
 async fn insert_range(state: &AppState, count: u64, hash: Option<String>) -> anyhow::Result<u64> {
-    let mut conn = state
-        .api_mysql
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(&state.api_mysql)
         .await
         .context("Failed to get a MySQL connection")?;
     // Reset when it goes back to the pool: the named lock and @pw must not outlive this
@@ -127,7 +125,7 @@ async fn insert_range(state: &AppState, count: u64, hash: Option<String>) -> any
 /// void, on every core and edge within a moment (`auth::revoked`), as the user's own
 /// `POST /api/logout` does; 404 for a user that does not exist.
 pub async fn revoke_tokens(state: &AppState, user_id: u64) -> Result<Response, ApiError> {
-    let mut conn = state.api_mysql.get_conn().await?;
+    let mut conn = crate::infra::mysql::checkout(&state.api_mysql).await?;
     let exists: Option<u64> = conn
         .exec_first("SELECT id FROM app_user WHERE id = ?", (user_id,))
         .await?;

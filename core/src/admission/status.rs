@@ -91,7 +91,7 @@ impl Admission {
         use crate::order_tables::{self, OrderStatus};
         use mysql_async::prelude::Queryable;
         let shard = order_tables::shard_of(user_id.0, self.preloader.shards);
-        let mut conn = self.preloader.mysql.get_conn().await?;
+        let mut conn = crate::infra::mysql::checkout(&self.preloader.mysql).await?;
         let row: Option<(u64, String)> = conn
             .exec_first(
                 format!(

@@ -219,9 +219,7 @@ impl Settings {
         // default wait_timeout of 8 hours: it ends after `session_idle_timeout` without
         // a command instead. `setup`, not `init`: run again after a connection's reset
         // (user creation asks for one), which restores the server's defaults.
-        .setup(vec![format!(
-            "SET time_zone = '+00:00', wait_timeout = {idle_timeout_s}"
-        )]);
+        .setup(vec![session_setup(idle_timeout_s)]);
         if let Some(pw) = mysql_password {
             mysql_opts = mysql_opts.pass(Some(pw.expose_secret().to_owned()));
         }
@@ -250,20 +248,19 @@ impl Settings {
         let mysql_opts = mysql_async::Opts::from(mysql_opts);
         let mysql_api_opts = mysql_async::OptsBuilder::from_opts(mysql_opts.clone())
             // Every statement of an API session ends when its request can no longer be
-            // answered. A request cut off at server.request_timeout_ms drops its
+            // answered: a request cut off at server.request_timeout_ms drops its
             // connection, but MariaDB does not see a client leave while a statement runs
             // (a wait on a row lock, a long scan): the session would run on, up to
-            // innodb_lock_wait_timeout or to its end, while the pool opens another in
-            // its place. MariaDB aborts it itself, with no KILL to send, half a second
-            // after the request's limit.
-            .setup(
-                mysql_opts
-                    .setup()
-                    .iter()
-                    .cloned()
-                    .chain([api_statement_limit(self.server.request_timeout_ms)])
-                    .collect::<Vec<_>>(),
-            )
+            // innodb_lock_wait_timeout or to its end, while the pool opens another in its
+            // place. MariaDB aborts it itself, with no KILL to send (a connection checked
+            // out late in a request is bounded by what is left: infra::mysql::checkout).
+            .setup(vec![format!(
+                "{}, {}",
+                session_setup(idle_timeout_s),
+                crate::infra::mysql::statement_limit(Duration::from_millis(
+                    self.server.request_timeout_ms
+                ))
+            )])
             .pool_opts(
                 mysql_opts.pool_opts().clone().with_constraints(
                     mysql_async::PoolConstraints::new(1, self.mysql.api_pool_max)
@@ -340,13 +337,9 @@ fn secret(
     Ok(Some(SecretString::from(value)))
 }
 
-/// The session setting that bounds each statement of the API's pool to a request's
-/// limit and half a second (MariaDB's `max_statement_time`, in seconds to the
-/// millisecond). The margin lets the request's own 503 come first; a statement
-/// stopped first answers 503 as well (`infra::Down`).
-fn api_statement_limit(request_timeout_ms: u64) -> String {
-    let ms = request_timeout_ms.saturating_add(500);
-    format!("SET max_statement_time = {}.{:03}", ms / 1_000, ms % 1_000)
+/// Every session's set-up: UTC, and MariaDB's wait_timeout ([`session_idle_timeout`]).
+fn session_setup(idle_timeout_s: u64) -> String {
+    format!("SET time_zone = '+00:00', wait_timeout = {idle_timeout_s}")
 }
 
 /// MariaDB's `wait_timeout` for Stampede's sessions: four times
@@ -510,15 +503,16 @@ mod tests {
         assert_eq!(r.mysql_opts.conn_ttl(), Some(Duration::from_secs(45)));
         // The API's pool: the same session, its own size.
         let (workers, api) = (&r.mysql_opts, &r.mysql_api_opts);
-        // The API's sessions also end each statement past the request's limit (15 s).
-        assert_eq!(api.setup()[..workers.setup().len()], workers.setup()[..]);
+        // The API's sessions also end each statement past the request's limit (15 s),
+        // in the same statement.
         assert_eq!(
-            api.setup().last().unwrap(),
-            "SET max_statement_time = 15.500"
+            api.setup(),
+            [format!("{setup}, max_statement_time = 15.000")]
         );
         assert!(!setup.contains("max_statement_time"), "{setup}");
-        assert_eq!(api_statement_limit(1_250), "SET max_statement_time = 1.750");
-        assert_eq!(api_statement_limit(100), "SET max_statement_time = 0.600");
+        let limit = |ms| crate::infra::mysql::statement_limit(Duration::from_millis(ms));
+        assert_eq!(limit(1_250), "max_statement_time = 1.250");
+        assert_eq!(limit(0), "max_statement_time = 0.010", "never 0: no limit");
         assert_eq!(api.pass(), workers.pass());
         assert_eq!(api.conn_ttl(), workers.conn_ttl());
         assert_eq!(workers.pool_opts().constraints().max(), 32);

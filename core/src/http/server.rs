@@ -76,7 +76,13 @@ pub async fn serve<H: Handler>(
                     let now = tokio::time::Instant::now();
                     req.extensions_mut().insert(BodyDeadline(now + limits.read_timeout));
                     async move {
-                        let handled = AssertUnwindSafe(handler.handle(req)).catch_unwind();
+                        // The request's deadline goes with it to the MySQL connections it
+                        // checks out (infra::mysql::checkout).
+                        let handled = crate::infra::mysql::within_request(
+                            now + limits.request_timeout,
+                            limits.request_timeout,
+                            AssertUnwindSafe(handler.handle(req)).catch_unwind(),
+                        );
                         let answer = match tokio::time::timeout(limits.request_timeout, handled).await {
                             Ok(Ok(answer)) => answer,
                             // A bug, never a dropped connection: 500, and the cause in the log.

@@ -111,9 +111,10 @@ impl Down {
                 Some(mysql_async::Error::Io(_) | mysql_async::Error::Driver(_)) => {
                     Some(Down::MySql)
                 }
-                // Too slow: a statement past the API's sessions' max_statement_time
-                // (1969), a lock waited on past innodb_lock_wait_timeout (1205).
-                Some(mysql_async::Error::Server(s)) if [1969, 1205].contains(&s.code) => {
+                // Too slow or in the way, nothing done, safe to try again: a statement
+                // past the API's sessions' max_statement_time (1969), a lock waited on
+                // past innodb_lock_wait_timeout (1205), a deadlock's victim (1213).
+                Some(mysql_async::Error::Server(s)) if [1969, 1205, 1213].contains(&s.code) => {
                     Some(Down::MySql)
                 }
                 _ => None,
@@ -170,6 +171,7 @@ mod tests {
         };
         assert_eq!(Down::of(&refused(1969)), Some(Down::MySql), "too slow");
         assert_eq!(Down::of(&refused(1205)), Some(Down::MySql), "too slow");
+        assert_eq!(Down::of(&refused(1213)), Some(Down::MySql), "a deadlock");
         assert_eq!(Down::of(&refused(1062)), None, "an answer, not an outage");
         let auth = ::redis::RedisError::from((
             ::redis::ErrorKind::AuthenticationFailed,

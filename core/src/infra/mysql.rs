@@ -357,6 +357,118 @@ impl SessionEnd {
     }
 }
 
+/// A connection checked out this long into an API request has its statements bounded
+/// by what is left of the request, not by the whole of it.
+const LATE_CHECKOUT: Duration = Duration::from_millis(100);
+
+/// The least statement limit set: MariaDB takes 0 for none.
+const LEAST_STATEMENT_LIMIT: Duration = Duration::from_millis(10);
+
+/// MariaDB's `max_statement_time` for `limit` (at least [`LEAST_STATEMENT_LIMIT`]), in
+/// seconds to the millisecond, as a `SET` list item.
+pub fn statement_limit(limit: Duration) -> String {
+    let ms = limit.max(LEAST_STATEMENT_LIMIT).as_millis();
+    format!("max_statement_time = {}.{:03}", ms / 1_000, ms % 1_000)
+}
+
+tokio::task_local! {
+    /// The API request being served: when it must be answered by, and its whole limit
+    /// (`server.request_timeout_ms`).
+    static REQUEST: (tokio::time::Instant, Duration);
+}
+
+/// Runs `f` as an API request that must be answered by `deadline`, of `limit` in all:
+/// the connections of the API's pool it checks out late are bounded by what is left
+/// ([`checkout`]).
+pub async fn within_request<F: Future>(
+    deadline: tokio::time::Instant,
+    limit: Duration,
+    f: F,
+) -> F::Output {
+    REQUEST.scope((deadline, limit), f).await
+}
+
+/// A connection out of a pool, as [`checkout`] gives it: used as a `Conn`.
+pub struct Checkout {
+    conn: Option<mysql_async::Conn>,
+    /// The session's own statement limit, to set again once this use is over, when
+    /// this use shortened it.
+    restore: Option<String>,
+}
+
+/// Checks a connection out of `pool`. Every session of the API's pool ends each
+/// statement at a whole request's limit (its setup): a request cut off drops its
+/// connection, and MariaDB does not notice a client leave while a statement waits on a
+/// row lock or scans, so its session would run on while the pool opens another in its
+/// place. A request that gets its connection late (it waited for the pool, for a
+/// password check, for Redis) would still leave its session running past its answer,
+/// and under a flood every connection is given late: so, more than [`LATE_CHECKOUT`]
+/// into a request, the connection's statements are bounded by what is left of it (a
+/// statement stopped so answers 503, as the request's own cut-off would), and the
+/// session's own limit is set again when the connection goes back. Outside a request,
+/// or on the pipeline's pool (no statement limit), the connection as it is.
+pub async fn checkout(pool: &Pool) -> Result<Checkout, mysql_async::Error> {
+    let mut conn = pool.get_conn().await?;
+    let Ok((deadline, limit)) = REQUEST.try_with(|r| *r) else {
+        return Ok(Checkout {
+            conn: Some(conn),
+            restore: None,
+        });
+    };
+    let bounded = conn
+        .opts()
+        .setup()
+        .iter()
+        .any(|s| s.contains("max_statement_time"));
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if !bounded || left + LATE_CHECKOUT >= limit {
+        return Ok(Checkout {
+            conn: Some(conn),
+            restore: None,
+        });
+    }
+    conn.query_drop(format!("SET {}", statement_limit(left)))
+        .await?;
+    Ok(Checkout {
+        conn: Some(conn),
+        restore: Some(format!("SET {}", statement_limit(limit))),
+    })
+}
+
+impl std::ops::Deref for Checkout {
+    type Target = mysql_async::Conn;
+    fn deref(&self) -> &mysql_async::Conn {
+        self.conn.as_ref().expect("present until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Checkout {
+    fn deref_mut(&mut self) -> &mut mysql_async::Conn {
+        self.conn.as_mut().expect("present until dropped")
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        let (Some(mut conn), Some(restore)) = (self.conn.take(), self.restore.take()) else {
+            return;
+        };
+        // One cut off mid-call is out of step with its server: the pool discards it.
+        if conn.is_disconnected() {
+            return;
+        }
+        // Off the request's path, before the pool hands the connection out again.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = conn.query_drop(restore).await {
+                    tracing::debug!(error = %e, "a shortened session's statement limit not set back; discarded");
+                    let _ = conn.disconnect().await;
+                }
+            });
+        }
+    }
+}
+
 /// Opens the pool and waits (up to `timeout`) until MariaDB answers.
 pub async fn connect(opts: Opts, timeout: Duration) -> anyhow::Result<Pool> {
     let target = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());

@@ -185,12 +185,10 @@ impl Lifecycle {
         if !could_be_of(order_no, owner) {
             return Ok(None);
         }
-        let mut conn = self
-            .mysql
-            .get_conn()
+        let mut conn = crate::infra::mysql::checkout(&self.mysql)
             .await
             .context("Failed to get a MySQL connection")?;
-        Ok(load_in(&mut conn, self.shards, order_no, false)
+        Ok(load_in(&mut *conn, self.shards, order_no, false)
             .await?
             .filter(|o| o.user_id == owner.0))
     }
@@ -202,9 +200,7 @@ impl Lifecycle {
             // Not the caller's gene: nobody's to cancel for them, no connection taken.
             return Ok(Cancelled::NotFound);
         }
-        let mut conn = self
-            .mysql
-            .get_conn()
+        let mut conn = crate::infra::mysql::checkout(&self.mysql)
             .await
             .context("Failed to get a MySQL connection")?;
         if let Canceller::Owner(owner) = by {

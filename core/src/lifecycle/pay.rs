@@ -159,8 +159,7 @@ async fn apply_once(
     cb: &Callback,
     order_no: OrderNo,
 ) -> Result<(Applied, OrderNo), Refused> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     let mut tx = conn
@@ -336,7 +335,7 @@ pub async fn refunds_pending(pool: &Pool, shards: u32, event_id: EventId) -> any
         shards,
         &format!("SELECT order_no FROM {{orders}} WHERE event_id = {event_id}"),
     );
-    let mut conn = pool.get_conn().await?;
+    let mut conn = crate::infra::mysql::checkout(pool).await?;
     let n: Option<u64> = conn
         .query_first(format!(
             "SELECT COUNT(*) FROM payment WHERE status = 'REFUND_PENDING' AND order_no IN ({orders})"

@@ -127,9 +127,7 @@ impl Lifecycle {
              AND pay_deadline < UTC_TIMESTAMP(3) - INTERVAL ? SECOND LIMIT ?)",
         );
         let params = [OrderStatus::Unpaid.into(), overdue_s.into(), limit.into()];
-        let found: Vec<u64> = self
-            .mysql
-            .get_conn()
+        let found: Vec<u64> = crate::infra::mysql::checkout(&self.mysql)
             .await?
             .exec(
                 format!("SELECT order_no FROM ({union}) o LIMIT {limit}"),

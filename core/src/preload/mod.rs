@@ -604,8 +604,8 @@ impl Preloader {
     /// an older copy, or a replica that lagged took over), or its keys of an older
     /// generation than MySQL's (a rebuild that lost its lock wrote after a newer one).
     pub async fn behind(&self, event_id: EventId, buckets: u16) -> anyhow::Result<Option<String>> {
-        let mut conn = self.mysql.get_conn().await?;
-        let mysql_seq = snapshot::max_seq_per_bucket(&mut conn, event_id, buckets).await?;
+        let mut conn = crate::infra::mysql::checkout(&self.mysql).await?;
+        let mysql_seq = snapshot::max_seq_per_bucket(&mut *conn, event_id, buckets).await?;
         let mysql_epoch: Option<u64> = conn
             .exec_first("SELECT redis_epoch FROM event WHERE id = ?", (event_id,))
             .await?;

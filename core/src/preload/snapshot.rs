@@ -103,8 +103,7 @@ pub async fn fence_and_read(
     buckets: u16,
     train: bool,
 ) -> anyhow::Result<Snapshot> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     let mut tx = conn.start_transaction(TxOpts::default()).await?;

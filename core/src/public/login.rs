@@ -49,7 +49,7 @@ pub async fn login(state: &AppState, req: Request) -> Result<Response, ApiError>
             "username: 1..={MAX_USERNAME} characters"
         )));
     }
-    let mut conn = state.api_mysql.get_conn().await?;
+    let mut conn = crate::infra::mysql::checkout(&state.api_mysql).await?;
     let row: Option<(u64, String, Option<String>)> = conn
         .exec_first(
             "SELECT id, username, password_hash FROM app_user WHERE username = ?",

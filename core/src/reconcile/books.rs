@@ -138,7 +138,7 @@ pub async fn units_by_status(
     let sql = format!(
         "SELECT category_id, status, CAST(SUM(quantity) AS SIGNED) FROM ({union}) o GROUP BY category_id, status"
     );
-    let mut conn = pool.get_conn().await?;
+    let mut conn = crate::infra::mysql::checkout(pool).await?;
     let rows: Vec<(u64, String, i64)> = conn.query(sql).await?;
     rows.into_iter()
         .map(|(c, s, n)| Ok(((c, OrderStatus::parse(&s)?), n)))
@@ -156,7 +156,7 @@ pub async fn seat_segments_in_orders(
         return Ok(HashMap::new());
     }
     let ids: Vec<String> = classes.iter().map(u64::to_string).collect();
-    let mut conn = pool.get_conn().await?;
+    let mut conn = crate::infra::mysql::checkout(pool).await?;
     let rows: Vec<(u64, usize, i64)> = conn
         .query(format!(
             "SELECT category_id, segment, COUNT(*) FROM seat_segment \

@@ -144,7 +144,7 @@ impl Reconciler {
             }
             if c.remain_gap != 0 && c.unsynced == 0 {
                 // Conditional on the remain measured, so a concurrent sync makes it a no-op.
-                let mut conn = self.mysql.get_conn().await?;
+                let mut conn = crate::infra::mysql::checkout(&self.mysql).await?;
                 conn.exec_drop(
                     "UPDATE ticket_category SET remain = remain - ? WHERE id = ? AND remain = ?",
                     (c.remain_gap, c.category_id, c.db_remain),
@@ -192,7 +192,7 @@ impl Reconciler {
         if queued > 0 {
             return Ok(());
         }
-        let mut conn = self.mysql.get_conn().await?;
+        let mut conn = crate::infra::mysql::checkout(&self.mysql).await?;
         let held: Vec<(u32, u32, usize)> = conn
             .exec(
                 "SELECT row_no, col_no, segment FROM seat_segment WHERE category_id = ?",
@@ -273,7 +273,7 @@ impl Reconciler {
         event_id: u64,
         buckets: u16,
     ) -> anyhow::Result<(usize, i64)> {
-        let mut conn = self.mysql.get_conn().await?;
+        let mut conn = crate::infra::mysql::checkout(&self.mysql).await?;
         let mut redis = self.redis.clone();
         let (mut orders, mut units) = (0, 0);
         let statuses = [

@@ -195,8 +195,7 @@ pub async fn load(
 
 /// The seed of the event's lottery (secret until the draw).
 pub async fn seed(pool: &mysql_async::Pool, event_id: u64) -> anyhow::Result<Option<String>> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     conn.exec_first(
@@ -213,8 +212,7 @@ pub async fn save(
     event_id: u64,
     c: &RoomConfig,
 ) -> anyhow::Result<RoomConfig> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     let seed = hex::encode(rand::random::<[u8; 32]>());
@@ -249,8 +247,7 @@ pub async fn save(
 
 /// Events whose room is on or whose purchase needs a pass, with a sale not yet over.
 pub async fn active(pool: &mysql_async::Pool) -> anyhow::Result<Vec<u64>> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     conn.query(

@@ -44,8 +44,7 @@ pub fn consumer(mysql: Pool, names: &Names) -> Subscription {
 
 /// Applies the batch's unsynced stock_batch rows to ticket_category.remain.
 pub async fn apply(pool: &Pool, batch_id: &str) -> anyhow::Result<Synced> {
-    let mut conn = pool
-        .get_conn()
+    let mut conn = crate::infra::mysql::checkout(pool)
         .await
         .context("Failed to get a MySQL connection")?;
     // READ COMMITTED: the batch's rows are locked, not the gaps around them, so order
@@ -98,7 +97,7 @@ pub async fn apply(pool: &Pool, batch_id: &str) -> anyhow::Result<Synced> {
 /// For the stats: orders of an event not yet synced and the age of the oldest batch
 /// holding one, in seconds.
 pub async fn lag(pool: &Pool, event_id: EventId) -> anyhow::Result<(u64, f64)> {
-    let mut conn = pool.get_conn().await?;
+    let mut conn = crate::infra::mysql::checkout(pool).await?;
     let row: Option<(Option<u64>, Option<f64>)> = conn
         .exec_first(
             "SELECT CAST(SUM(orders) AS UNSIGNED), \

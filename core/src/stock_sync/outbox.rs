@@ -71,7 +71,7 @@ pub async fn stale_batches(
     older_than_s: u64,
     limit: u32,
 ) -> anyhow::Result<Vec<(String, u64)>> {
-    let mut conn = pool.get_conn().await?;
+    let mut conn = crate::infra::mysql::checkout(pool).await?;
     conn.exec(
         "SELECT batch_id, MIN(event_id) FROM stock_batch WHERE synced = 0 \
          AND created_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND GROUP BY batch_id ORDER BY MIN(created_at) LIMIT ?",

@@ -425,7 +425,6 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
     app.stop().await;
 }
 
-/// Sessions of the app's database waiting on a table lock (`LOCK TABLES` by the test).
 /// A login of `username` (password "right-password"): its answer's status.
 fn login(app: &TestApp, username: &str) -> impl Future<Output = u16> + Send + 'static {
     let (http, url) = (app.http.clone(), app.public_url.clone());
@@ -441,6 +440,7 @@ fn login(app: &TestApp, username: &str) -> impl Future<Output = u16> + Send + 's
     }
 }
 
+/// Sessions of the app's database waiting on a table lock (`LOCK TABLES` by the test).
 async fn waiting_on_a_lock(app: &TestApp) -> i64 {
     let sql = format!(
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '{}' \
@@ -559,10 +559,12 @@ async fn logins_cut_off_on_a_locked_table_hold_no_more_sessions_than_the_apis_po
 /// MariaDB does not notice a client leave while a statement waits on a row lock (nor
 /// during a long scan): the session of an API request cut off there would wait on, up
 /// to innodb_lock_wait_timeout (50 s), while the pool opened another in its place, and
-/// waves of cut-off requests piled sessions up toward max_connections. Each statement
-/// of the API's sessions ends half a second past the request's limit
-/// (max_statement_time), so none is left waiting for long once its request has been
-/// answered 503.
+/// cut-off requests piled sessions up toward max_connections. Each statement of the
+/// API's sessions ends at the request's limit (max_statement_time), counted from the
+/// request's start for a connection checked out late: waves of requests, or a stream
+/// of them each given its connection late, keep no more sessions than the pool has
+/// connections, none for long after the last answer (without the late bound, checked:
+/// 10 at once during the stream).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_requests_cut_off_on_a_row_lock_leave_no_session_waiting_behind() {
     let app = spawn_app_with(|s| {
@@ -586,6 +588,15 @@ async fn api_requests_cut_off_on_a_row_lock_leave_no_session_waiting_behind() {
                 .await
                 .0
         }
+    };
+    let drained = || async {
+        // Without the limit, they wait for innodb_lock_wait_timeout (50 s).
+        let drained = eventually(Duration::from_secs(3), || async { updating().await == 0 }).await;
+        assert!(
+            drained,
+            "{} sessions of cut-off publishes still wait on the row",
+            updating().await
+        );
     };
     let mut lock = app.mysql.get_conn().await.unwrap();
     lock.query_drop("BEGIN").await.unwrap();
@@ -611,14 +622,29 @@ async fn api_requests_cut_off_on_a_row_lock_leave_no_session_waiting_behind() {
         seen_waiting >= 1,
         "no publish ever waited on the locked row"
     );
-    // A statement ends half a second after its request's limit; without the limit,
-    // after innodb_lock_wait_timeout (50 s).
-    let drained = eventually(Duration::from_secs(3), || async { updating().await == 0 }).await;
+    drained().await;
+    // A stream: one publish every 100 ms for 3 s. Each waits for the pool, so most
+    // are given their connection late in their second.
+    let mut stream = tokio::task::JoinSet::new();
+    let mut most = 0;
+    for _ in 0..30 {
+        stream.spawn(publish());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        most = most.max(updating().await);
+    }
+    while !stream.is_empty() {
+        most = most.max(updating().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while let Some(answer) = stream.try_join_next() {
+            assert_eq!(answer.unwrap(), 503);
+        }
+    }
+    eprintln!("at most {most} sessions waited on the row during the stream");
     assert!(
-        drained,
-        "{} sessions of cut-off publishes still wait on the row",
-        updating().await
+        most <= 3,
+        "{most} sessions waited on the row at once, with a pool of 2"
     );
+    drained().await;
     let status: String = lock
         .exec_first("SELECT status FROM event WHERE id = ?", (event,))
         .await
@@ -627,7 +653,8 @@ async fn api_requests_cut_off_on_a_row_lock_leave_no_session_waiting_behind() {
     assert_eq!(status, "DRAFT", "nothing changed while the row was locked");
     lock.query_drop("ROLLBACK").await.unwrap();
     drop(lock);
-    assert_eq!(publish().await, 200, "published once the row was free");
+    let published = eventually(Duration::from_secs(10), || async { publish().await == 200 }).await;
+    assert!(published, "not published once the row was free");
     app.stop().await;
 }
 
