@@ -392,8 +392,8 @@ pub async fn within_request<F: Future>(
 pub struct Checkout {
     conn: Option<mysql_async::Conn>,
     /// The session's own statement limit, to set again once this use is over, when
-    /// this use shortened it.
-    restore: Option<String>,
+    /// this use shortened it; and how long that may take.
+    restore: Option<(String, Duration)>,
 }
 
 /// Checks a connection out of `pool`. Every session of the API's pool ends each
@@ -431,7 +431,7 @@ pub async fn checkout(pool: &Pool) -> Result<Checkout, mysql_async::Error> {
         .await?;
     Ok(Checkout {
         conn: Some(conn),
-        restore: Some(format!("SET {}", statement_limit(limit))),
+        restore: Some((format!("SET {}", statement_limit(limit)), limit)),
     })
 }
 
@@ -450,22 +450,33 @@ impl std::ops::DerefMut for Checkout {
 
 impl Drop for Checkout {
     fn drop(&mut self) {
-        let (Some(mut conn), Some(restore)) = (self.conn.take(), self.restore.take()) else {
+        let (Some(mut conn), Some((restore, within))) = (self.conn.take(), self.restore.take())
+        else {
             return;
         };
         // One cut off mid-call is out of step with its server: the pool discards it.
         if conn.is_disconnected() {
             return;
         }
-        // Off the request's path, before the pool hands the connection out again.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(e) = conn.query_drop(restore).await {
-                    tracing::debug!(error = %e, "a shortened session's statement limit not set back; discarded");
+        // Off the request's path, before the pool hands the connection out again, and
+        // bounded: a connection that does not answer the SET (its path died) is dropped
+        // mid-call, so discarded, rather than held for as long as TCP retries.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to run it on: the pool resets the session instead (its setup
+            // sets the whole limit again).
+            conn.reset_connection(true);
+            return;
+        };
+        runtime.spawn(async move {
+            match tokio::time::timeout(within, conn.query_drop(restore)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "a shortened session's limit not set back: discarded");
                     let _ = conn.disconnect().await;
                 }
-            });
-        }
+                Err(_) => tracing::debug!("a shortened session's limit not set back in time: discarded"),
+            }
+        });
     }
 }
 
