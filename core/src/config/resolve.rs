@@ -503,7 +503,7 @@ mod tests {
         assert_eq!(r.mysql_opts.conn_ttl(), Some(Duration::from_secs(45)));
         // The API's pool: the same session, its own size.
         let (workers, api) = (&r.mysql_opts, &r.mysql_api_opts);
-        // The API's sessions also end each statement past the request's limit (15 s),
+        // The API's sessions also end each statement at the request's limit (15 s), set
         // in the same statement.
         assert_eq!(
             api.setup(),

@@ -111,9 +111,10 @@ impl Down {
                 Some(mysql_async::Error::Io(_) | mysql_async::Error::Driver(_)) => {
                     Some(Down::MySql)
                 }
-                // Too slow or in the way, nothing done, safe to try again: a statement
-                // past the API's sessions' max_statement_time (1969), a lock waited on
-                // past innodb_lock_wait_timeout (1205), a deadlock's victim (1213).
+                // Too slow or in the way, the statement (a deadlock's: its transaction)
+                // undone: a statement past the API's sessions' max_statement_time
+                // (1969), a lock waited on past innodb_lock_wait_timeout (1205), a
+                // deadlock's victim (1213).
                 Some(mysql_async::Error::Server(s)) if [1969, 1205, 1213].contains(&s.code) => {
                     Some(Down::MySql)
                 }
