@@ -425,6 +425,12 @@ async fn a_batch_that_waits_on_mysql_stays_its_workers_and_is_created_once() {
     app.stop().await;
 }
 
+/// A new user who signs in with "right-password": their username.
+async fn a_user(app: &TestApp) -> String {
+    let first = app.admin_api.users_with_password(1, "right-password").await;
+    format!("user{first}")
+}
+
 /// A login of `username` (password "right-password"): its answer's status.
 fn login(app: &TestApp, username: &str) -> impl Future<Output = u16> + Send + 'static {
     let (http, url) = (app.http.clone(), app.public_url.clone());
@@ -466,8 +472,7 @@ async fn logins_waiting_on_mysql_hold_no_connection_order_creation_needs() {
     let (event, categories) = app.create_event(small_sale(40, 1, 1, 2)).await;
     app.publish(event).await;
     let buyers = app.buyers(30).await;
-    let first = app.admin_api.users_with_password(1, "right-password").await;
-    let username = format!("user{first}");
+    let username = a_user(&app).await;
     let mut lock = app.mysql.get_conn().await.unwrap();
     lock.query_drop("LOCK TABLES app_user WRITE").await.unwrap();
     let mut logins = tokio::task::JoinSet::new();
@@ -525,8 +530,7 @@ async fn logins_cut_off_on_a_locked_table_hold_no_more_sessions_than_the_apis_po
         s.login.check_wait_ms = 500;
     })
     .await;
-    let first = app.admin_api.users_with_password(1, "right-password").await;
-    let username = format!("user{first}");
+    let username = a_user(&app).await;
     let login = || login(&app, &username);
     assert_eq!(login().await, 200);
     let mut lock = app.mysql.get_conn().await.unwrap();
@@ -712,8 +716,7 @@ async fn readyz_answers_while_every_connection_of_the_apis_pool_waits_on_a_slow_
         s.login.max_concurrent_checks = 8;
     })
     .await;
-    let first = app.admin_api.users_with_password(1, "right-password").await;
-    let username = format!("user{first}");
+    let username = a_user(&app).await;
     let mut lock = app.mysql.get_conn().await.unwrap();
     lock.query_drop("LOCK TABLES app_user WRITE").await.unwrap();
     let mut logins = tokio::task::JoinSet::new();
