@@ -72,6 +72,9 @@ NAMESRV_PORT=${NAMESRV_PORT:-9876}
 BROKER_PORT=${BROKER_PORT:-10911}
 MYSQL_DATABASE=${MYSQL_DATABASE:-stampede}
 MYSQL_USER=${MYSQL_USER:-stampede}
+# Extra options for the stack's own mariadbd (e.g. --innodb-flush-log-at-trx-commit=2), after
+# the stack's own, so they win. Applies when MariaDB starts.
+MYSQL_SERVER_ARGS=${MYSQL_SERVER_ARGS:-}
 # The broker also listens on BROKER_PORT-2 (fast channel) and BROKER_PORT+1 (HA);
 # its own health endpoint on BROKER_PORT+3.
 BROKER_HEALTH_PORT=$((BROKER_PORT + 3))

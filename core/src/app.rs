@@ -99,6 +99,9 @@ impl App {
         let mysql = infra::mysql::connect(config.mysql_opts.clone(), timeout)
             .await
             .map_err(BuildError::Dependency)?;
+        infra::mysql::require_mariadb(&mysql)
+            .await
+            .map_err(BuildError::Dependency)?;
         infra::mysql::migrate(&mysql, s.mysql.order_shards)
             .await
             .map_err(BuildError::Dependency)?;

@@ -29,12 +29,14 @@ start_mysql() {
       --auth-root-authentication-method=socket --skip-test-db >"$LOGS/mysql-install.log" 2>&1 \
       || die "mariadb-install-db failed; see $LOGS/mysql-install.log"
   fi
+  local extra
+  read -ra extra <<<"$MYSQL_SERVER_ARGS"
   nohup mariadbd --no-defaults --datadir="$data" --socket="$MYSQL_SOCK" \
     --bind-address=127.0.0.1 --port="$MYSQL_PORT" --user="$(id -un)" \
     --pid-file="$PIDS/mysql.pid" --log-error="$LOGS/mysql.log" --skip-name-resolve \
     --innodb-buffer-pool-size=512M --innodb-log-file-size=256M --max-connections=1000 \
     --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
-    >>"$LOGS/mysql.out" 2>&1 &
+    "${extra[@]}" >>"$LOGS/mysql.out" 2>&1 &
   local i
   for ((i = 0; i < 300; i++)); do
     mysql_root -e 'SELECT 1' >/dev/null 2>&1 && break

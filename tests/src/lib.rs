@@ -24,7 +24,7 @@ pub use app::{TestApp, spawn_app, spawn_app_on, spawn_app_with, spawn_faulty_app
 pub use buyers::{Buyer, purchase, try_purchase};
 pub use fixtures::{concert, small_sale};
 pub use http::{RawAnswer, raw_request};
-pub use own_stack::{OwnBroker, OwnEdge, OwnRedis, free_port};
+pub use own_stack::{OwnBroker, OwnEdge, OwnMariadb, OwnRedis, free_port};
 pub use process::{CoreProcess, core_binary, core_env, paysim_binary};
 pub use relay::StallingRelay;
 pub use sql::{

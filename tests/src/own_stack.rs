@@ -1,4 +1,5 @@
-//! A broker and a Redis of the test's own, to stop, start or flush; free ports for them.
+//! A broker, a Redis, a MariaDB and an edge of the test's own, to stop, start or flush;
+//! free ports for them.
 
 use std::path::PathBuf;
 
@@ -68,8 +69,20 @@ impl Drop for OwnBroker {
 /// `scripts/stack.sh ARGS` for parts of a test's own under `dir`, on `ports`; the
 /// other parts point at closed ports.
 fn own_stack(dir: &std::path::Path, ports: &[(&str, u16)], args: &[&str]) -> std::process::Output {
+    own_stack_with(dir, ports, &[], args)
+}
+
+/// [`own_stack`] with more of `scripts/stack.sh`'s settings in `env`.
+fn own_stack_with(
+    dir: &std::path::Path,
+    ports: &[(&str, u16)],
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> std::process::Output {
     let mut cmd = std::process::Command::new(root().join("scripts/stack.sh"));
-    cmd.args(args).env("STACK_DIR", dir);
+    cmd.args(args)
+        .env("STACK_DIR", dir)
+        .envs(env.iter().copied());
     for part in [
         "NAMESRV_PORT",
         "BROKER_PORT",
@@ -287,6 +300,58 @@ impl OwnRedis {
 impl Drop for OwnRedis {
     fn drop(&mut self) {
         own_stack(&self.dir, &[("REDIS_PORT", self.port)], &["down"]);
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// A MariaDB of the test's own (`scripts/stack.sh up mysql`: its own datadir, database
+/// `stampede` and account `stampede`), started with `MYSQL_SERVER_ARGS`.
+pub struct OwnMariadb {
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+impl OwnMariadb {
+    pub fn start_with(server_args: &str) -> OwnMariadb {
+        let m = OwnMariadb {
+            dir: std::env::temp_dir().join(format!("stampede-mariadb-{}", free_port())),
+            port: free_port(),
+        };
+        let up = own_stack_with(
+            &m.dir,
+            &[("MYSQL_PORT", m.port)],
+            &[("MYSQL_SERVER_ARGS", server_args)],
+            &["up", "mysql"],
+        );
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+        m
+    }
+
+    fn password(&self) -> String {
+        let password = std::fs::read_to_string(self.dir.join("mysql.password")).unwrap();
+        password.trim().to_owned()
+    }
+
+    /// Its database `stampede`, password included (for the test's own queries).
+    pub fn url(&self) -> String {
+        let (password, port) = (self.password(), self.port);
+        format!("mysql://stampede:{password}@127.0.0.1:{port}/stampede")
+    }
+
+    /// Points a core's settings at its database `stampede`.
+    pub fn use_in(&self, s: &mut stampede_core::Settings) {
+        s.mysql.url = format!("mysql://stampede@127.0.0.1:{}/stampede", self.port);
+        s.mysql.password = Some(self.password().into());
+    }
+}
+
+impl Drop for OwnMariadb {
+    fn drop(&mut self) {
+        own_stack(&self.dir, &[("MYSQL_PORT", self.port)], &["down"]);
         std::fs::remove_dir_all(&self.dir).ok();
     }
 }

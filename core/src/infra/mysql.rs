@@ -492,6 +492,31 @@ pub async fn connect(opts: Opts, timeout: Duration) -> anyhow::Result<Pool> {
     Ok(pool)
 }
 
+/// Refuses a server that is not MariaDB, naming it: the migrations use MariaDB's
+/// `IF [NOT] EXISTS` forms of ALTER TABLE and the API's sessions MariaDB's
+/// `max_statement_time`, so on MySQL the start would otherwise fail later on a syntax
+/// error or an unknown variable that says neither.
+pub async fn require_mariadb(pool: &Pool) -> anyhow::Result<()> {
+    let version: Option<String> = pool
+        .get_conn()
+        .await?
+        .query_first("SELECT VERSION()")
+        .await
+        .context("Failed to read the database server's version")?;
+    is_mariadb(version.as_deref().unwrap_or_default())
+}
+
+fn is_mariadb(version: &str) -> anyhow::Result<()> {
+    if version.to_ascii_lowercase().contains("mariadb") {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "the database server is {version:?}, not MariaDB: Stampede needs MariaDB (tested with \
+         10.11) for its schema's ALTER TABLE … IF NOT EXISTS and its API sessions' \
+         max_statement_time"
+    )
+}
+
 /// Applies the migrations not yet applied; refuses a shard count that differs from
 /// the one the schema was installed with.
 pub async fn migrate(pool: &Pool, shards: u32) -> anyhow::Result<()> {
@@ -532,6 +557,24 @@ mod tests {
         files.sort_by_key(|f| f[1..f.find("__").unwrap()].parse::<u32>().unwrap());
         let listed: Vec<&str> = MIGRATIONS.iter().map(|(n, _)| *n).collect();
         assert_eq!(files, listed);
+    }
+
+    #[test]
+    fn only_mariadb_is_accepted_and_a_refusal_names_the_server() {
+        for ok in [
+            "10.11.19-MariaDB-0+deb12u1",
+            "11.4.2-MariaDB",
+            "5.5.5-10.6.12-MariaDB-log",
+        ] {
+            assert!(is_mariadb(ok).is_ok(), "{ok}");
+        }
+        for other in ["8.0.36", "8.4.0-commercial", "5.7.44-log", ""] {
+            let e = is_mariadb(other).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{other:?}")) && e.contains("needs MariaDB"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

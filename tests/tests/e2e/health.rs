@@ -2,8 +2,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use stampede_e2e::{
-    CoreProcess, OwnBroker, Stack, TestApp, core_binary, eventually, free_port, spawn_app,
-    spawn_app_with, test_settings,
+    CoreProcess, OwnBroker, OwnMariadb, Stack, TestApp, core_binary, eventually, free_port, scalar,
+    spawn_app, spawn_app_with, test_settings,
 };
 
 #[tokio::test]
@@ -159,6 +159,32 @@ fn bad_config_is_refused_with_exit_64_before_any_port_is_bound() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("admin_token"));
+}
+
+/// A real MariaDB that reports MySQL 8's version (mariadbd --version=8.0.36): the core
+/// refuses it by name before the migrations touch it, rather than failing on a syntax
+/// error or on the API sessions' unknown max_statement_time.
+#[tokio::test]
+async fn a_database_server_that_is_not_mariadb_is_refused_by_name_before_any_table() {
+    let stack = Stack::from_env();
+    let (mut s, _, _) = test_settings(&stack).await;
+    let other = OwnMariadb::start_with("--version=8.0.36");
+    other.use_in(&mut s);
+    let err = match stampede_core::App::build(s.clone().resolve().unwrap()).await {
+        Ok(_) => panic!("the core started on a server that says it is MySQL 8.0.36"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, stampede_core::BuildError::Dependency(_)),
+        "{err}"
+    );
+    let said = err.to_string();
+    assert!(said.contains("\"8.0.36\", not MariaDB"), "{said}");
+
+    let server = mysql_async::Pool::new(other.url().as_str());
+    let tables = "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'stampede'";
+    assert_eq!(scalar(&server, tables).await, 0, "no migration ran");
+    server.disconnect().await.ok();
 }
 
 #[tokio::test]
