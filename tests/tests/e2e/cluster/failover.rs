@@ -12,7 +12,9 @@ use stampede_e2e::{Buyer, Stack, TestApp, eventually, heavy, small_sale, spawn_a
 
 use crate::buckets::bucketed_sale;
 
-use super::{cluster_port, in_sync_replica_of, master_of, replica_in_sync, signal_node, stack_sh};
+use super::{
+    cluster_port, in_sync_replica_of, master_of, replica_in_sync, signal_node, stack_sh, took_over,
+};
 
 /// Each buyer's one purchase (GA), retried with the same Idempotency-Key while the core
 /// answers 503 (a shard failing over: OUTCOME_UNKNOWN or unavailable), within `deadline`.
@@ -141,7 +143,7 @@ async fn master_killed_mid_sale(buckets: u16) {
     let victim = Bucket::all(event, buckets).next().unwrap();
     let master = master_of(first, &app.keys().stock(victim));
     // Its replica must be able to take over.
-    in_sync_replica_of(first, master).await;
+    let replica = in_sync_replica_of(first, master).await;
 
     let admitted = Arc::new(Mutex::new(Vec::new()));
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -176,7 +178,12 @@ async fn master_killed_mid_sale(buckets: u16) {
     while let Some(done) = tasks.join_next().await {
         done.unwrap();
     }
-    // The killed node comes back as a replica of the one that took over.
+    // The killed node comes back as a replica of the one that took over, once that one
+    // has: restarted before the failover, it would come back as the master it was.
+    assert!(
+        took_over(replica).await,
+        "the replica {replica} did not take over from {master}"
+    );
     stack_sh(&["up", "rediscluster"]);
     let demoted = eventually(Duration::from_secs(30), || async {
         replica_in_sync(master)

@@ -78,6 +78,15 @@ pub(crate) async fn in_sync_replica_of(first: u16, master: u16) -> u16 {
     replica
 }
 
+/// Whether the replica at `replica` has taken over as master within 30 s (the stack's
+/// node timeout is 2 s).
+pub(crate) async fn took_over(replica: u16) -> bool {
+    stampede_e2e::eventually(std::time::Duration::from_secs(30), || async {
+        redis_cli(replica, &["role"]).starts_with("master")
+    })
+    .await
+}
+
 /// `kill SIGNAL` to the cluster node on `port` (its pid file in the stack's state dir).
 pub(crate) fn signal_node(stack: &Stack, port: u16, signal: &str) {
     let pid = std::fs::read_to_string(stack.dir.join(format!("pids/rediscluster-{port}.pid")))
