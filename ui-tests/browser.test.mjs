@@ -479,6 +479,48 @@ test("a waiting room: a buyer joins before the open (proof of work in the page),
   await shot(ops, "18-ops-waiting-room");
 });
 
+test("a waiting room's turn a close interrupts: the page says it is kept, follows the reopen and buys with the new pass", async () => {
+  const password = "pw-" + Math.random().toString(36).slice(2);
+  const [erin] = await users(1, password);
+  const page = await (await browser.newContext({ viewport: { width: 1200, height: 1000 } })).newPage();
+  await page.goto(`${EDGE}/`);
+  await signIn(page, erin, password);
+  const ev = await sale({
+    title: "Queue Hall — closed and reopened", ga: 2, limit: 1,
+    room: { enabled: true, admit_per_s: 5, pass_ttl_s: 10 },
+  });
+  const purchases = [];
+  page.on("request", (req) => {
+    if (req.method() === "POST" && /\/api\/events\/\d+\/orders$/.test(req.url())) purchases.push(req.headers());
+  });
+  await page.goto(`${EDGE}/#/event/${ev.id}`);
+  await page.waitForSelector('[data-testid="join"]:not([disabled])', { timeout: 5_000 });
+  await page.click('[data-testid="join"]');
+  await page.waitForSelector('[data-testid="queue-state"][data-state="your_turn"]', { timeout: 20_000 });
+
+  // Closed mid-turn: the page says the turn is kept, and goes on following the line.
+  await admin("POST", `/admin/events/${ev.id}/close`);
+  await page.waitForSelector('[data-testid="queue-state"][data-state="closed"]', { timeout: 10_000 });
+  assert.match(await text(page, "queue-message"), /If it reopens, you keep your place in line/);
+  assert.equal(await page.isDisabled('[data-testid="buy"]'), true);
+  await shot(page, "19-room-closed-mid-turn");
+  // Closed longer than the pass's whole lifetime, then reopened.
+  await page.waitForTimeout(11_000);
+  const reopenedAt = Date.now();
+  await admin("POST", `/admin/events/${ev.id}/reopen`);
+  await page.waitForSelector('[data-testid="queue-state"][data-state="your_turn"]', { timeout: 10_000 });
+  await page.waitForSelector('[data-testid="buy"]:not([disabled])', { timeout: 10_000 });
+  await page.click('[data-testid="buy"]');
+  await page.waitForSelector('[data-testid="purchase-status"]:has-text("CREATED")', { timeout: 30_000 });
+  assert.equal(purchases.length, 1);
+  // The pass bought with is the new one: "<kid>.q.<event>.<user>.<id>.<expires_ms>.<sig>",
+  // good past the reopen (the one signed before the close ran out during it).
+  const pass = (purchases[0]["queue-pass"] || "").split(".");
+  assert.equal(pass[2], String(ev.id), JSON.stringify(purchases[0]));
+  assert.ok(Number(pass[5]) > reopenedAt, `the pass expires at ${pass[5]}, before the reopen at ${reopenedAt}`);
+  await shot(page, "20-room-bought-after-the-reopen");
+});
+
 test("the hidden path: the buy button takes a pass (proof of work in the page) and buys with it", async () => {
   const password = "pw-" + Math.random().toString(36).slice(2);
   const [buyer] = await users(1, password);

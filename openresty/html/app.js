@@ -461,6 +461,10 @@ async function eventView(id) {
     && serverNow() < queue.pass_expires_ms ? queue.pass : null);
   const STATES = { waiting: "Waiting", your_turn: "Your turn", sold_out: "Sold out", closed: "Closed", expired: "Turn expired" };
   const FINAL = ["sold_out", "closed", "expired"];
+  /** Whether nothing can change for this buyer any more: a closed sale may reopen within
+   * its window (and a turn the close interrupted gets back the time it had left). */
+  const over = (state) => state === "sold_out" || state === "expired"
+    || (state === "closed" && serverNow() >= Date.parse(ev.sale_end));
 
   function aboutRoom() {
     const r = settings();
@@ -545,10 +549,11 @@ async function eventView(id) {
         : "You are in line; keep this page open. Buying opens on your turn.",
       your_turn: passUsed ? "Your pass was used for your purchase below." : "It is your turn: pick your tickets and buy.",
       sold_out: "Sold out — every ticket of this sale is taken; there is nothing left to wait for.",
-      closed: "The sale is closed: the waiting room is over.",
+      closed: over("closed") ? "The sale has ended: the waiting room is over."
+        : "The sale is closed. If it reopens, you keep your place in line, and a turn that was running keeps the time it had left.",
       expired: "Your turn came and your pass ran out unused: the turn went to the next in line.",
     }[q.state] || "";
-    if (FINAL.includes(q.state)) stopPolling();
+    if (over(q.state)) stopPolling();
     tick();
   }
 
@@ -596,7 +601,7 @@ async function eventView(id) {
     if (q.status === 200) {
       joined = true;
       showQueue(q.body);
-      if (!FINAL.includes(q.body.state)) startPolling();
+      if (!over(q.body.state)) startPolling();
     } else if (q.status === 404) {
       joined = false;
     } else {
@@ -621,7 +626,7 @@ async function eventView(id) {
       $("#pow").hidden = true;
       joined = true;
       showQueue(r.body);
-      if (!FINAL.includes(r.body.state)) startPolling();
+      if (!over(r.body.state)) startPolling();
     } else {
       $("#pow").hidden = true;
       $("#room-error").textContent = r.status === 429 ? `Too many tries: wait ${r.retryAfter || 1} s.` : errorText(r);

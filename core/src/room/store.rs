@@ -21,6 +21,9 @@ static DRAW: LazyLock<redis::Script> =
 static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     crate::infra::redis::script(include_str!("../../../lua/redis/room_release.lua"))
 });
+static PAUSE: LazyLock<redis::Script> = LazyLock::new(|| {
+    crate::infra::redis::script(include_str!("../../../lua/redis/room_pause.lua"))
+});
 static PASS: LazyLock<redis::Script> =
     LazyLock::new(|| crate::infra::redis::script(include_str!("../../../lua/redis/room_pass.lua")));
 
@@ -269,6 +272,20 @@ impl RoomStore {
             .query_async::<()>(&mut redis)
             .await
             .context("Failed to mark the room drawn")
+    }
+
+    /// The sale closed (`pause`) or reopened (`resume`): the turns alive at the close
+    /// keep the time they had left (`room_pause.lua`). Answers, for a resume, how many
+    /// steps moved and by how long.
+    pub async fn pause(&self, event: EventId, resume: bool) -> anyhow::Result<(u64, i64)> {
+        let v: Vec<i64> = PAUSE
+            .key(self.keys.room(event))
+            .key(self.keys.room_steps(event))
+            .arg(if resume { "resume" } else { "pause" })
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .context("room_pause.lua failed")?;
+        Ok((v[0].max(0) as u64, v[1]))
     }
 
     /// One release (`room_release.lua`).

@@ -109,6 +109,16 @@ async fn buy(
     )
 }
 
+/// PUT /admin/events/{event}/waiting-room with `body`, accepted.
+async fn set_room(app: &StackApp, event: u64, body: Value) {
+    let path = format!("/admin/events/{event}/waiting-room");
+    let (s, b) = app
+        .admin
+        .call(reqwest::Method::PUT, &path, Some(body))
+        .await;
+    assert_eq!(s, 200, "{b}");
+}
+
 /// The order the fairness record says, recomputed here from its own words: SHA-256 of
 /// "<seed>:<user id>" ascending.
 fn recomputed(seed: &str, joined: &[u64]) -> Vec<u64> {
@@ -471,15 +481,12 @@ async fn the_hidden_path_issues_passes_from_the_open_after_a_proof_of_work() {
         .create_event(sale(3, Duration::from_secs(3)))
         .await;
     let ga = categories[0];
-    let (s, b) = app
-        .admin
-        .call(
-            reqwest::Method::PUT,
-            &format!("/admin/events/{event}/waiting-room"),
-            Some(json!({"require_pass_at_open": true, "challenge_bits": 8, "pass_ttl_s": 30})),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
+    set_room(
+        &app,
+        event,
+        json!({"require_pass_at_open": true, "challenge_bits": 8, "pass_ttl_s": 30}),
+    )
+    .await;
     app.admin.publish(event).await;
     let buyers = app.admin.buyers(2).await;
     let buyer = &buyers[0];
@@ -589,15 +596,7 @@ async fn the_hidden_path_issues_passes_from_the_open_after_a_proof_of_work() {
 async fn the_hidden_path_gives_no_pass_once_the_sale_is_sold_out() {
     let (app, _edge) = stack_app().await;
     let (event, categories) = app.admin.create_event(sale(1, Duration::ZERO)).await;
-    let (s, b) = app
-        .admin
-        .call(
-            reqwest::Method::PUT,
-            &format!("/admin/events/{event}/waiting-room"),
-            Some(json!({"require_pass_at_open": true})),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
+    set_room(&app, event, json!({"require_pass_at_open": true})).await;
     app.admin.publish(event).await;
     let buyers = app.admin.buyers(2).await;
     let (s, b) = join(&app, event, &buyers[0], None).await;
@@ -708,15 +707,7 @@ async fn one_pass_buys_once_even_when_twin_requests_race() {
         .create_event(sale_limited(20, Duration::ZERO, 5))
         .await;
     let ga = categories[0];
-    let (s, b) = app
-        .admin
-        .call(
-            reqwest::Method::PUT,
-            &format!("/admin/events/{event}/waiting-room"),
-            Some(json!({"require_pass_at_open": true})),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
+    set_room(&app, event, json!({"require_pass_at_open": true})).await;
     app.admin.publish(event).await;
     let mut buyers = app.admin.buyers(7).await;
     let prober = buyers.pop().unwrap();
@@ -756,4 +747,94 @@ async fn one_pass_buys_once_even_when_twin_requests_race() {
         assert_eq!(again.status().as_u16(), 403, "the pass bought twice");
     }
     assert_eq!(app.stock(event, ga).await, 20 - 6, "one unit per pass");
+}
+
+/// A sale closed while a buyer's turn runs, and reopened after the pass's whole lifetime:
+/// the turn is not lost. The buyer reads `your_turn` again, with a pass that has the time
+/// it had left at the close, and buys with it; the pass signed before the close is
+/// refused (its own expiry has passed).
+#[tokio::test]
+async fn a_turn_a_close_interrupts_keeps_the_time_it_had_left_after_the_reopen() {
+    let (app, _edge) = stack_app().await;
+    let (event, _) = app.admin.create_event(sale(5, Duration::ZERO)).await;
+    set_room(
+        &app,
+        event,
+        json!({"enabled": true, "admit_per_s": 1, "pass_ttl_s": 10}),
+    )
+    .await;
+    app.admin.publish(event).await;
+    let buyer = app.admin.buyers(1).await.pop().unwrap();
+    let joined = eventually(Duration::from_secs(10), || async {
+        join(&app, event, &buyer, None).await.0 == 200
+    })
+    .await;
+    assert!(joined, "the buyer could not join");
+    let first = turn_within(&app, event, &buyer, Duration::from_secs(20)).await;
+    let (before, expired_at) = first.expect("the buyer's turn never came");
+
+    let closed_ms = Utc::now().timestamp_millis();
+    app.admin.close(event).await;
+    let reads_closed = eventually(Duration::from_secs(5), || async {
+        poll(&app, event, &buyer).await.0["state"] == "closed"
+    })
+    .await;
+    assert!(reads_closed, "the closed sale's room does not read closed");
+    // Closed past the pass's own expiry.
+    let past = (expired_at - Utc::now().timestamp_millis()).max(0) as u64 + 1_000;
+    tokio::time::sleep(Duration::from_millis(past)).await;
+    // Closed again: the first close's moment stands.
+    app.admin.close(event).await;
+    let reopened_ms = Utc::now().timestamp_millis();
+    let (s, b) = app
+        .admin
+        .post(&format!("/admin/events/{event}/reopen"), json!({}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+
+    let again = turn_within(&app, event, &buyer, Duration::from_secs(5)).await;
+    let (now, _) = poll(&app, event, &buyer).await;
+    let (after, expires_at) =
+        again.unwrap_or_else(|| panic!("the turn was lost to the close: {now}"));
+    let left_at_close = expired_at - closed_ms;
+    let left_now = expires_at - reopened_ms;
+    assert!(
+        (left_now - left_at_close).abs() < 1_500,
+        "the pass had {left_at_close} ms left at the close and {left_now} ms at the reopen"
+    );
+    // Reopened again: nothing more moves.
+    let (s, b) = app
+        .admin
+        .post(&format!("/admin/events/{event}/reopen"), json!({}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let (a, _) = poll(&app, event, &buyer).await;
+    assert_eq!(a["pass_expires_ms"].as_i64(), Some(expires_at), "{a}");
+    let (s, b) = buy(&app, event, &buyer, "old-pass", Some(&before)).await;
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (403, Some("QUEUE_REQUIRED")),
+        "the pass signed before the close: {b}"
+    );
+    let (s, b) = buy(&app, event, &buyer, "new-pass", Some(&after)).await;
+    assert_eq!(s, 202, "{b}");
+}
+
+/// The buyer's pass and its expiry once a poll reads `your_turn`, within `wait`.
+async fn turn_within(
+    app: &StackApp,
+    event: u64,
+    buyer: &Buyer,
+    wait: Duration,
+) -> Option<(String, i64)> {
+    let until = Instant::now() + wait;
+    while Instant::now() < until {
+        let (a, _) = poll(app, event, buyer).await;
+        if a["state"] == "your_turn" {
+            let pass = a["pass"].as_str().unwrap().to_owned();
+            return Some((pass, a["pass_expires_ms"].as_i64().unwrap()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
 }
