@@ -85,11 +85,14 @@ fn seat_tuples(seats: &[(u64, u32, u32)]) -> String {
 }
 
 /// Locks the categories, the buyers' holds and the seats the reservations touch, and
-/// decides each reservation in order (the stream's, the order of admission).
+/// decides each reservation in order (the stream's, the order of admission). The room
+/// left is also measured for `sold_out_before`: the categories of reservations an
+/// earlier attempt refused SOLD_OUT, whose refusal in Redis is still to run with its cap.
 pub async fn judge<'a>(
     tx: &mut Transaction<'_>,
     event: &EventRecord,
     fresh: Vec<&'a Reservation>,
+    sold_out_before: &[u64],
 ) -> Result<Verdict<'a>, PersistError> {
     let mut verdict = Verdict {
         accepted: Vec::new(),
@@ -97,7 +100,7 @@ pub async fn judge<'a>(
         room: BTreeMap::new(),
         holders: HashSet::new(),
     };
-    if fresh.is_empty() {
+    if fresh.is_empty() && sold_out_before.is_empty() {
         return Ok(verdict);
     }
     let list = |ids: &mut dyn Iterator<Item = u64>| {
@@ -110,7 +113,12 @@ pub async fn judge<'a>(
         .query(format!(
             "SELECT id, CAST(total AS SIGNED), CAST(committed AS SIGNED) FROM ticket_category \
              WHERE id IN ({}) ORDER BY id FOR UPDATE",
-            list(&mut fresh.iter().map(|r| r.category_id.0))
+            list(
+                &mut fresh
+                    .iter()
+                    .map(|r| r.category_id.0)
+                    .chain(sold_out_before.iter().copied())
+            )
         ))
         .await
         .map_err(classify)?;
@@ -118,6 +126,10 @@ pub async fn judge<'a>(
         .into_iter()
         .map(|(id, total, committed)| (id, total - committed))
         .collect();
+    if fresh.is_empty() {
+        verdict.room = room.into_iter().collect();
+        return Ok(verdict);
+    }
     // The buyers' hold rows that exist, locked in user order (so that two batches wait
     // for each other, never deadlock). A buyer without one holds nothing: `record`
     // inserts their row with a plain INSERT, which a row another transaction inserted

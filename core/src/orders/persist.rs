@@ -293,6 +293,13 @@ async fn attempt(
         return Err(PersistError::Rewound(seq));
     }
     let before = history.decided;
+    // Refused SOLD_OUT by an earlier attempt whose refusal in Redis did not run: its cap
+    // (the room left, below) is measured again, or Redis would stay ahead of MySQL.
+    let sold_out_before: Vec<u64> = fresh
+        .iter()
+        .filter(|r| before.get(&r.order_no.0) == Some(&guards::Decided::Refused(Declined::SoldOut)))
+        .map(|r| r.category_id.0)
+        .collect();
     fresh.retain(|r| match before.get(&r.order_no.0) {
         None => true,
         Some(guards::Decided::Expired) => {
@@ -304,7 +311,7 @@ async fn attempt(
             false
         }
     });
-    let verdict = guards::judge(&mut tx, event, fresh).await?;
+    let verdict = guards::judge(&mut tx, event, fresh, &sold_out_before).await?;
     guards::record(&mut tx, EventId(event.id), &verdict).await?;
     created.room = verdict.room;
     created.inserted = verdict.accepted.len();

@@ -157,6 +157,66 @@ async fn a_refusals_cap_does_not_take_back_a_unit_given_back_since() {
     assert_eq!(status["status"], "FAILED", "refused all the same: {status}");
 }
 
+/// A batch tried again after MySQL refused one of its reservations SOLD_OUT (the first
+/// attempt committed, then its step in Redis failed): the later attempt finds the refusal
+/// in stock_log and still says what MySQL has left of that category, the cap its refusal
+/// in Redis lowers the stock to. (Without it, Redis stayed ahead of MySQL until another
+/// buyer was admitted and refused.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sold_out_refusal_a_later_attempt_finds_still_says_what_mysql_has_left() {
+    use stampede_core::orders::guards::Declined;
+    use stampede_core::orders::persist;
+    use stampede_core::orders::reservation::Batch;
+    let app = spawn_app_with(|_| {}).await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 2, 2)).await;
+    app.publish(event).await;
+    let ga = categories[0];
+    let buyers = app.buyers(2).await;
+    assert_eq!(buy_one_each(&app, event, ga, &buyers).await, vec![202; 2]);
+    let reservations = app.read_reservations(Bucket::only(event), "test", 2).await;
+    assert_eq!(reservations.len(), 2);
+    // MySQL has nothing left of GA (sold by a Redis that went back in time, say).
+    let mut conn = app.mysql.get_conn().await.unwrap();
+    use mysql_async::prelude::Queryable;
+    conn.query_drop(format!(
+        "UPDATE ticket_category SET committed = total WHERE id = {ga}"
+    ))
+    .await
+    .unwrap();
+    drop(conn);
+    let record = stampede_core::catalog::load(&app.mysql, event)
+        .await
+        .unwrap()
+        .unwrap();
+    let limit = stampede_core::infra::mysql::CallTimeout::new(
+        Duration::from_secs(15),
+        &stampede_core::metrics::Metrics::new(),
+    );
+    let shards = app.settings.mysql.order_shards;
+    let mut batch = Batch {
+        event_id: event.into(),
+        batch_id: "b-1".into(),
+        reservations,
+        first_delivery: true,
+    };
+    for attempt in ["first", "again"] {
+        let created = persist::create_orders(&app.mysql, shards, &record, &batch, &limit)
+            .await
+            .unwrap();
+        let refused: Vec<_> = batch
+            .reservations
+            .iter()
+            .map(|r| (r.order_no, Declined::SoldOut))
+            .collect();
+        assert_eq!(created.declined, refused, "{attempt}");
+        assert_eq!(created.room.get(&ga), Some(&0), "{attempt}: {created:?}");
+        batch.batch_id = "b-2".into();
+        batch.first_delivery = false;
+    }
+    assert_eq!(ordered_units(&app.mysql, event).await, (0, 0));
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_refuses_a_seat_in_two_live_orders_and_a_buyer_over_the_limit() {
     let app = spawn_app_with(|s| s.orders.enabled = true).await;
