@@ -102,6 +102,26 @@ async fn mysql_refuses_units_redis_should_not_have_offered_and_redis_is_correcte
     app.stop().await;
 }
 
+/// A core whose order workers are off, a sale of 10 GA units, and two buyers' GA
+/// reservations read from the stream as a batch's: (app, event, GA, buyers, them).
+async fn two_reserved() -> (
+    TestApp,
+    u64,
+    u64,
+    Vec<Buyer>,
+    Vec<stampede_core::orders::reservation::Reservation>,
+) {
+    let app = spawn_app_with(|_| {}).await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 2, 2)).await;
+    app.publish(event).await;
+    let ga = categories[0];
+    let buyers = app.buyers(2).await;
+    assert_eq!(buy_one_each(&app, event, ga, &buyers).await, vec![202; 2]);
+    let reservations = app.read_reservations(Bucket::only(event), "test", 2).await;
+    assert_eq!(reservations.len(), 2);
+    (app, event, ga, buyers, reservations)
+}
+
 /// A sold-out refusal lowers Redis's stock to what MySQL had left, but not over a
 /// cancelled order given back into the bucket after the batch read that: the unit given
 /// back is not in the cap, and lowering the stock to it would take that unit off sale
@@ -110,16 +130,9 @@ async fn mysql_refuses_units_redis_should_not_have_offered_and_redis_is_correcte
 async fn a_refusals_cap_does_not_take_back_a_unit_given_back_since() {
     use stampede_core::orders::redis::{self as workers, Cap};
     use stampede_core::orders::reservation::Reservation;
-    let app = spawn_app_with(|_| {}).await;
-    let (event, categories) = app.create_event(small_sale(10, 1, 2, 2)).await;
-    app.publish(event).await;
-    let ga = categories[0];
-    let buyers = app.buyers(2).await;
-    assert_eq!(buy_one_each(&app, event, ga, &buyers).await, vec![202; 2]);
+    let (app, event, ga, buyers, reservations) = two_reserved().await;
     let bucket = Bucket::only(event);
     let (keys, mut redis) = (app.keys(), app.redis.clone());
-    let reservations = app.read_reservations(bucket, "test", 2).await;
-    assert_eq!(reservations.len(), 2);
     // What a batch reads before its transaction; MySQL then says nothing is left.
     let restocks = workers::restocks(&mut redis, &keys, bucket).await.unwrap();
     let cap = Some(Cap { units: 0, restocks });
@@ -167,14 +180,7 @@ async fn a_sold_out_refusal_a_later_attempt_finds_still_says_what_mysql_has_left
     use stampede_core::orders::guards::Declined;
     use stampede_core::orders::persist;
     use stampede_core::orders::reservation::Batch;
-    let app = spawn_app_with(|_| {}).await;
-    let (event, categories) = app.create_event(small_sale(10, 1, 2, 2)).await;
-    app.publish(event).await;
-    let ga = categories[0];
-    let buyers = app.buyers(2).await;
-    assert_eq!(buy_one_each(&app, event, ga, &buyers).await, vec![202; 2]);
-    let reservations = app.read_reservations(Bucket::only(event), "test", 2).await;
-    assert_eq!(reservations.len(), 2);
+    let (app, event, ga, _, reservations) = two_reserved().await;
     // MySQL has nothing left of GA (sold by a Redis that went back in time, say).
     let mut conn = app.mysql.get_conn().await.unwrap();
     use mysql_async::prelude::Queryable;
