@@ -260,7 +260,8 @@ impl Keys {
     /// Hash: the waiting room's settings (`enabled`, `require_pass`, `opens_ms`,
     /// `start_ms`, `end_ms`, `ttl_ms`, `bits`, `rate`, `commitment`, `gen`) and state
     /// (`joined`, `late`, `early_closed`, `drawn`, `seed` once drawn, `served`, `used`,
-    /// `rate_now`), docs/waiting-room.md. Every room key is in the event's own slot.
+    /// `rate_now`, `paused_ms` while the sale is closed), docs/waiting-room.md. Every room
+    /// key is in the event's own slot.
     pub fn room(&self, event_id: impl Into<EventId>) -> String {
         self.event_key(event_id, "room")
     }

@@ -1,12 +1,14 @@
 -- room_pause.lua: a sale closed and reopened keeps the turns it interrupted
 -- (docs/waiting-room.md "Closing and reopening"). A pass's time runs from its release
--- (a step's ms) only while the sale is open: `pause`, at the close, notes when (Redis's
--- clock); `resume`, at the reopen, moves every step that was alive then (its passes
--- still in their time at the close) later by the time the sale was closed, so each of
--- those passes has the time it had left, and the gate's count of passes out keeps them.
--- The passes signed before carry their old expiry: a poll answers the buyer a new one.
--- Steps already over at the close stay as they were. Repeated, either does nothing
--- more: the first close's moment stands, and a resume clears it.
+-- (a step's ms) only while the sale is open in Redis: `pause`, run before a closed
+-- status is written, notes when (Redis's clock); `resume`, run before an open one is,
+-- moves every step that was alive then (its passes still in their time at the close)
+-- later by the time the sale was closed, so each of those passes has the time it had
+-- left, and the gate's count of passes out keeps them. While paused the gate releases
+-- nobody (room_release.lua). The passes signed before carry their old expiry: a poll
+-- answers the buyer a new one. Steps already over at the close stay as they were.
+-- Repeated, either does nothing more: the first close's moment stands, and a resume
+-- clears it.
 --
 -- KEYS[1] room   hash  `paused_ms`: when the sale was closed; `ttl_ms`: a pass's time
 -- KEYS[2] steps  zset  the releases "<from>:<upto>:<ms>", scored by ms (room_release.lua)

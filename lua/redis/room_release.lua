@@ -26,8 +26,17 @@
 --                  counts against the room left (at worst one too many: never fewer)
 --
 -- Returns (mirrored by Released in core/src/room/store.rs):
--- {served, released now, passes out, expired unused, still waiting}.
+-- {served, released now, passes out, expired unused, still waiting} (while paused: the
+-- figures the last release wrote, none released).
 local rcall = redis.call
+-- The sale closed (room_pause.lua): nobody gets a turn, and no step is cleaned up, until
+-- its reopen has moved the turns the close interrupted.
+if rcall('HEXISTS', KEYS[1], 'paused_ms') == 1 then
+  local f = rcall('HMGET', KEYS[1], 'served', 'out', 'expired')
+  local held = tonumber(f[1] or '0')
+  return {held, 0, tonumber(f[2] or '0'), tonumber(f[3] or '0'),
+    math.max(0, rcall('ZCARD', KEYS[4]) - held)}
+end
 local t = rcall('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])

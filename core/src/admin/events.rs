@@ -67,15 +67,8 @@ pub async fn close(state: &AppState, id: u64) -> Result<Response, ApiError> {
         EventStatus::Closed,
     )
     .await?;
+    // A waiting room's turns stop their clocks with it (Preloader::room_clock).
     state.preloader.set_sale_status(&event).await?;
-    if room_on(&event) {
-        // The turns out stop their clocks until a reopen (room_pause.lua).
-        state
-            .room
-            .store
-            .pause(crate::domain::EventId(id), false)
-            .await?;
-    }
     tracing::info!(event_id = id, "sale closed");
     Ok(json(
         StatusCode::OK,
@@ -97,31 +90,11 @@ pub async fn reopen(state: &AppState, id: u64) -> Result<Response, ApiError> {
     } else {
         preload(state, &event).await?;
     }
-    if room_on(&event) {
-        let (steps, by_ms) = state
-            .room
-            .store
-            .pause(crate::domain::EventId(id), true)
-            .await?;
-        if steps > 0 {
-            tracing::info!(
-                event_id = id,
-                steps,
-                by_ms,
-                "waiting room turns alive at the close given the time it was closed"
-            );
-        }
-    }
     tracing::info!(event_id = id, "sale reopened");
     Ok(json(
         StatusCode::OK,
         &json!({"event_id": id, "status": event.status}),
     ))
-}
-
-/// Whether the event's waiting room is on (its turns are what a close interrupts).
-fn room_on(event: &EventRecord) -> bool {
-    event.room.as_ref().is_some_and(|r| r.enabled)
 }
 
 /// `GET /admin/events/{id}/waiting-room`: the settings (the defaults, off, if never set)

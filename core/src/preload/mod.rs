@@ -187,6 +187,8 @@ impl Preloader {
         redis: &mut Redis,
         event: &EventRecord,
     ) -> anyhow::Result<PreloadReport> {
+        // Every way below writes the sale's status.
+        self.room_clock(event).await?;
         if self.keys_present(redis, event).await? {
             // Loaded already (a publish after a close): the stock is Redis's to keep.
             self.write_all_meta(redis, event).await?;
@@ -563,6 +565,7 @@ impl Preloader {
     /// After a close or reopen: the new status where the hot path and the edge read it
     /// (the hot path's first: a close takes effect in the core before the edge hears).
     pub async fn set_sale_status(&self, event: &EventRecord) -> anyhow::Result<()> {
+        self.room_clock(event).await?;
         let mut redis = self.redis.clone();
         for meta in self.keys.metas(EventId(event.id), event.buckets) {
             let code: i64 = SALE_STATUS
@@ -576,6 +579,33 @@ impl Preloader {
             StatusWritten::from_code(code)?;
         }
         self.write_sales_index(&mut redis, event).await
+    }
+
+    /// A waiting room's turns run only while the sale is open in Redis: stopped before a
+    /// status other than PUBLISHED is written, moved by the time stopped before PUBLISHED
+    /// is (`room_pause.lua`; docs/waiting-room.md "Closing and reopening"). Run before the
+    /// status it follows, so no snapshot sees the sale open with its turns not yet moved,
+    /// and a failure leaves the status unwritten (written again by a retry or the next
+    /// preload, which runs this again).
+    async fn room_clock(&self, event: &EventRecord) -> anyhow::Result<()> {
+        if !event.room.as_ref().is_some_and(|r| r.enabled) {
+            return Ok(());
+        }
+        let store = crate::room::store::RoomStore {
+            redis: self.redis.clone(),
+            keys: self.keys.clone(),
+        };
+        let open = event.status == EventStatus::Published;
+        let (steps, by_ms) = store.pause(EventId(event.id), open).await?;
+        if steps > 0 {
+            tracing::info!(
+                event_id = event.id,
+                steps,
+                by_ms,
+                "waiting room turns the close interrupted moved by the time it was closed"
+            );
+        }
+        Ok(())
     }
 
     /// Redis went back in time for this event: removes its metadata (every bucket's),

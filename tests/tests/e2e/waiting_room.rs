@@ -780,6 +780,22 @@ async fn a_turn_a_close_interrupts_keeps_the_time_it_had_left_after_the_reopen()
     })
     .await;
     assert!(reads_closed, "the closed sale's room does not read closed");
+    // Someone in line behind: while the sale is closed the gate releases nobody, whatever
+    // budget a tick has (room_release.lua returns at once).
+    let store = stampede_core::room::store::RoomStore {
+        redis: app.redis.clone(),
+        keys: app.keys(),
+    };
+    let _: () = redis::cmd("ZADD")
+        .arg(app.keys().room_positions(event))
+        .arg(2)
+        .arg(990_002)
+        .query_async(&mut app.redis.clone())
+        .await
+        .unwrap();
+    let tick = store.release(event.into(), 100, 100, 10_000, 1.0, 0);
+    let released = tick.await.unwrap();
+    assert_eq!((released.served, released.now), (1, 0), "{released:?}");
     // Closed past the pass's own expiry.
     let past = (expired_at - Utc::now().timestamp_millis()).max(0) as u64 + 1_000;
     tokio::time::sleep(Duration::from_millis(past)).await;
