@@ -96,6 +96,14 @@ impl Pipeline {
             .partition(|r| r.admitted_ms < cutoff);
         let reason = format!("not persisted within {} s", self.settings.deadline_s);
         let on_time = keep.len();
+        // As a batch's: read before any expiry's transaction reads what MySQL has left.
+        let restocks = if overdue.is_empty() {
+            None
+        } else {
+            redis::restocks(&mut self.redis.clone(), &self.keys, bucket)
+                .await
+                .ok()
+        };
         let mut left = overdue.into_iter();
         let mut created = 0;
         for r in left.by_ref() {
@@ -109,8 +117,11 @@ impl Pipeline {
                     let order_no = r.order_no;
                     keep.extend(self.drop_stale(bucket, vec![r], &[order_no]).await.0);
                 }
-                Ok(Ok(persist::Expiry::Refused(why))) => {
-                    if !self.refuse(bucket, &r, why, None).await {
+                Ok(Ok(persist::Expiry::Refused(why, room))) => {
+                    let cap = room
+                        .zip(restocks)
+                        .map(|(units, restocks)| redis::Cap { units, restocks });
+                    if !self.refuse(bucket, &r, why, cap).await {
                         keep.push(r);
                     }
                 }

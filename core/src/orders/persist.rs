@@ -493,8 +493,9 @@ pub enum Expiry {
     Stale,
     /// MySQL turned it away before (a REFUSED row: the worker that committed it never
     /// told Redis), for the reason its row keeps: refuse it, giving no units back, as
-    /// a replay of its batch would.
-    Refused(Declined),
+    /// a replay of its batch would — for SOLD_OUT with the units its category has left
+    /// (the cap, as [`Created::room`]).
+    Refused(Declined, Option<i64>),
 }
 
 /// Expires a reservation unless its order exists. The EXPIRED stock_log row takes the
@@ -557,8 +558,22 @@ pub async fn expire(
         if let Some((status, reason)) = logged
             && status == "REFUSED"
         {
+            let why = Declined::from_code(reason.as_deref());
+            // A plain read (no lock): a cancellation since gave its unit back into a
+            // bucket, whose restocked count then differs and the cap is not applied.
+            let room = match why {
+                Declined::SoldOut => tx
+                    .exec_first(
+                        "SELECT CAST(total AS SIGNED) - CAST(committed AS SIGNED) \
+                         FROM ticket_category WHERE id = ?",
+                        (r.category_id,),
+                    )
+                    .await
+                    .map_err(classify)?,
+                _ => None,
+            };
             tx.commit().await.map_err(classify)?;
-            return Ok(Expiry::Refused(Declined::from_code(reason.as_deref())));
+            return Ok(Expiry::Refused(why, room));
         }
     }
     commit(tx).await?;

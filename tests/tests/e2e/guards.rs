@@ -173,8 +173,9 @@ async fn a_refusals_cap_does_not_take_back_a_unit_given_back_since() {
 /// A batch tried again after MySQL refused one of its reservations SOLD_OUT (the first
 /// attempt committed, then its step in Redis failed): the later attempt finds the refusal
 /// in stock_log and still says what MySQL has left of that category, the cap its refusal
-/// in Redis lowers the stock to. (Without it, Redis stayed ahead of MySQL until another
-/// buyer was admitted and refused.)
+/// in Redis lowers the stock to; so does the expiry of such a reservation once it is
+/// overdue. (Without it, Redis stayed ahead of MySQL until another buyer was admitted
+/// and refused.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sold_out_refusal_a_later_attempt_finds_still_says_what_mysql_has_left() {
     use stampede_core::orders::guards::Declined;
@@ -218,6 +219,14 @@ async fn a_sold_out_refusal_a_later_attempt_finds_still_says_what_mysql_has_left
         assert_eq!(created.room.get(&ga), Some(&0), "{attempt}: {created:?}");
         batch.batch_id = "b-2".into();
         batch.first_delivery = false;
+    }
+    // Past its deadline, the expiry finds the refusal too, and what MySQL has left.
+    for r in &batch.reservations {
+        let expiry = persist::expire(&app.mysql, shards, event.into(), r).await;
+        assert_eq!(
+            expiry.unwrap(),
+            persist::Expiry::Refused(Declined::SoldOut, Some(0))
+        );
     }
     assert_eq!(ordered_units(&app.mysql, event).await, (0, 0));
     app.stop().await;
