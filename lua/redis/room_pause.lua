@@ -14,8 +14,8 @@
 -- KEYS[2] steps  zset  the releases "<from>:<upto>:<ms>", scored by ms (room_release.lua)
 -- ARGV[1] pause | resume
 --
--- Returns {steps moved, ms they moved by} (both 0 for pause, and for a resume with
--- nothing paused).
+-- Returns (mirrored by Resumed in core/src/room/store.rs): {steps moved, ms they moved
+-- by} (both 0 for pause, and for a resume with nothing paused).
 local rcall = redis.call
 local t = rcall('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

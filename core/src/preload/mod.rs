@@ -596,12 +596,12 @@ impl Preloader {
             keys: self.keys.clone(),
         };
         let open = event.status == EventStatus::Published;
-        let (steps, by_ms) = store.pause(EventId(event.id), open).await?;
-        if steps > 0 {
+        let moved = store.pause(EventId(event.id), open).await?;
+        if moved.steps > 0 {
             tracing::info!(
                 event_id = event.id,
-                steps,
-                by_ms,
+                steps = moved.steps,
+                by_ms = moved.by_ms,
                 "waiting room turns the close interrupted moved by the time it was closed"
             );
         }

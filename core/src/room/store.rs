@@ -99,6 +99,14 @@ impl ScriptCode for PassUse {
 /// stopped between the claim and its settlement): longer than any purchase takes.
 pub const CLAIM_PENDING_MS: i64 = 30_000;
 
+/// What `room_pause.lua` did: for a resume, the release steps it moved and by how long
+/// (none for a pause, or a resume with nothing paused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resumed {
+    pub steps: u64,
+    pub by_ms: i64,
+}
+
 /// What one release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Released {
@@ -275,9 +283,8 @@ impl RoomStore {
     }
 
     /// The sale closed (`pause`) or reopened (`resume`): the turns alive at the close
-    /// keep the time they had left (`room_pause.lua`). Answers, for a resume, how many
-    /// steps moved and by how long.
-    pub async fn pause(&self, event: EventId, resume: bool) -> anyhow::Result<(u64, i64)> {
+    /// keep the time they had left (`room_pause.lua`).
+    pub async fn pause(&self, event: EventId, resume: bool) -> anyhow::Result<Resumed> {
         let v: Vec<i64> = PAUSE
             .key(self.keys.room(event))
             .key(self.keys.room_steps(event))
@@ -285,7 +292,10 @@ impl RoomStore {
             .invoke_async(&mut self.redis.clone())
             .await
             .context("room_pause.lua failed")?;
-        Ok((v[0].max(0) as u64, v[1]))
+        Ok(Resumed {
+            steps: v[0].max(0) as u64,
+            by_ms: v[1],
+        })
     }
 
     /// One release (`room_release.lua`).
