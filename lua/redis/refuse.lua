@@ -6,16 +6,18 @@
 -- the buyer holds nothing of a refused reservation, and a share left behind told them
 -- LIMIT_REACHED for units they never got; over the limit, Redis was behind on what
 -- they hold, and the share brings it closer. With a cap, the category's stock is lowered to at most the cap,
--- the units MySQL has left — only if no cancelled order was given back into this
--- bucket since the batch's transaction read that (the restocked set's size is what the
--- core read before it): a unit given back meanwhile is not in the cap, and lowering
--- the stock to it would take that unit off sale (Redis never raises stock while a
--- sale runs). Without the cap, Redis stays ahead and a later refusal caps it. Runs at
+-- the units MySQL has left — only if no unit came into this bucket since the batch's
+-- transaction read that: no cancelled order given back into it, no move credited to it
+-- (the two sets' sizes are what the core read before it; a unit given back into
+-- another bucket can reach this one by a move). A unit that came in meanwhile is not
+-- in the cap, and lowering the stock to it would take that unit off sale (Redis never
+-- raises stock while a sale runs). Without the cap, Redis stays ahead and a later refusal caps it. Runs at
 -- most once per reservation: the entry's acknowledgement is the guard.
 --
 -- KEYS[1] stream   KEYS[2] status   KEYS[3] stock   KEYS[4] soldout   KEYS[5] held
 -- KEYS[6] meta (its epoch: a share is given back only under the keys that took it)
 -- KEYS[7] restocked  set  the bucket's cancelled orders given back (restock.lua)
+-- KEYS[8] credited   set  the moves credited to the bucket (move_in.lua)
 -- ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] request id
 -- ARGV[4] user id          ARGV[5] category id       ARGV[6] reason
 -- ARGV[7] cap on the category's stock, or -1 for none
@@ -23,8 +25,8 @@
 -- ARGV[9] the reservation's epoch: a rebuild since (a newer epoch, or meta gone while
 --         one is due) wrote every share from MySQL, without this one — given back
 --         again, the buyer would read less than they hold
--- ARGV[10] the restocked set's size before the batch's transaction: the cap applies
---         only while it is the same
+-- ARGV[10] the restocked and credited sets' sizes, summed, before the batch's
+--         transaction: the cap applies only while the sum is the same (both only grow)
 --
 -- Returns (mirrored by Refused in core/src/orders/redis.rs):
 --    1 REFUSED       refused now
@@ -34,7 +36,7 @@ local group, entry, rid, user, cid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local cap = tonumber(ARGV[7])
 if rcall('XACK', KEYS[1], group, entry) == 0 then return 0 end
 rcall('XDEL', KEYS[1], entry)
-if cap >= 0 and rcall('SCARD', KEYS[7]) == tonumber(ARGV[10])
+if cap >= 0 and rcall('SCARD', KEYS[7]) + rcall('SCARD', KEYS[8]) == tonumber(ARGV[10])
     and tonumber(rcall('HGET', KEYS[3], cid) or '0') > cap then
   rcall('HSET', KEYS[3], cid, cap)
   if cap == 0 then rcall('HSET', KEYS[4], cid, 1) end

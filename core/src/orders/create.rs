@@ -96,17 +96,12 @@ impl Pipeline {
             .partition(|r| r.admitted_ms < cutoff);
         let reason = format!("not persisted within {} s", self.settings.deadline_s);
         let on_time = keep.len();
-        // As a batch's: read before any expiry's transaction reads what MySQL has left.
-        let restocks = if overdue.is_empty() {
-            None
-        } else {
-            redis::restocks(&mut self.redis.clone(), &self.keys, bucket)
-                .await
-                .ok()
-        };
         let mut left = overdue.into_iter();
         let mut created = 0;
         for r in left.by_ref() {
+            // As a batch's: read just before the expiry's transaction reads what MySQL
+            // has left (a refusal found there caps the stock with it).
+            let restocks = self.restocks(bucket).await;
             let expiry = persist::expire(&self.mysql, self.shards, bucket.event, &r);
             match self.call_timeout.within("an expiry", expiry).await {
                 Ok(Ok(persist::Expiry::Created)) => {
@@ -188,15 +183,7 @@ impl Pipeline {
         // Read before the transaction reads what MySQL has left: a sold-out refusal's cap
         // applies only if no cancelled order was given back into the bucket since (a
         // unit given back in between is not in the cap). Unread, no refusal caps.
-        let restocks = redis::restocks(&mut self.redis.clone(), &self.keys, bucket)
-            .await
-            .inspect_err(|e| {
-                tracing::warn!(
-                    error = format!("{e:#}"),
-                    "restocked count not read; a refusal of this batch will not lower the stock"
-                );
-            })
-            .ok();
+        let restocks = self.restocks(bucket).await;
         let local = {
             let (pool, shards, event, batch, limit) = (
                 self.mysql.clone(),
@@ -285,12 +272,26 @@ impl Pipeline {
         Ok(())
     }
 
+    /// [`redis::restocks`] for a refusal's cap, read before a transaction reads what
+    /// MySQL has left; None (no refusal then lowers the stock) when Redis did not answer.
+    async fn restocks(&self, bucket: Bucket) -> Option<u64> {
+        redis::restocks(&mut self.redis.clone(), &self.keys, bucket)
+            .await
+            .inspect_err(|e| {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "units given into the bucket not counted; a refusal now will not lower the stock"
+                );
+            })
+            .ok()
+    }
+
     /// The reservations of a committed batch that did not become orders: those MySQL turned
     /// away are refused in Redis (FAILED, no units given back, the stock capped at what
-    /// MySQL has left when sold out and this attempt judged the category, unless units
-    /// were given back into the bucket after `restocks` was read), those expired before
-    /// are given back. A failure here leaves the entry pending; the replay decides the
-    /// same way.
+    /// MySQL has left when sold out — refused by this attempt or an earlier one — unless
+    /// units came into the bucket after `restocks` was read), those expired before are
+    /// given back. A failure here leaves the entry pending; the replay decides the same
+    /// way.
     async fn turn_away(
         &self,
         bucket: Bucket,

@@ -432,14 +432,18 @@ pub struct Cap {
     pub restocks: u64,
 }
 
-/// How many cancelled orders were given back into the bucket so far (its restocked
-/// set's size): read before a batch's transaction, so that a refusal's [`Cap`] applies
-/// only if none was given back since.
+/// How many times units came into the bucket from elsewhere so far: cancelled orders
+/// given back into it (its restocked set) and moves credited to it (its credited set,
+/// an event of several buckets: a unit given back into another bucket may reach this
+/// one so). Both sets only grow. Read before a batch's transaction reads what MySQL has
+/// left, so that a refusal's [`Cap`] applies only if no unit came in since.
 pub async fn restocks(redis: &mut Redis, keys: &Keys, bucket: Bucket) -> anyhow::Result<u64> {
-    Ok(redis::cmd("SCARD")
-        .arg(keys.restocked(bucket))
+    let (restocked, credited): (u64, u64) = redis::pipe()
+        .scard(keys.restocked(bucket))
+        .scard(keys.credited(bucket))
         .query_async(redis)
-        .await?)
+        .await?;
+    Ok(restocked + credited)
 }
 
 /// Marks a reservation MySQL turned away FAILED with `reason`, giving no stock back;
@@ -463,6 +467,7 @@ pub async fn refuse(
         .key(keys.held(bucket))
         .key(keys.meta(bucket))
         .key(keys.restocked(bucket))
+        .key(keys.credited(bucket))
         .arg(GROUP)
         .arg(&r.entry_id)
         .arg(r.order_no)

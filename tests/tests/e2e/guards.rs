@@ -122,52 +122,67 @@ async fn two_reserved() -> (
     (app, event, ga, buyers, reservations)
 }
 
-/// A sold-out refusal lowers Redis's stock to what MySQL had left, but not over a
-/// cancelled order given back into the bucket after the batch read that: the unit given
-/// back is not in the cap, and lowering the stock to it would take that unit off sale
-/// for the rest of the sale (Redis's stock is raised only once a sale is over).
+/// A sold-out refusal lowers Redis's stock to what MySQL had left, but not over a unit
+/// that came into the bucket after the batch read that — a cancelled order given back
+/// into it, or (an event of several buckets) a move credited to it, which may carry a
+/// unit given back into another bucket: that unit is not in the cap, and lowering the
+/// stock to it would take it off sale for the rest of the sale (Redis's stock is raised
+/// only once a sale is over).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refusals_cap_does_not_take_back_a_unit_given_back_since() {
+async fn a_refusals_cap_does_not_take_back_a_unit_that_came_in_since() {
     use stampede_core::orders::redis::{self as workers, Cap};
-    use stampede_core::orders::reservation::Reservation;
-    let (app, event, ga, buyers, reservations) = two_reserved().await;
-    let bucket = Bucket::only(event);
-    let (keys, mut redis) = (app.keys(), app.redis.clone());
-    // What a batch reads before its transaction; MySQL then says nothing is left.
-    let restocks = workers::restocks(&mut redis, &keys, bucket).await.unwrap();
-    let cap = Some(Cap { units: 0, restocks });
-    let conn = app.redis.clone();
-    let refuse = |r: Reservation| {
-        let (keys, mut redis) = (keys.clone(), conn.clone());
-        async move {
-            workers::refuse(&mut redis, &keys, bucket, &r, "sold out", cap, false)
-                .await
-                .unwrap()
-        }
-    };
-    assert_eq!(
-        refuse(reservations[0].clone()).await,
-        workers::Refused::Refused
-    );
-    assert_eq!(app.stock(event, ga).await, 0, "nothing given back: capped");
-    // A cancelled order given back into the bucket after the read.
-    let _: () = redis::pipe()
-        .sadd(keys.restocked(bucket), 990_001)
-        .hincr(keys.stock(bucket), ga, 1)
-        .query_async(&mut redis)
+    for way_in in ["a cancellation given back", "a move credited"] {
+        let (app, event, ga, buyers, reservations) = two_reserved().await;
+        let bucket = Bucket::only(event);
+        let (keys, mut redis) = (app.keys(), app.redis.clone());
+        // What a batch reads before its transaction; MySQL then says nothing is left.
+        let restocks = workers::restocks(&mut redis, &keys, bucket).await.unwrap();
+        let cap = Some(Cap { units: 0, restocks });
+        let refused = workers::refuse(
+            &mut redis,
+            &keys,
+            bucket,
+            &reservations[0],
+            "sold out",
+            cap,
+            false,
+        )
         .await
         .unwrap();
-    assert_eq!(
-        refuse(reservations[1].clone()).await,
-        workers::Refused::Refused
-    );
-    assert_eq!(
-        app.stock(event, ga).await,
-        1,
-        "the unit given back after the read stays on sale"
-    );
-    let status = app.purchase_status(event, &buyers[1]).await;
-    assert_eq!(status["status"], "FAILED", "refused all the same: {status}");
+        assert_eq!(refused, workers::Refused::Refused);
+        assert_eq!(app.stock(event, ga).await, 0, "nothing came in: capped");
+        // A unit comes into the bucket after the read.
+        let mut came_in = redis::pipe();
+        match way_in {
+            "a move credited" => came_in.sadd(keys.credited(bucket), "move-1"),
+            _ => came_in.sadd(keys.restocked(bucket), 990_001),
+        };
+        let _: () = came_in
+            .hincr(keys.stock(bucket), ga, 1)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let refused = workers::refuse(
+            &mut redis,
+            &keys,
+            bucket,
+            &reservations[1],
+            "sold out",
+            cap,
+            false,
+        )
+        .await
+        .unwrap();
+        assert_eq!(refused, workers::Refused::Refused);
+        assert_eq!(
+            app.stock(event, ga).await,
+            1,
+            "{way_in} after the read: its unit stays on sale"
+        );
+        let status = app.purchase_status(event, &buyers[1]).await;
+        assert_eq!(status["status"], "FAILED", "refused all the same: {status}");
+        app.stop().await;
+    }
 }
 
 /// A batch tried again after MySQL refused one of its reservations SOLD_OUT (the first
