@@ -181,8 +181,8 @@ impl Pipeline {
             orders: Vec::new(),
         };
         // Read before the transaction reads what MySQL has left: a sold-out refusal's cap
-        // applies only if no cancelled order was given back into the bucket since (a
-        // unit given back in between is not in the cap). Unread, no refusal caps.
+        // applies only if no unit came into the bucket since (a cancelled order given
+        // back, a move credited: not in the cap). Unread, no refusal caps.
         let restocks = self.restocks(bucket).await;
         let local = {
             let (pool, shards, event, batch, limit) = (

@@ -138,18 +138,14 @@ async fn a_refusals_cap_does_not_take_back_a_unit_that_came_in_since() {
         // What a batch reads before its transaction; MySQL then says nothing is left.
         let restocks = workers::restocks(&mut redis, &keys, bucket).await.unwrap();
         let cap = Some(Cap { units: 0, restocks });
-        let refused = workers::refuse(
-            &mut redis,
-            &keys,
-            bucket,
-            &reservations[0],
-            "sold out",
-            cap,
-            false,
-        )
-        .await
-        .unwrap();
-        assert_eq!(refused, workers::Refused::Refused);
+        let refuse_capped = |r| {
+            let (keys, mut redis) = (keys.clone(), app.redis.clone());
+            async move {
+                let refused = workers::refuse(&mut redis, &keys, bucket, r, "sold out", cap, false);
+                assert_eq!(refused.await.unwrap(), workers::Refused::Refused);
+            }
+        };
+        refuse_capped(&reservations[0]).await;
         assert_eq!(app.stock(event, ga).await, 0, "nothing came in: capped");
         // A unit comes into the bucket after the read.
         let mut came_in = redis::pipe();
@@ -162,18 +158,7 @@ async fn a_refusals_cap_does_not_take_back_a_unit_that_came_in_since() {
             .query_async(&mut redis)
             .await
             .unwrap();
-        let refused = workers::refuse(
-            &mut redis,
-            &keys,
-            bucket,
-            &reservations[1],
-            "sold out",
-            cap,
-            false,
-        )
-        .await
-        .unwrap();
-        assert_eq!(refused, workers::Refused::Refused);
+        refuse_capped(&reservations[1]).await;
         assert_eq!(
             app.stock(event, ga).await,
             1,
