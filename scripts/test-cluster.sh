@@ -51,6 +51,8 @@ show_logs() {
     printf '\n==> last lines of %s\n' "$log"
     tail -n 30 "$log" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-400
   done
+  printf '\n==> the cluster as 127.0.0.1:%s sees it\n' "$REDIS_CLUSTER_PORT"
+  redis-cli -p "$REDIS_CLUSTER_PORT" cluster nodes 2>&1 | cut -d' ' -f2-3,8- || true
 }
 e2e() { cargo test -p stampede-e2e --test e2e -- "$@" || { show_logs; exit 1; }; }
 

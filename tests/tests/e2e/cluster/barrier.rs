@@ -17,7 +17,8 @@ use stampede_core::keys::{self, Bucket};
 use stampede_e2e::{Stack, TestApp, eventually, heavy, spawn_app_with};
 
 use super::{
-    cluster_port, in_sync_replica_of, master_of, redis_cli, signal_node, stack_sh, took_over,
+    cluster_port, in_sync_replica_of, master_of, redis_cli, settled, signal_node, stack_sh,
+    took_over,
 };
 use crate::buckets::{bucketed_sale, seated_bucketed_sale};
 
@@ -25,21 +26,10 @@ const BUCKETS: u16 = 3;
 
 /// A core whose writes wait up to 1 s (the most it allows) for one replica: longer than
 /// the test takes to kill the master while a round waits. Made once every node agrees on
-/// who serves which slot (an earlier test's failover may still be spreading): a client
-/// that learned an old map asks nodes for a new one, and a stopped node never answers.
+/// who serves which slot: a client that learned an old map asks nodes for a new one,
+/// and a stopped node never answers.
 async fn waiting_app(first: u16) -> TestApp {
-    let agreed = eventually(Duration::from_secs(30), || async {
-        let check = std::process::Command::new("redis-cli")
-            .args(["--cluster", "check", &format!("127.0.0.1:{first}")])
-            .output()
-            .expect("redis-cli --cluster check");
-        let said = String::from_utf8_lossy(&check.stdout).into_owned();
-        said.contains("All nodes agree about slots configuration")
-            && said.contains("All 16384 slots covered")
-            && !said.contains("[ERR]")
-    })
-    .await;
-    assert!(agreed, "the cluster's nodes do not agree on its slots");
+    settled(first).await;
     spawn_app_with(|s| {
         s.redis.wait_replicas = 1;
         s.redis.wait_timeout_ms = 1_000;

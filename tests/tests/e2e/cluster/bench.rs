@@ -4,12 +4,15 @@
 
 use stampede_e2e::{Stack, stack_app};
 
-use super::cluster_port;
+use super::{cluster_port, settled};
 use crate::bench::run_bench_with;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bench_sells_a_bucketed_event_over_the_three_masters_and_its_audit_passes() {
-    cluster_port(&Stack::from_env()); // the cluster stack, or a clear failure
+    let first = cluster_port(&Stack::from_env()); // the cluster stack, or a clear failure
+    // The test before may have killed a master and brought it back: its sale is measured
+    // on a cluster whose nodes agree again.
+    settled(first).await;
     let (_app, _edge) = stack_app().await;
     // STACK_MODE says single (and the stack dir's mode file, cluster): --cluster decides.
     let report = run_bench_with(
@@ -37,8 +40,11 @@ async fn the_bench_sells_a_bucketed_event_over_the_three_masters_and_its_audit_p
     .await;
     assert_eq!(report["audit"]["ok"], true, "{report:#}");
     assert_eq!(report["buckets"], 3);
-    assert_eq!(report["admitted"], report["orders"], "{report:#}");
-    assert!(report["orders"].as_u64().unwrap() <= 900, "{report:#}");
+    // 4 000 buyers for 900 units: every unit sold (none left in a bucket while a buyer
+    // was told SOLD_OUT), each an order. What the buyers heard says why if not.
+    let heard = &report["answers"];
+    assert_eq!(report["admitted"], 900, "the buyers heard {heard}");
+    assert_eq!(report["orders"], 900, "the buyers heard {heard}");
     // Every node of the cluster counted; each master ran a share of the event.
     let nodes = report["redis_nodes"].as_array().unwrap();
     assert_eq!(nodes.len(), 6, "{report:#}");
@@ -48,7 +54,10 @@ async fn the_bench_sells_a_bucketed_event_over_the_three_masters_and_its_audit_p
         .map(|n| n["evalsha_calls"].as_u64().unwrap())
         .collect();
     assert_eq!(masters.len(), 3, "{report:#}");
-    assert!(masters.iter().all(|&calls| calls >= 100), "{masters:?}");
+    assert!(
+        masters.iter().all(|&calls| calls >= 100),
+        "{masters:?}; the buyers heard {heard}"
+    );
     // One bucket puts every admission on one master (a spread near 3); the issue's
     // bound, 15 %, is for bench-sized sales (docs/scaling.md), not one this small.
     let spread = report["masters_spread"].as_f64().unwrap();

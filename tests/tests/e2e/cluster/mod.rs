@@ -87,6 +87,25 @@ pub(crate) async fn took_over(replica: u16) -> bool {
     .await
 }
 
+/// Waits (at most 30 s) until every node agrees on who serves which slot and every slot
+/// is served: an earlier test's failover may still be spreading, or the master it
+/// killed and brought back still rejoining (answering CLUSTERDOWN, or a map of before
+/// the failover, meanwhile).
+pub(crate) async fn settled(first: u16) {
+    let agreed = stampede_e2e::eventually(std::time::Duration::from_secs(30), || async {
+        let check = std::process::Command::new("redis-cli")
+            .args(["--cluster", "check", &format!("127.0.0.1:{first}")])
+            .output()
+            .expect("redis-cli --cluster check");
+        let said = String::from_utf8_lossy(&check.stdout).into_owned();
+        said.contains("All nodes agree about slots configuration")
+            && said.contains("All 16384 slots covered")
+            && !said.contains("[ERR]")
+    })
+    .await;
+    assert!(agreed, "the cluster's nodes do not agree on its slots");
+}
+
 /// `kill SIGNAL` to the cluster node on `port` (its pid file in the stack's state dir).
 pub(crate) fn signal_node(stack: &Stack, port: u16, signal: &str) {
     let pid = std::fs::read_to_string(stack.dir.join(format!("pids/rediscluster-{port}.pid")))
