@@ -68,7 +68,7 @@ pub async fn close(state: &AppState, id: u64) -> Result<Response, ApiError> {
     )
     .await?;
     // A waiting room's turns stop their clocks with it (Preloader::room_clock).
-    state.preloader.set_sale_status(&event).await?;
+    write_status(state, &event).await?;
     tracing::info!(event_id = id, "sale closed");
     Ok(json(
         StatusCode::OK,
@@ -86,7 +86,7 @@ pub async fn reopen(state: &AppState, id: u64) -> Result<Response, ApiError> {
     )
     .await?;
     if state.preloader.is_loaded(&event).await? {
-        state.preloader.set_sale_status(&event).await?;
+        write_status(state, &event).await?;
     } else {
         preload(state, &event).await?;
     }
@@ -95,6 +95,17 @@ pub async fn reopen(state: &AppState, id: u64) -> Result<Response, ApiError> {
         StatusCode::OK,
         &json!({"event_id": id, "status": event.status}),
     ))
+}
+
+/// A close's or reopen's status into Redis, after MySQL's. If it fails the admin hears
+/// 503 and may send it again; if nobody does, this core's next reconcile pass writes
+/// it (reconcile/status.rs), another core's within `FULL_EVERY` passes.
+async fn write_status(state: &AppState, event: &EventRecord) -> Result<(), ApiError> {
+    if let Err(e) = state.preloader.set_sale_status(event).await {
+        state.reconciler.pass_in_full(event.id);
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 /// `GET /admin/events/{id}/waiting-room`: the settings (the defaults, off, if never set)

@@ -13,6 +13,7 @@ mod books;
 mod heal;
 pub mod report;
 mod retire;
+mod status;
 mod unchanged;
 
 pub use books::{Balance, CategoryBalance, SegmentBalance, units_by_status};
@@ -202,6 +203,13 @@ impl Reconciler {
             mysql,
             ..self.clone()
         }
+    }
+
+    /// The next periodic pass over `event_id` in this core is a full one, whatever Redis
+    /// shows: a close or reopen whose Redis write failed shows nothing there
+    /// (status.rs).
+    pub fn pass_in_full(&self, event_id: u64) {
+        self.unchanged.forget(event_id);
     }
 
     /// For `stampede reconcile`: connects to Redis and MySQL as the core would.
@@ -520,6 +528,12 @@ impl Reconciler {
                 }
                 Err(e) => actions.push(format!("could not rebuild the event's keys yet: {e}")),
             }
+        }
+        if heal
+            && loaded
+            && let Some(action) = self.mend_status(event).await?
+        {
+            actions.push(action);
         }
         let mut measured = None;
         if heal && loaded {

@@ -710,3 +710,83 @@ async fn a_redis_restarted_from_an_older_copy_is_fenced_at_the_next_pass_of_an_i
     );
     app.stop().await;
 }
+
+/// What Redis says of a sale's status: (its metadata's status, its sales-index entry's).
+async fn redis_status(app: &TestApp, event: u64) -> (Option<String>, Option<String>) {
+    let mut redis = app.redis.clone();
+    let meta: Option<String> = redis
+        .hget(app.keys().meta(Bucket::only(event)), "status")
+        .await
+        .unwrap();
+    let listed: Option<String> = redis.hget(app.keys().sales_index(), event).await.unwrap();
+    let listed = listed.map(|l| l.split(':').next().unwrap_or_default().to_owned());
+    (meta, listed)
+}
+
+/// A close whose Redis write fails (Redis down) answers 503 with MySQL already CLOSED:
+/// Redis, back, still says open, so the edges let buyers on and a waiting room's turns
+/// run. Nobody sends it again; a reconcile pass writes MySQL's status into Redis (the
+/// periodic one too: it passes in full the sale whose write failed). A reopen likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_or_reopen_redis_never_heard_is_written_there_by_a_pass() {
+    let _heavy = stampede_e2e::heavy().await;
+    let redis_server = OwnRedis::start();
+    // No periodic pass: Redis is read as the failure left it, then one pass is asked for.
+    let (app, event, _, body, buyers) = a_sale_bought_once(&redis_server, |s| {
+        s.reconcile.interval_s = 0;
+    })
+    .await;
+    let closed_in_mysql = || async {
+        scalar(
+            &app.mysql,
+            &format!("SELECT status = 'CLOSED' FROM event WHERE id = {event}"),
+        )
+        .await
+    };
+    let open = (Some("open".to_owned()), Some("open".to_owned()));
+    let closed = (Some("closed".to_owned()), Some("closed".to_owned()));
+
+    for (action, mysql_closed, before, after) in
+        [("close", 1, &open, &closed), ("reopen", 0, &closed, &open)]
+    {
+        redis_server.kill9();
+        let (status, answer) = app
+            .admin_api
+            .call(
+                reqwest::Method::POST,
+                &format!("/admin/events/{event}/{action}"),
+                None,
+            )
+            .await;
+        redis_server.restart();
+        assert_eq!(status, 503, "{action}: {answer}");
+        assert_eq!(closed_in_mysql().await, mysql_closed, "{action} in MySQL");
+        let left = eventually(Duration::from_secs(10), || async {
+            app.redis.clone().ping::<String>().await.is_ok()
+        })
+        .await;
+        assert!(left, "the core's Redis connection did not come back");
+        assert_eq!(
+            &redis_status(&app, event).await,
+            before,
+            "{action}: Redis has the write that failed"
+        );
+        let (status, report) = app
+            .admin_api
+            .post(&format!("/admin/events/{event}/reconcile"), json!({}))
+            .await;
+        assert_eq!(status, 200, "{report}");
+        assert_eq!(
+            &redis_status(&app, event).await,
+            after,
+            "{action}: the pass did not write MySQL's status: {report}"
+        );
+        assert!(
+            report["actions"].to_string().contains("written again"),
+            "{report}"
+        );
+    }
+    // Open again everywhere: the second buyer buys.
+    assert_eq!(app.buy(event, &buyers[1], "k", body).await.0, 202);
+    app.stop().await;
+}
