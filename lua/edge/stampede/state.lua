@@ -340,7 +340,14 @@ local function refresh(premature)
     -- when the snapshot cannot be read: on a cluster, other shards may take theirs).
     local pok, perr = pcall(admitted.publish)
     if not pok then ngx.log(ngx.ERR, "admitted keys: ", perr) end
-    local snap, err = pull()
+    -- A Lua error while reading (a reply of a shape not expected) fails this tick like
+    -- a Redis error, logged below, and the slot map is read again next tick; unguarded,
+    -- the timer's run ended with the snapshot kept and no "refresh failed" said.
+    local pok, snap, err = pcall(pull)
+    if not pok then
+      snap, err = nil, "error reading the state: " .. tostring(snap)
+      store.forget()
+    end
     if snap then
       -- Before the snapshot is out: a sale this snapshot first refuses whole (closed,
       -- sold out) has the keys it admitted copied, as far as the time budget goes,
