@@ -154,8 +154,15 @@ pub fn leased_id(lock: &Lock) -> u64 {
         .expect("worker lease keys end in the id")
 }
 
-/// Renews the lease every third of its time; if it was lost (Redis down longer than
-/// the lease), takes a new id so two instances never mint with one.
+/// After a renewal that failed, the next try comes this soon (or at the next third of
+/// the lease, if sooner), not a third of the lease later: two failures a third apart
+/// (two short Redis outages, a failover each) stopped minting (two thirds past the last
+/// renewal) for up to a third of the lease with Redis back all along.
+const RENEW_RETRY: Duration = Duration::from_secs(1);
+
+/// Renews the lease every third of its time, and after a failed renewal every
+/// [`RENEW_RETRY`] until one lands; if it was lost (Redis down longer than the lease),
+/// takes a new id so two instances never mint with one.
 pub async fn keep_lease(
     mut lock: Lock,
     ids: std::sync::Arc<OrderIds>,
@@ -164,12 +171,15 @@ pub async fn keep_lease(
     lease: Duration,
     mut stop: Shutdown,
 ) {
-    let mut tick = tokio::time::interval(lease / 3);
+    let every = lease / 3;
+    // At once first: the lease was taken before the rest of the start-up.
+    let mut wait = Duration::ZERO;
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.wait() => break,
         }
+        wait = every;
         match lock.renew(&mut redis, lease).await {
             Ok(Owned::Yes) => ids.renewed(),
             Ok(Owned::No) => match lease_worker_id(&mut redis, &keys, lease).await {
@@ -183,15 +193,22 @@ pub async fn keep_lease(
                     ids.renewed();
                     lock = new;
                 }
-                Err(e) => tracing::error!(
-                    error = format!("{e:#}"),
-                    "worker id lease lost and none free"
-                ),
+                Err(e) => {
+                    tracing::error!(
+                        error = format!("{e:#}"),
+                        "worker id lease lost and none free"
+                    );
+                    wait = RENEW_RETRY.min(every);
+                }
             },
-            Err(e) => tracing::warn!(
-                error = format!("{e:#}"),
-                "could not renew the worker id lease; retrying"
-            ),
+            Err(e) => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    retry_in_ms = RENEW_RETRY.min(every).as_millis() as u64,
+                    "could not renew the worker id lease; retrying"
+                );
+                wait = RENEW_RETRY.min(every);
+            }
         }
     }
     let _ = lock.release(&mut redis).await;
