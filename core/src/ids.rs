@@ -160,8 +160,8 @@ pub fn leased_id(lock: &Lock) -> u64 {
 /// renewal) for up to a third of the lease with Redis back all along.
 const RENEW_RETRY: Duration = Duration::from_secs(1);
 
-/// Renews the lease every third of its time, and after a failed renewal every
-/// [`RENEW_RETRY`] until one lands; if it was lost (Redis down longer than the lease),
+/// Renews the lease every third of its time, and after a renewal that failed (Redis
+/// down or slow) every [`RENEW_RETRY`] until one lands; if it was lost (Redis down longer than the lease),
 /// takes a new id so two instances never mint with one.
 pub async fn keep_lease(
     mut lock: Lock,
@@ -172,6 +172,9 @@ pub async fn keep_lease(
     mut stop: Shutdown,
 ) {
     let every = lease / 3;
+    let retry = RENEW_RETRY.min(every);
+    // Retried every second while Redis is down: said at the first failure, then every 10 s.
+    let failing = crate::telemetry::Throttle::new(Duration::from_secs(10));
     // At once first: the lease was taken before the rest of the start-up.
     let mut wait = Duration::ZERO;
     loop {
@@ -181,7 +184,12 @@ pub async fn keep_lease(
         }
         wait = every;
         match lock.renew(&mut redis, lease).await {
-            Ok(Owned::Yes) => ids.renewed(),
+            Ok(Owned::Yes) => {
+                ids.renewed();
+                if failing.recovered() {
+                    tracing::info!("worker id lease renewed again");
+                }
+            }
             Ok(Owned::No) => match lease_worker_id(&mut redis, &keys, lease).await {
                 Ok(new) => {
                     tracing::warn!(
@@ -191,23 +199,28 @@ pub async fn keep_lease(
                     );
                     ids.set_worker(leased_id(&new));
                     ids.renewed();
+                    failing.recovered();
                     lock = new;
                 }
                 Err(e) => {
-                    tracing::error!(
-                        error = format!("{e:#}"),
-                        "worker id lease lost and none free"
-                    );
-                    wait = RENEW_RETRY.min(every);
+                    // Tried again at the next third: a try is a SET NX per id.
+                    if failing.due() {
+                        tracing::error!(
+                            error = format!("{e:#}"),
+                            "worker id lease lost and none free"
+                        );
+                    }
                 }
             },
             Err(e) => {
-                tracing::warn!(
-                    error = format!("{e:#}"),
-                    retry_in_ms = RENEW_RETRY.min(every).as_millis() as u64,
-                    "could not renew the worker id lease; retrying"
-                );
-                wait = RENEW_RETRY.min(every);
+                if failing.due() {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        retry_in_ms = retry.as_millis() as u64,
+                        "could not renew the worker id lease; retrying"
+                    );
+                }
+                wait = retry;
             }
         }
     }

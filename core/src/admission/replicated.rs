@@ -26,6 +26,7 @@ use crate::config::RedisSettings;
 use crate::domain::{OrderNo, UserId};
 use crate::infra::redis::Redis;
 use crate::keys::{self, Bucket, Keys};
+use crate::telemetry::Throttle;
 
 /// What the replicas confirmed for one write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +113,8 @@ pub struct ReplicaBarrier {
     replicas: u32,
     timeout: Duration,
     slots: Mutex<HashMap<Bucket, Arc<SlotRounds>>>,
-    /// When the last "fewer replicas" warning was logged (ms since the epoch).
-    warned_ms: AtomicU64,
+    /// The "fewer replicas" warning, at most every 10 s.
+    warned: Throttle,
 }
 
 /// A slot without a write for this long loses its rounds and connection when another
@@ -176,7 +177,7 @@ impl ReplicaBarrier {
             replicas,
             timeout,
             slots: Mutex::new(HashMap::new()),
-            warned_ms: AtomicU64::new(0),
+            warned: Throttle::new(Duration::from_secs(10)),
         }
     }
 
@@ -296,14 +297,7 @@ impl ReplicaBarrier {
 
     /// Logs, at most every 10 s, that writes stand on their master alone.
     fn warn_timed_out(&self, acks: u32) {
-        let now = chrono::Utc::now().timestamp_millis() as u64;
-        let last = self.warned_ms.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= 10_000
-            && self
-                .warned_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.warned.due() {
             tracing::warn!(
                 acks,
                 wanted = self.replicas,

@@ -27,6 +27,7 @@ use anyhow::Context;
 use crate::infra::redis::Redis;
 use crate::keys::Keys;
 use crate::shutdown::Shutdown;
+use crate::telemetry::Throttle;
 
 /// How often each core reads the revocations (the edges: each snapshot, ~200 ms).
 pub const REFRESH: Duration = Duration::from_millis(250);
@@ -257,7 +258,7 @@ impl Revoked {
     ) {
         let mut tick = tokio::time::interval(REFRESH);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut warned: Option<tokio::time::Instant> = None;
+        let warned = Throttle::new(Duration::from_secs(60));
         let mut reads = 0u32;
         loop {
             tokio::select! {
@@ -271,8 +272,7 @@ impl Revoked {
                         Ok(Read::Whole) if prune => counted.with_label_values(&["prune"]).inc(),
                         Ok(Read::Whole) => counted.with_label_values(&["whole"]).inc(),
                         Err(e) => {
-                            if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
-                                warned = Some(tokio::time::Instant::now());
+                            if warned.due() {
                                 tracing::warn!(error = format!("{e:#}"), "could not read the revoked tokens; keeping the last");
                             }
                         }

@@ -153,7 +153,7 @@ impl Preloader {
     /// written last. An admin's change whose MySQL write comes after that read writes
     /// Redis after it too; one that came between a read and the write it led to is seen
     /// by the next read (two changes racing one preload: a close then a reopen).
-    async fn status_since(&self, event: &EventRecord) -> anyhow::Result<()> {
+    pub(crate) async fn status_since(&self, event: &EventRecord) -> anyhow::Result<()> {
         let mut written = event.status;
         for _ in 0..STATUS_REREADS {
             // The status alone, until it differs; then the record, to write it.

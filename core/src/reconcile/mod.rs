@@ -37,6 +37,7 @@ use crate::metrics::Metrics;
 use crate::order_tables::OrderStatus;
 use crate::preload::{PreloadError, Preloader};
 use crate::shutdown::Shutdown;
+use crate::telemetry::Throttle;
 
 /// Longest backlog counted per category (XRANGE is work for Redis; stats are polled).
 const MAX_COUNTED_BACKLOG: usize = 10_000;
@@ -135,31 +136,26 @@ const IDENTITY_TIMEOUT: Duration = Duration::from_secs(2);
 /// warning is logged again this often, not twice a round.
 const IDENTITY_WARN_EVERY: Duration = Duration::from_secs(600);
 
-/// Logs what reading Redis's identity gave, `warned` being when the last warning was:
-/// a warning when it first fails and again every [`IDENTITY_WARN_EVERY`] while it
-/// does, a note when it is read again. Whether it warned.
-fn report_identity(
-    read: anyhow::Result<()>,
-    warned: &mut Option<std::time::Instant>,
-    now: std::time::Instant,
-) -> bool {
+/// Logs what reading Redis's identity gave: a warning when it first fails and again
+/// every [`IDENTITY_WARN_EVERY`] while it does (`warned`), a note when it is read again.
+/// Whether it warned.
+fn report_identity(read: anyhow::Result<()>, warned: &Throttle, now: std::time::Instant) -> bool {
     match read {
         Err(e) => {
-            let due = warned.is_none_or(|at| now.duration_since(at) >= IDENTITY_WARN_EVERY);
+            let due = warned.due_at(now);
             if due {
                 // Down, or INFO refused (an ACL user without @dangerous, a proxy, a
                 // managed Redis that renames it): nothing is skipped while unread.
                 tracing::warn!(
                     error = format!("{e:#}"),
-                    again_after_s = IDENTITY_WARN_EVERY.as_secs(),
+                    again_after_s = warned.every().as_secs(),
                     "Redis's identity (INFO) unread: every sale passed in full"
                 );
-                *warned = Some(now);
             }
             due
         }
         Ok(()) => {
-            if warned.take().is_some() {
+            if warned.recovered() {
                 tracing::info!("Redis's identity read again: unchanged sales may be skipped");
             }
             false
@@ -209,7 +205,7 @@ impl Reconciler {
     /// shows: a close or reopen whose Redis write failed shows nothing there
     /// (status.rs).
     pub fn pass_in_full(&self, event_id: u64) {
-        self.unchanged.forget(event_id);
+        self.unchanged.doubt(event_id);
     }
 
     /// For `stampede reconcile`: connects to Redis and MySQL as the core would.
@@ -633,6 +629,10 @@ impl Reconciler {
                     Ok(_) | Err(PreloadError::Busy(_)) => {}
                     Err(e) => return Err(e.into()),
                 }
+            } else if let Some(action) = self.mend_status(&event).await? {
+                // A reopen ahead of the open whose Redis write failed: the room's
+                // early joiners would read "closed" until the open.
+                tracing::warn!(event_id = id, action, "reconciler healed a drift");
             }
             return Ok(());
         }
@@ -705,7 +705,7 @@ impl Reconciler {
     pub async fn run(self, interval: Duration, window_s: u64, mut stop: Shutdown) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut identity_warned = None;
+        let identity_warned = Throttle::new(IDENTITY_WARN_EVERY);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -726,7 +726,7 @@ impl Reconciler {
             };
             self.unchanged.keep(&ids.iter().copied().collect());
             let read = self.read_redis_identity().await;
-            report_identity(read, &mut identity_warned, std::time::Instant::now());
+            report_identity(read, &identity_warned, std::time::Instant::now());
             for id in ids {
                 let pass = self.pass_and_retire(id, margin);
                 if let Err(e) = per_event.try_within("a reconcile pass", pass).await {
@@ -740,7 +740,7 @@ impl Reconciler {
             // Again after the round: a Redis restarted during it may have let the
             // rest of the round skip sales on what it lost; their next pass is full.
             let read = self.read_redis_identity().await;
-            report_identity(read, &mut identity_warned, std::time::Instant::now());
+            report_identity(read, &identity_warned, std::time::Instant::now());
             if let Err(e) = self.purge_due().await {
                 tracing::warn!(error = format!("{e:#}"), "purging retired sales failed");
             }
@@ -760,30 +760,29 @@ mod tests {
                 "NOPERM this user has no permissions to run 'info'"
             ))
         };
-        let mut warned = None;
-        assert!(report_identity(unread(), &mut warned, t0));
+        let warned = Throttle::new(IDENTITY_WARN_EVERY);
+        assert!(report_identity(unread(), &warned, t0));
         // Twice a round, every round of a 10 s interval: silent for ten minutes.
         for s in (5..600).step_by(5) {
             assert!(!report_identity(
                 unread(),
-                &mut warned,
+                &warned,
                 t0 + Duration::from_secs(s)
             ));
         }
         assert!(report_identity(
             unread(),
-            &mut warned,
+            &warned,
             t0 + Duration::from_secs(600)
         ));
         assert!(!report_identity(
             Ok(()),
-            &mut warned,
+            &warned,
             t0 + Duration::from_secs(605)
         ));
-        assert_eq!(warned, None, "read again");
         assert!(report_identity(
             unread(),
-            &mut warned,
+            &warned,
             t0 + Duration::from_secs(610)
         ));
     }

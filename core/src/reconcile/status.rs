@@ -23,8 +23,10 @@ pub(super) fn differs(entry: &str, metas: &[Option<String>], listed: Option<&str
 impl Reconciler {
     /// MySQL's status written again where Redis says another (see the module's notes);
     /// the action taken, if one was. A published sale whose window is over is left as
-    /// Redis has it: its retirement closes its keys. Read again from MySQL just before
-    /// the write, so a close or reopen since the pass began is not undone.
+    /// Redis has it: its retirement closes its keys. The record written is read again
+    /// just before (a close or reopen since the pass began is the next pass's to judge),
+    /// and MySQL's status after, as a preload does: an admin's change racing the write
+    /// is written after it.
     pub(super) async fn mend_status(&self, event: &EventRecord) -> anyhow::Result<Option<String>> {
         if event.status == EventStatus::Draft
             || (event.status == EventStatus::Published && Utc::now() >= event.sale_end)
@@ -34,14 +36,15 @@ impl Reconciler {
         if !self.status_differs(event).await? {
             return Ok(None);
         }
-        match catalog::load(&self.mysql, event.id).await? {
-            Some(now) if now.status == event.status => {}
+        let now = match catalog::load(&self.mysql, event.id).await? {
+            Some(now) if now.status == event.status => now,
             _ => return Ok(None), // changed meanwhile: the next pass looks again
-        }
-        self.preloader.set_sale_status(event).await?;
+        };
+        self.preloader.set_sale_status(&now).await?;
+        self.preloader.status_since(&now).await?;
         Ok(Some(format!(
             "Redis said another status than MySQL's {:?} (a close or reopen whose Redis write failed): written again",
-            event.status
+            now.status
         )))
     }
 
