@@ -161,8 +161,8 @@ pub fn leased_id(lock: &Lock) -> u64 {
 const RENEW_RETRY: Duration = Duration::from_secs(1);
 
 /// Renews the lease every third of its time, and after a renewal that failed (Redis
-/// down or slow) every [`RENEW_RETRY`] until one lands; if it was lost (Redis down longer than the lease),
-/// takes a new id so two instances never mint with one.
+/// down or slow) every [`RENEW_RETRY`] until one lands; if it was lost (Redis down
+/// longer than the lease), takes a new id so two instances never mint with one.
 pub async fn keep_lease(
     mut lock: Lock,
     ids: std::sync::Arc<OrderIds>,

@@ -752,11 +752,7 @@ async fn a_close_or_reopen_redis_never_heard_is_written_there_by_a_pass() {
         redis_server.kill9();
         let (status, answer) = app
             .admin_api
-            .call(
-                reqwest::Method::POST,
-                &format!("/admin/events/{event}/{action}"),
-                None,
-            )
+            .post(&format!("/admin/events/{event}/{action}"), json!({}))
             .await;
         redis_server.restart();
         assert_eq!(status, 503, "{action}: {answer}");
