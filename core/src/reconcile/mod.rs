@@ -98,6 +98,13 @@ pub struct Reconciler {
     passes: prometheus::IntCounterVec,
 }
 
+/// The events a periodic round passes over ([`Reconciler::events`]), and which of them
+/// MySQL had published, within their window or opening soon, as the round began.
+struct Listed {
+    ids: Vec<u64>,
+    published: std::collections::HashSet<u64>,
+}
+
 /// The reservations queued in a stream's entries under the keys' current generation
 /// (`epoch`); an entry that does not read as one is not counted.
 fn queued(
@@ -583,19 +590,34 @@ impl Reconciler {
     /// The events a periodic pass looks at: those with a sale in Redis, and the
     /// published ones opening soon or open (whose keys Redis may have lost).
     pub async fn events(&self, window_s: u64) -> anyhow::Result<Vec<u64>> {
+        Ok(self.listed(window_s).await?.ids)
+    }
+
+    /// [`Reconciler::events`], with which of them MySQL has published.
+    async fn listed(&self, window_s: u64) -> anyhow::Result<Listed> {
         let mut ids: Vec<u64> = redis::cmd("HKEYS")
             .arg(self.keys.sales_index())
             .query_async(&mut self.redis.clone())
             .await?;
-        ids.extend(catalog::published_opening_within(&self.mysql, window_s).await?);
+        let published = catalog::published_opening_within(&self.mysql, window_s).await?;
+        ids.extend(&published);
         ids.sort_unstable();
         ids.dedup();
-        Ok(ids)
+        Ok(Listed {
+            ids,
+            published: published.into_iter().collect(),
+        })
     }
 
     /// A periodic pass over one event: heal, then retire the event if its sale is over
     /// and nothing is left to do (retire.rs).
-    async fn pass_and_retire(&self, id: u64, margin: chrono::TimeDelta) -> anyhow::Result<()> {
+    /// `published`: whether MySQL had the sale published when the round began.
+    async fn pass_and_retire(
+        &self,
+        id: u64,
+        published: bool,
+        margin: chrono::TimeDelta,
+    ) -> anyhow::Result<()> {
         // Taken before the pass: a change during it shows at the next.
         let now_ms = chrono::Utc::now().timestamp_millis();
         let before = match unchanged::fingerprint(&self.redis, &self.keys, id, now_ms).await {
@@ -603,7 +625,12 @@ impl Reconciler {
             Err(e) if Down::of(&e).is_some() => None,
             Err(e) => return Err(e),
         };
+        // A fingerprint is read only for a sale Redis shows open: one MySQL no longer
+        // has published is a close Redis never heard (its write failed, in any core),
+        // which the full pass writes there (`mend_status`) and a skip would leave for
+        // up to FULL_EVERY passes.
         if let Some(print) = &before
+            && published
             && self.unchanged.skip(id, print)
         {
             self.passes.with_label_values(&["unchanged"]).inc();
@@ -714,21 +741,21 @@ impl Reconciler {
             let limit = &self.preloader.call_timeout;
             let per_event = limit.for_pass();
             let margin = open_margin(interval);
-            let ids = match limit
-                .try_within("the events to reconcile", self.events(window_s))
+            let listed = match limit
+                .try_within("the events to reconcile", self.listed(window_s))
                 .await
             {
-                Ok(ids) => ids,
+                Ok(listed) => listed,
                 Err(e) => {
                     tracing::warn!(error = format!("{e:#}"), "reconciler cannot list events");
                     continue;
                 }
             };
-            self.unchanged.keep(&ids.iter().copied().collect());
+            self.unchanged.keep(&listed.ids.iter().copied().collect());
             let read = self.read_redis_identity().await;
             report_identity(read, &identity_warned, std::time::Instant::now());
-            for id in ids {
-                let pass = self.pass_and_retire(id, margin);
+            for &id in &listed.ids {
+                let pass = self.pass_and_retire(id, listed.published.contains(&id), margin);
                 if let Err(e) = per_event.try_within("a reconcile pass", pass).await {
                     tracing::warn!(
                         event_id = id,

@@ -10,9 +10,10 @@
 //! healed; every [`FULL_EVERY`]-th pass is made whatever Redis shows. Every admission,
 //! give-back, move, rebuild, close and seat change moves one of those; what moves none
 //! (a change made in MySQL alone, such as a cancellation whose give-back a crash cut
-//! off) waits for that full pass. A sale not on (ahead of its window, past it, closed)
-//! is passed every time, as before: its retirement and its keys' checks depend on the
-//! clock and on MySQL.
+//! off) waits for that full pass, except a close: a sale MySQL no longer has published
+//! as the round began is passed in full (`Reconciler::pass_and_retire`). A sale not on
+//! (ahead of its window, past it, closed) is passed every time, as before: its
+//! retirement and its keys' checks depend on the clock and on MySQL.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;

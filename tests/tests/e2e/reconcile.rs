@@ -1002,5 +1002,33 @@ async fn a_sale_on_whose_books_balance_is_passed_in_full_only_when_redis_shows_a
     })
     .await;
     assert!(corrected, "remain left at {}", remain().await);
+
+    // Closed in MySQL alone, just after a full pass: another core's close whose Redis
+    // write failed (that core's own next pass is full; this one heard nothing). The
+    // next pass writes it into Redis, not the sixth.
+    let full = passes(&app, "full").await;
+    let passed = eventually(Duration::from_secs(10), || async {
+        passes(&app, "full").await > full
+    })
+    .await;
+    assert!(passed, "no full pass in 10 s");
+    let skipped_before = passes(&app, "unchanged").await;
+    let mut conn = app.mysql.get_conn().await.unwrap();
+    conn.exec_drop("UPDATE event SET status = 'CLOSED' WHERE id = ?", (event,))
+        .await
+        .unwrap();
+    drop(conn);
+    let meta = app.keys().event_meta(event);
+    let redis_closed = eventually(Duration::from_secs(15), || async {
+        let status: Option<String> = app.redis.clone().hget(&meta, "status").await.unwrap();
+        status.as_deref() == Some("closed")
+    })
+    .await;
+    assert!(redis_closed, "Redis still says the closed sale is open");
+    let skipped = passes(&app, "unchanged").await - skipped_before;
+    assert!(
+        skipped <= 1,
+        "{skipped} passes skipped a sale MySQL had closed"
+    );
     app.stop().await;
 }
