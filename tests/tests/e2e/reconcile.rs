@@ -923,6 +923,17 @@ pub(crate) async fn passes(app: &TestApp, pass: &str) -> u64 {
     app.admin_api.counter(&series).await.unwrap_or(0)
 }
 
+/// Waits for the core's next full periodic pass; the passes skipped so far.
+async fn just_after_a_full_pass(app: &TestApp) -> u64 {
+    let full = passes(app, "full").await;
+    let passed = eventually(Duration::from_secs(10), || async {
+        passes(app, "full").await > full
+    })
+    .await;
+    assert!(passed, "no full pass in 10 s");
+    passes(app, "unchanged").await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_on_whose_books_balance_is_passed_in_full_only_when_redis_shows_a_change() {
     let app = spawn_app_with(|s| {
@@ -959,13 +970,7 @@ async fn a_sale_on_whose_books_balance_is_passed_in_full_only_when_redis_shows_a
     // Redis offering 3 units too many (a change Redis shows), just after a full pass:
     // the next pass is full all the same, and heals it (one under way when the change
     // was made may still skip: one at most), not the sixth.
-    let full = passes(&app, "full").await;
-    let passed = eventually(Duration::from_secs(10), || async {
-        passes(&app, "full").await > full
-    })
-    .await;
-    assert!(passed, "no full pass in 10 s");
-    let skipped_before = passes(&app, "unchanged").await;
+    let skipped_before = just_after_a_full_pass(&app).await;
     let stock_key = app.keys().stock(Bucket::only(event));
     let _: i64 = app.redis.clone().hincr(&stock_key, ga, 3).await.unwrap();
     let healed = eventually(Duration::from_secs(15), || async {
@@ -1006,13 +1011,7 @@ async fn a_sale_on_whose_books_balance_is_passed_in_full_only_when_redis_shows_a
     // Closed in MySQL alone, just after a full pass: another core's close whose Redis
     // write failed (that core's own next pass is full; this one heard nothing). The
     // next pass writes it into Redis, not the sixth.
-    let full = passes(&app, "full").await;
-    let passed = eventually(Duration::from_secs(10), || async {
-        passes(&app, "full").await > full
-    })
-    .await;
-    assert!(passed, "no full pass in 10 s");
-    let skipped_before = passes(&app, "unchanged").await;
+    let skipped_before = just_after_a_full_pass(&app).await;
     let mut conn = app.mysql.get_conn().await.unwrap();
     conn.exec_drop("UPDATE event SET status = 'CLOSED' WHERE id = ?", (event,))
         .await
