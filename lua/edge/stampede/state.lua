@@ -24,6 +24,11 @@ local _M = {}
 local dict, cfg
 local version = -1
 local snapshot_at = 0
+-- When (ms) the leader began reading the snapshot this worker answers from.
+local read_ms = 0
+-- How long past a sale's end the gate waits for a snapshot read after it (gate): as
+-- long as a snapshot may be late before the seat stamps and rooms stop trusting it.
+local end_grace_ms
 -- event id → {open, start_ms, end_ms, all_sold, sold = {[cid string] = true},
 -- journeys = {["<cid>:<from>:<to>"] = true}, seat_stamp, room (room.lua; nil: none),
 -- buckets (count), read_at (s: when its flags were read)}
@@ -88,7 +93,7 @@ local function pull()
   if not first then return nil, "sales: " .. tostring(err) end
   local sales, overrides = first[1], first[2]
   local now = ngx.now()
-  local snap = { events = {}, limits = {} }
+  local snap = { events = {}, limits = {}, read_ms = floor(now * 1000) }
   local ids, cmds = {}, {}
   for i = 1, #sales, 2 do
     local id = sales[i]
@@ -319,6 +324,7 @@ local function adopt()
     if snap then
       events = snap.events
       snapshot_at = snap.at or 0
+      read_ms = snap.read_ms or 0
       limit.apply(snap.limits)
       version = v
     end
@@ -404,6 +410,7 @@ function _M.init(opts)
   dict = assert(shared[opts.dict], "lua_shared_dict " .. tostring(opts.dict) .. " is not declared")
   rdict = assert(shared[opts.revoked_dict], "lua_shared_dict " .. tostring(opts.revoked_dict) .. " is not declared")
   cfg = opts
+  end_grace_ms = (5 * opts.interval_s + 1) * 1000
   store.init({ nodes = opts.nodes, cluster = opts.cluster, timeout_ms = opts.timeout_ms })
 end
 
@@ -436,12 +443,22 @@ end
 
 -- The sale gate and sold-out check for an event id (string). Returns nil when the
 -- request may go on, else status, code, message.
+--
+-- A sale past its end by this worker's clock is refused once the snapshot answered from
+-- was read at or after the end: the leader copied the keys the sale admitted before it
+-- published that snapshot (admitted.lua), so a retry of a purchase admitted through
+-- another edge still hears its 202 here. Until then (a refresh at most) the core
+-- answers, by its own clock and records: that retry's 202, NOT_OPEN to anything else.
+-- Refused all the same end_grace_ms after the end (a leader that stopped publishing).
 function _M.gate(event_id, category_of)
   local ev = events[event_id]
   local now = ngx.now()
   if ev then mark(event_id, now) end
   local now_ms = floor(now * 1000)
-  if not ev or not ev.open or now_ms < ev.start_ms or now_ms >= ev.end_ms then
+  if not ev or not ev.open or now_ms < ev.start_ms then
+    return 403, "NOT_OPEN", "the sale is not open"
+  end
+  if now_ms >= ev.end_ms and (read_ms >= ev.end_ms or now_ms - ev.end_ms >= end_grace_ms) then
     return 403, "NOT_OPEN", "the sale is not open"
   end
   if ev.all_sold then

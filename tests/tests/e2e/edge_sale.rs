@@ -733,3 +733,51 @@ async fn a_purchase_admitted_elsewhere_and_retried_after_the_close_hears_its_202
     assert_eq!(status, 403, "{answer}");
     assert_eq!(answer["error"]["code"], "NOT_OPEN", "{answer}");
 }
+
+/// A purchase admitted through another edge and retried through this one just as the
+/// sale's window ends hears its 202, never NOT_OPEN: the edge's workers refuse a sale past
+/// its end by their own clock only once the snapshot they answer from was read after the
+/// end, which the sale's keys were copied for (admitted.lua); until then the core answers
+/// (up to one refresh). Sixty buyers admitted through the core, each retried once through
+/// the edge (the per-user limit), one every 30 ms from 0.3 s before the end to 1.5 s
+/// after it. A new key after that is NOT_OPEN.
+#[tokio::test]
+async fn a_purchase_admitted_elsewhere_and_retried_as_the_window_ends_hears_its_202() {
+    let (app, _edge) = stack_app().await;
+    // Room for a slow machine to create, publish and admit the sixty before the end.
+    let end = chrono::Utc::now() + chrono::Duration::seconds(12);
+    let mut sale = crate::buckets::bucketed_sale(100, 1, 1);
+    sale["sale_end"] = json!(end.to_rfc3339());
+    let (event, categories) = open_sale(&app, sale).await;
+    let body = json!({"category_id": categories[0], "quantity": 1});
+    let buyers = app.admin.buyers(61).await;
+    let first = admitted_elsewhere(&app, event, &buyers[..60], &body).await;
+    let left = end - chrono::Utc::now();
+    assert!(
+        left > chrono::Duration::milliseconds(500),
+        "the sixty were admitted too late: {left} before the end"
+    );
+    let mut heard = Vec::new();
+    for (i, b) in buyers[..60].iter().enumerate() {
+        let at = end + chrono::Duration::milliseconds(30 * i as i64 - 300);
+        if let Ok(wait) = (at - chrono::Utc::now()).to_std() {
+            tokio::time::sleep(wait).await;
+        }
+        let sent = (chrono::Utc::now() - end).num_milliseconds();
+        let (status, answer) = app
+            .buy(event, b, &format!("elsewhere-{i}"), body.clone())
+            .await;
+        let as_first = status == 202 && answer["request_id"] == first[i]["request_id"];
+        heard.push((sent, status, as_first, answer));
+    }
+    let after_end = heard.iter().filter(|h| h.0 >= 0).count();
+    assert!(after_end >= 40, "{after_end} retries sent after the end");
+    let wrong: Vec<_> = heard.iter().filter(|h| !h.2).collect();
+    assert!(
+        wrong.is_empty(),
+        "retries not answered with their first 202 (ms past the end, status, answer): {wrong:?}"
+    );
+    let (status, answer) = app.buy(event, &buyers[60], "late", body.clone()).await;
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(answer["error"]["code"], "NOT_OPEN", "{answer}");
+}
