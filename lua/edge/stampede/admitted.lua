@@ -410,4 +410,20 @@ function _M.sync(snap)
   end
 end
 
+-- Whether the keys sale `id` (`ev`, state.lua's snapshot entry) admitted until
+-- `since_ms` are all in the dict: each bucket's records counted at or after it, with
+-- no copy of them under way (sync). state.lua's gate refuses a sale past its end only
+-- then (or a while after).
+function _M.copied_since(id, ev, since_ms)
+  local count = bucket_count(ev)
+  if not count then return false end
+  for _, tag in ipairs(bucket_tags(id, count)) do
+    local key = prefix .. format(layout.idempotency, tag)
+    if progress:get("admitted-scan:" .. key) then return false end
+    local counted_at = match(progress:get("admitted:" .. key) or "", "|([%d.]+)$")
+    if not counted_at or tonumber(counted_at) * 1000 < since_ms then return false end
+  end
+  return true
+end
+
 return _M

@@ -24,14 +24,13 @@ local _M = {}
 local dict, cfg
 local version = -1
 local snapshot_at = 0
--- When (ms) the leader began reading the snapshot this worker answers from.
-local read_ms = 0
--- How long past a sale's end the gate waits for a snapshot read after it (gate): as
--- long as a snapshot may be late before the seat stamps and rooms stop trusting it.
+-- How long past a sale's end the gate waits for its keys to be copied (gate): as long
+-- as a snapshot may be late before the seat stamps and rooms stop trusting it.
 local end_grace_ms
 -- event id → {open, start_ms, end_ms, all_sold, sold = {[cid string] = true},
 -- journeys = {["<cid>:<from>:<to>"] = true}, seat_stamp, room (room.lua; nil: none),
--- buckets (count), read_at (s: when its flags were read)}
+-- buckets (count), read_at (s: when its flags were read), copied (past its end, the
+-- keys it admitted all copied: admitted.copied_since)}
 local events = {}
 
 local LOCK, SNAPSHOT, VERSION, PUBLISH_LOCK = "refresh-lock", "snapshot", "version", "publish-lock"
@@ -93,7 +92,7 @@ local function pull()
   if not first then return nil, "sales: " .. tostring(err) end
   local sales, overrides = first[1], first[2]
   local now = ngx.now()
-  local snap = { events = {}, limits = {}, read_ms = floor(now * 1000) }
+  local snap = { events = {}, limits = {} }
   local ids, cmds = {}, {}
   for i = 1, #sales, 2 do
     local id = sales[i]
@@ -324,7 +323,6 @@ local function adopt()
     if snap then
       events = snap.events
       snapshot_at = snap.at or 0
-      read_ms = snap.read_ms or 0
       limit.apply(snap.limits)
       version = v
     end
@@ -361,6 +359,15 @@ local function refresh(premature)
       -- A failure there never stops the snapshot.
       local ok, serr = pcall(admitted.sync, snap)
       if not ok then ngx.log(ngx.ERR, "admitted keys: ", serr) end
+      -- Which sales past their end have every key they admitted copied (the gate's
+      -- cue to refuse them); none, on an error.
+      local now_ms = floor(ngx.now() * 1000)
+      for id, ev in pairs(snap.events) do
+        if now_ms >= ev.end_ms then
+          local cok, copied = pcall(admitted.copied_since, id, ev, ev.end_ms)
+          ev.copied = cok and copied or nil
+        end
+      end
       -- Unless a later leader (this one's lock lapsed on a slow Redis) published first;
       -- the check and the publish under a lock of their own (they do not yield), or two
       -- leaders of two workers could both pass the check and the one with the older
@@ -445,11 +452,12 @@ end
 -- request may go on, else status, code, message.
 --
 -- A sale past its end by this worker's clock is refused once the snapshot answered from
--- was read at or after the end: the leader copied the keys the sale admitted before it
--- published that snapshot (admitted.lua), so a retry of a purchase admitted through
--- another edge still hears its 202 here. Until then (a refresh at most) the core
--- answers, by its own clock and records: that retry's 202, NOT_OPEN to anything else.
--- Refused all the same end_grace_ms after the end (a leader that stopped publishing).
+-- says every key the sale admitted was copied after the end (admitted.copied_since), so
+-- a retry of a purchase admitted through another edge still hears its 202 here. Until
+-- then (a refresh or two; longer for a big sale's copy) purchases not refused by the
+-- flags go on to the core, which answers by its own clock and records: that retry's
+-- 202, NOT_OPEN to anything else. Refused all the same end_grace_ms after the end (a
+-- leader that stopped publishing, Redis out of reach, a copy not done by then).
 function _M.gate(event_id, category_of)
   local ev = events[event_id]
   local now = ngx.now()
@@ -458,7 +466,7 @@ function _M.gate(event_id, category_of)
   if not ev or not ev.open or now_ms < ev.start_ms then
     return 403, "NOT_OPEN", "the sale is not open"
   end
-  if now_ms >= ev.end_ms and (read_ms >= ev.end_ms or now_ms - ev.end_ms >= end_grace_ms) then
+  if now_ms >= ev.end_ms and (ev.copied or now_ms - ev.end_ms >= end_grace_ms) then
     return 403, "NOT_OPEN", "the sale is not open"
   end
   if ev.all_sold then
