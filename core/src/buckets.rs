@@ -350,6 +350,24 @@ impl Mover {
         })
     }
 
+    /// With `redis.wait_replicas`, that the replicas of the place a move went to have
+    /// its credit before its record is deleted: a credit its master then lost in a
+    /// failover, with the record gone, would leave the units nowhere (never sold, and
+    /// buyers told SOLD_OUT). An error keeps the record, and the sweeper credits the
+    /// move again once stale (`move_in.lua` credits a move id once).
+    async fn confirm_credited(&self, to: Place, id: &str) -> anyhow::Result<()> {
+        let Some(replicas) = &self.replicas else {
+            return Ok(());
+        };
+        let record = crate::admission::replicated::Record::move_in(to.credited(&self.keys), id);
+        replicas.kept(to.slot(), record).await.map_err(|why| {
+            anyhow::anyhow!(
+                "move {id} into {}: {why}; its record kept (the sweeper credits it again once stale)",
+                to.name()
+            )
+        })
+    }
+
     /// The second step of a move, and the deletion of its record (kept when the
     /// destination is being rebuilt: the sweeper finishes it later). True when the
     /// units are where they go (or void: the destination was rebuilt since).
@@ -375,7 +393,7 @@ impl Mover {
             .await
             .context("crediting moved units")?;
         match Credited::from_code(code)? {
-            Credited::Now | Credited::Before => {}
+            Credited::Now | Credited::Before => self.confirm_credited(to, id).await?,
             Credited::Stale => tracing::warn!(
                 id,
                 units,

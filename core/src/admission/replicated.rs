@@ -7,13 +7,15 @@
 //! records of the writes it covers, and waits for the replicas. One round at a time per
 //! slot; whoever arrives during a round rides the next.
 //!
-//! Three writes wait for a round before anything is built on them: an admission (in its
-//! bucket), a seat lock in the event's slot before the buyer's bucket admits on it, and
-//! the first step of a move between an event's places before the units are credited
-//! where they go. A write whose record the round does not find was lost on the way (its
-//! master failed over, between the script and the round, to a replica that had not
-//! received it): nothing is built on it — an admission's buyer is told the outcome is
-//! unknown, never 202; a lost seat lock admits nobody; a lost move credits nothing.
+//! Four writes wait for a round before anything is built on them: an admission (in its
+//! bucket), a seat lock in the event's slot before the buyer's bucket admits on it, the
+//! first step of a move between an event's places before the units are credited where
+//! they go, and that credit before the move's record is deleted. A write whose record
+//! the round does not find was lost on the way (its master failed over, between the
+//! script and the round, to a replica that had not received it): nothing is built on it
+//! — an admission's buyer is told the outcome is unknown, never 202; a lost seat lock
+//! admits nobody; a lost move credits nothing; a lost credit keeps its move's record,
+//! which the sweeper credits again.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,14 +56,25 @@ pub enum NotKept {
     Failed(anyhow::Error),
 }
 
-/// The record a round looks for: a field of a hash in the round's slot, and what it
-/// must say.
+/// The record a round looks for: a field of a hash, or a member of a set, in the
+/// round's slot, and what it must say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
+    /// The hash (or set) it is in.
     hash: String,
     field: String,
-    /// Some: the field is an Idempotency-Key record naming this request; None: any value.
-    names: Option<OrderNo>,
+    look: Look,
+}
+
+/// What makes a [`Record`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// The field is an Idempotency-Key record naming this request.
+    Names(OrderNo),
+    /// The field, whatever its value.
+    Field,
+    /// `hash` is a set, with `field` a member.
+    Member,
 }
 
 impl Record {
@@ -76,7 +89,7 @@ impl Record {
         Record {
             hash: keys.idempotency(bucket),
             field: keys::idempotency_field(user, idempotency_key),
-            names: Some(rid),
+            look: Look::Names(rid),
         }
     }
 
@@ -85,7 +98,7 @@ impl Record {
         Record {
             hash: keys.seat_lock_records(event),
             field: rid.to_string(),
-            names: None,
+            look: Look::Field,
         }
     }
 
@@ -94,14 +107,27 @@ impl Record {
         Record {
             hash: moves,
             field: id.to_owned(),
-            names: None,
+            look: Look::Field,
         }
     }
 
+    /// Move `id`'s credit (`move_in.lua`) in the set of moves credited to the place it
+    /// went to.
+    pub fn move_in(credited: String, id: &str) -> Record {
+        Record {
+            hash: credited,
+            field: id.to_owned(),
+            look: Look::Member,
+        }
+    }
+
+    /// Whether a round's reply for this record (an HMGET's value, or for a set's
+    /// member "1" when SMISMEMBER found it) says the write is there.
     fn found(&self, value: Option<String>) -> bool {
-        match self.names {
-            Some(rid) => value.is_some_and(|r| keys::idempotency_request(&r) == Some(rid)),
-            None => value.is_some(),
+        match self.look {
+            Look::Names(rid) => value.is_some_and(|r| keys::idempotency_request(&r) == Some(rid)),
+            Look::Field => value.is_some(),
+            Look::Member => value.as_deref() == Some("1"),
         }
     }
 }
@@ -241,7 +267,8 @@ impl ReplicaBarrier {
                     crate::infra::redis::connect(&self.settings, Duration::from_secs(2))
                 })
                 .await?;
-            // One HMGET per hash the batch's records are in, in the order first met.
+            // One HMGET per hash the batch's records are in (SMISMEMBER per set), in
+            // the order first met.
             let mut hashes: Vec<&str> = Vec::new();
             for (_, r) in &batch {
                 if !hashes.contains(&r.hash.as_str()) {
@@ -251,10 +278,17 @@ impl ReplicaBarrier {
             let mut pipe = redis::pipe();
             pipe.incr(self.keys.replication_barrier(slot), 1).ignore();
             for hash in &hashes {
-                let fields = batch.iter().filter(|(_, r)| r.hash == *hash);
-                pipe.cmd("HMGET")
+                let fields: Vec<&(u64, Record)> =
+                    batch.iter().filter(|(_, r)| r.hash == *hash).collect();
+                let set = fields.iter().any(|(_, r)| r.look == Look::Member);
+                pipe.cmd(if set { "SMISMEMBER" } else { "HMGET" })
                     .arg(*hash)
-                    .arg(fields.map(|(_, r)| r.field.as_str()).collect::<Vec<_>>());
+                    .arg(
+                        fields
+                            .iter()
+                            .map(|(_, r)| r.field.as_str())
+                            .collect::<Vec<_>>(),
+                    );
             }
             pipe.cmd("WAIT")
                 .arg(self.replicas)
@@ -270,6 +304,8 @@ impl ReplicaBarrier {
             // leaves the batch unknown, not judged on the last round's acks.
             let mut found = Vec::with_capacity(batch.len());
             for (hash, reply) in hashes.iter().zip(&replies) {
+                // SMISMEMBER's 1s and 0s read as "1" and "0"; HMGET's missing fields as
+                // None.
                 let values: Vec<Option<String>> = redis::from_redis_value(reply)?;
                 let entries = batch.iter().filter(|(_, r)| r.hash == *hash);
                 for ((t, record), value) in entries.zip(values) {

@@ -227,3 +227,76 @@ async fn a_move_its_master_lost_before_the_replica_had_it_is_credited_nowhere() 
     );
     app.stop().await;
 }
+
+/// A move's credit that its destination's master lost before the replica had it: the
+/// credit waits for the replicas before the move's record is deleted, so the record is
+/// still there after the failover and the sweeper credits it again — every unit is for
+/// sale. Without that wait the record went at once and the moved units were nowhere
+/// (never sold; buyers told SOLD_OUT once the rest was gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credit_its_master_lost_before_the_replica_had_it_is_made_again() {
+    let _heavy = heavy().await;
+    let stack = Stack::from_env();
+    let first = cluster_port(&stack);
+    let app = waiting_app(first).await;
+    const UNITS: i64 = 300;
+    let (event, categories) = app
+        .create_event(bucketed_sale(UNITS as u32, 1, BUCKETS))
+        .await;
+    let ga = CategoryId(categories[0]);
+    app.publish(event).await;
+    let pool_home = master_of(first, &app.keys().pool(event));
+    let to = Bucket::all(event, BUCKETS)
+        .find(|b| master_of(first, &app.keys().stock(*b)) != pool_home)
+        .expect("a bucket on another master than the pool");
+    let home = master_of(first, &app.keys().stock(to));
+    let replica = in_sync_replica_of(first, home).await;
+    let mover = Mover {
+        redis: app.redis.clone(),
+        keys: app.keys(),
+        replicas: ReplicaBarrier::from_settings(&app.settings.redis),
+    };
+    let for_sale = || async {
+        match mover.available(EventId(event), BUCKETS).await {
+            Ok(available) => available.get(&ga.0).copied().unwrap_or(0),
+            Err(_) => -1,
+        }
+    };
+    assert_eq!(for_sale().await, UNITS);
+    let stock = app.keys().stock(to);
+    let field = ga.0.to_string();
+    let before: i64 = redis_cli(home, &["hget", &stock, &field])
+        .parse()
+        .unwrap_or(0);
+
+    let _restore = Restore;
+    stall_replication(&stack, home, replica, &stock);
+    let kill = async {
+        let credited = soon(|| {
+            redis_cli(home, &["hget", &stock, &field])
+                .parse::<i64>()
+                .is_ok_and(|n| n > before)
+        })
+        .await;
+        fail_over_to_stopped(&stack, home, replica).await;
+        credited
+    };
+    let (moved, credited) = tokio::join!(
+        mover.transfer(Place::Pool(EventId(event)), Place::Bucket(to), ga, 1, 1),
+        kill
+    );
+    assert!(credited, "the move never credited the bucket on its master");
+    // The bucket came back without the credit, the pool without the units: the move's
+    // record, kept, is credited again once stale (crate::buckets::STALE_MOVE).
+    let whole = eventually(Duration::from_secs(30), || async {
+        let _ = mover.sweep(EventId(event), BUCKETS).await;
+        for_sale().await == UNITS
+    })
+    .await;
+    assert!(
+        whole,
+        "{} units for sale of {UNITS} after a credit its master lost (the move answered {moved:?})",
+        for_sale().await
+    );
+    app.stop().await;
+}
