@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use chrono::Utc;
 
+use crate::admission::replicated::Record;
 use crate::domain::{CategoryId, EventId};
 use crate::infra::redis::Redis;
 use crate::keys::{Bucket, Keys};
@@ -338,16 +339,14 @@ impl Mover {
     /// SOLD_OUT. A round that timed out goes on on the master's word, as an admission's
     /// does.
     async fn confirm_taken_out(&self, from: Place, id: &str) -> anyhow::Result<()> {
-        let Some(replicas) = &self.replicas else {
-            return Ok(());
-        };
-        let record = crate::admission::replicated::Record::move_out(from.moves(&self.keys), id);
-        replicas.kept(from.slot(), record).await.map_err(|why| {
-            anyhow::anyhow!(
-                "move {id} out of {}: {why}; nothing credited (the sweeper finishes it if its master kept the record)",
+        let record = || Record::move_out(from.moves(&self.keys), id);
+        self.confirm(from, record, || {
+            format!(
+                "move {id} out of {}; nothing credited (the sweeper finishes it if its master kept the record)",
                 from.name()
             )
         })
+        .await
     }
 
     /// With `redis.wait_replicas`, that the replicas of the place a move went to have
@@ -356,16 +355,29 @@ impl Mover {
     /// buyers told SOLD_OUT). An error keeps the record, and the sweeper credits the
     /// move again once stale (`move_in.lua` credits a move id once).
     async fn confirm_credited(&self, to: Place, id: &str) -> anyhow::Result<()> {
-        let Some(replicas) = &self.replicas else {
-            return Ok(());
-        };
-        let record = crate::admission::replicated::Record::move_in(to.credited(&self.keys), id);
-        replicas.kept(to.slot(), record).await.map_err(|why| {
-            anyhow::anyhow!(
-                "move {id} into {}: {why}; its record kept (the sweeper credits it again once stale)",
+        let record = || Record::move_in(to.credited(&self.keys), id);
+        self.confirm(to, record, || {
+            format!(
+                "move {id} into {}; its record kept (the sweeper credits it again once stale)",
                 to.name()
             )
         })
+        .await
+    }
+
+    /// A round of the replica barrier on `place`'s slot for `record` (none without
+    /// `redis.wait_replicas`); an error says why it is not known to be kept, and `what`.
+    async fn confirm(
+        &self,
+        place: Place,
+        record: impl FnOnce() -> Record,
+        what: impl FnOnce() -> String,
+    ) -> anyhow::Result<()> {
+        let Some(replicas) = &self.replicas else {
+            return Ok(());
+        };
+        let kept = replicas.kept(place.slot(), record()).await;
+        kept.map_err(|why| anyhow::anyhow!("{}: {why}", what()))
     }
 
     /// The second step of a move, and the deletion of its record (kept when the

@@ -153,34 +153,75 @@ async fn a_seat_lock_its_master_lost_before_the_replica_had_it_admits_nobody() {
     app.stop().await;
 }
 
+/// Units in the sales of the move tests.
+const UNITS: i64 = 300;
+
+/// A published sale of [`UNITS`] units over [`BUCKETS`] buckets on a waiting core, a
+/// bucket on another master than the pool, and a mover that waits as the core's does.
+struct MoveRig {
+    app: TestApp,
+    event: u64,
+    ga: CategoryId,
+    /// The master of the pool (the event's own slot).
+    pool_home: u16,
+    to: Bucket,
+    mover: Mover,
+}
+
+impl MoveRig {
+    async fn new(first: u16) -> MoveRig {
+        let app = waiting_app(first).await;
+        let (event, categories) = app
+            .create_event(bucketed_sale(UNITS as u32, 1, BUCKETS))
+            .await;
+        app.publish(event).await;
+        let pool_home = master_of(first, &app.keys().pool(event));
+        let to = Bucket::all(event, BUCKETS)
+            .find(|b| master_of(first, &app.keys().stock(*b)) != pool_home)
+            .expect("a bucket on another master than the pool");
+        let mover = Mover {
+            redis: app.redis.clone(),
+            keys: app.keys(),
+            replicas: ReplicaBarrier::from_settings(&app.settings.redis),
+        };
+        MoveRig {
+            ga: CategoryId(categories[0]),
+            app,
+            event,
+            pool_home,
+            to,
+            mover,
+        }
+    }
+
+    /// Units of the category for sale in the pool and the buckets (-1: unread).
+    async fn for_sale(&self) -> i64 {
+        match self.mover.available(EventId(self.event), BUCKETS).await {
+            Ok(available) => available.get(&self.ga.0).copied().unwrap_or(0),
+            Err(_) => -1,
+        }
+    }
+
+    /// Moves units from the pool into the bucket while `kill` runs.
+    async fn transfer_while<T>(&self, kill: impl Future<Output = T>) -> (anyhow::Result<i64>, T) {
+        let from = Place::Pool(EventId(self.event));
+        tokio::join!(
+            self.mover
+                .transfer(from, Place::Bucket(self.to), self.ga, 1, 1),
+            kill
+        )
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_its_master_lost_before_the_replica_had_it_is_credited_nowhere() {
     let _heavy = heavy().await;
     let stack = Stack::from_env();
     let first = cluster_port(&stack);
-    let app = waiting_app(first).await;
-    const UNITS: i64 = 300;
-    let (event, categories) = app
-        .create_event(bucketed_sale(UNITS as u32, 1, BUCKETS))
-        .await;
-    let ga = CategoryId(categories[0]);
-    app.publish(event).await;
-    let home = master_of(first, &app.keys().pool(event));
+    let rig = MoveRig::new(first).await;
+    let (app, event, ga, home) = (&rig.app, rig.event, rig.ga, rig.pool_home);
     let replica = in_sync_replica_of(first, home).await;
-    let to = Bucket::all(event, BUCKETS)
-        .find(|b| master_of(first, &app.keys().stock(*b)) != home)
-        .expect("a bucket on another master than the pool");
-    let mover = Mover {
-        redis: app.redis.clone(),
-        keys: app.keys(),
-        replicas: ReplicaBarrier::from_settings(&app.settings.redis),
-    };
-    let for_sale = || async {
-        let available = mover.available(EventId(event), BUCKETS).await.unwrap();
-        available.get(&ga.0).copied().unwrap_or(0)
-    };
-    let pool_place = Place::Pool(EventId(event));
-    assert_eq!(for_sale().await, UNITS);
+    assert_eq!(rig.for_sale().await, UNITS);
     let pool_before: i64 = app
         .redis
         .clone()
@@ -202,10 +243,7 @@ async fn a_move_its_master_lost_before_the_replica_had_it_is_credited_nowhere() 
         fail_over_to_stopped(&stack, home, replica).await;
         taken
     };
-    let (moved, taken) = tokio::join!(
-        mover.transfer(pool_place, Place::Bucket(to), ga, 1, 1),
-        kill
-    );
+    let (moved, taken) = rig.transfer_while(kill).await;
     assert!(
         taken,
         "the move never took the units out of the pool on its master"
@@ -213,7 +251,7 @@ async fn a_move_its_master_lost_before_the_replica_had_it_is_credited_nowhere() 
     // The pool came back with every unit (the replica never saw them taken): crediting
     // the bucket as well would count them twice.
     let counted = eventually(Duration::from_secs(30), || async {
-        mover.available(EventId(event), BUCKETS).await.is_ok()
+        rig.for_sale().await >= 0
     })
     .await;
     assert!(
@@ -221,11 +259,11 @@ async fn a_move_its_master_lost_before_the_replica_had_it_is_credited_nowhere() 
         "the event's places did not answer after the failover"
     );
     assert_eq!(
-        for_sale().await,
+        rig.for_sale().await,
         UNITS,
         "units for sale after a move its master lost (the move answered {moved:?})"
     );
-    app.stop().await;
+    rig.app.stop().await;
 }
 
 /// A move's credit that its destination's master lost before the replica had it: the
@@ -238,33 +276,12 @@ async fn a_credit_its_master_lost_before_the_replica_had_it_is_made_again() {
     let _heavy = heavy().await;
     let stack = Stack::from_env();
     let first = cluster_port(&stack);
-    let app = waiting_app(first).await;
-    const UNITS: i64 = 300;
-    let (event, categories) = app
-        .create_event(bucketed_sale(UNITS as u32, 1, BUCKETS))
-        .await;
-    let ga = CategoryId(categories[0]);
-    app.publish(event).await;
-    let pool_home = master_of(first, &app.keys().pool(event));
-    let to = Bucket::all(event, BUCKETS)
-        .find(|b| master_of(first, &app.keys().stock(*b)) != pool_home)
-        .expect("a bucket on another master than the pool");
-    let home = master_of(first, &app.keys().stock(to));
+    let rig = MoveRig::new(first).await;
+    let home = master_of(first, &rig.app.keys().stock(rig.to));
     let replica = in_sync_replica_of(first, home).await;
-    let mover = Mover {
-        redis: app.redis.clone(),
-        keys: app.keys(),
-        replicas: ReplicaBarrier::from_settings(&app.settings.redis),
-    };
-    let for_sale = || async {
-        match mover.available(EventId(event), BUCKETS).await {
-            Ok(available) => available.get(&ga.0).copied().unwrap_or(0),
-            Err(_) => -1,
-        }
-    };
-    assert_eq!(for_sale().await, UNITS);
-    let stock = app.keys().stock(to);
-    let field = ga.0.to_string();
+    assert_eq!(rig.for_sale().await, UNITS);
+    let stock = rig.app.keys().stock(rig.to);
+    let field = rig.ga.0.to_string();
     let before: i64 = redis_cli(home, &["hget", &stock, &field])
         .parse()
         .unwrap_or(0);
@@ -281,22 +298,19 @@ async fn a_credit_its_master_lost_before_the_replica_had_it_is_made_again() {
         fail_over_to_stopped(&stack, home, replica).await;
         credited
     };
-    let (moved, credited) = tokio::join!(
-        mover.transfer(Place::Pool(EventId(event)), Place::Bucket(to), ga, 1, 1),
-        kill
-    );
+    let (moved, credited) = rig.transfer_while(kill).await;
     assert!(credited, "the move never credited the bucket on its master");
     // The bucket came back without the credit, the pool without the units: the move's
     // record, kept, is credited again once stale (crate::buckets::STALE_MOVE).
     let whole = eventually(Duration::from_secs(30), || async {
-        let _ = mover.sweep(EventId(event), BUCKETS).await;
-        for_sale().await == UNITS
+        let _ = rig.mover.sweep(EventId(rig.event), BUCKETS).await;
+        rig.for_sale().await == UNITS
     })
     .await;
     assert!(
         whole,
         "{} units for sale of {UNITS} after a credit its master lost (the move answered {moved:?})",
-        for_sale().await
+        rig.for_sale().await
     );
-    app.stop().await;
+    rig.app.stop().await;
 }
