@@ -523,12 +523,13 @@ impl Mover {
     }
 
     /// The drain lock's life: [`DRAIN_LOCK_TTL`], plus with `redis.wait_replicas` the
-    /// most a drain of `count` buckets waits for rounds (each move may wait for the round
-    /// already running on its slot and then its own, a full `redis.wait_timeout_ms` each
-    /// while a replica is down), so a slow drain is never joined by a second one.
+    /// most a drain of `count` buckets waits for rounds (each move waits on two slots,
+    /// the one it left and the one it went to, and on each may wait for the round
+    /// already running and then its own, a full `redis.wait_timeout_ms` each while a
+    /// replica is down), so a slow drain is never joined by a second one.
     fn drain_lock_ttl(&self, count: u16) -> Duration {
         let waits = self.replicas.as_ref().map_or(Duration::ZERO, |r| {
-            r.timeout() * 2 * u32::from(count.max(1))
+            r.timeout() * 4 * u32::from(count.max(1))
         });
         DRAIN_LOCK_TTL + waits
     }
