@@ -294,7 +294,9 @@ impl App {
                 crate::buckets::Mover {
                     redis: state.redis.clone(),
                     keys: state.keys.clone(),
-                    replicas: None,
+                    // A move it finishes after a failover credits again what the
+                    // failover lost: that credit waits for the replicas as any other.
+                    replicas: state.admission.replicas.clone(),
                 },
                 state.admission.events.clone(),
                 stopper.subscribe(),

@@ -276,8 +276,9 @@ pub struct Mover {
     pub redis: Redis,
     pub keys: Keys,
     /// `redis.wait_replicas` > 0: units taken out of a place are credited where they go
-    /// only once the replicas of the place they left have the move. None where the
-    /// mover only reads, or only finishes moves recorded long before (the sweeper).
+    /// only once the replicas of the place they left have the move, and a move's record
+    /// is deleted only once the replicas of the place it went to have the credit. None
+    /// where the mover only reads.
     pub replicas: Option<Arc<crate::admission::replicated::ReplicaBarrier>>,
 }
 
@@ -381,7 +382,8 @@ impl Mover {
     }
 
     /// The second step of a move, and the deletion of its record (kept when the
-    /// destination is being rebuilt: the sweeper finishes it later). True when the
+    /// destination is being rebuilt, or its credit is not known to be kept by the
+    /// replicas: the sweeper finishes it later). True when the
     /// units are where they go (or void: the destination was rebuilt since).
     async fn finish(
         &self,
@@ -710,10 +712,20 @@ impl Mover {
         for (from, m) in self.recorded(event, count).await? {
             if now - m.at_ms >= STALE_MOVE.as_millis() as i64 {
                 tracing::warn!(%event, id = m.id, units = m.units, "finishing a move a stopped core left");
-                let done = self
+                // One move that cannot be finished yet (its credit lost again, a round
+                // failed) holds back neither the others nor the flags below.
+                match self
                     .finish(from, m.to, CategoryId(m.category), m.units, &m.id, m.epoch)
-                    .await?;
-                finished += usize::from(done);
+                    .await
+                {
+                    Ok(done) => finished += usize::from(done),
+                    Err(e) => tracing::warn!(
+                        %event,
+                        id = m.id,
+                        error = format!("{e:#}"),
+                        "a move left for the next sweep"
+                    ),
+                }
             }
         }
         let mut redis = self.redis.clone();

@@ -281,6 +281,9 @@ impl ReplicaBarrier {
                 let fields: Vec<&(u64, Record)> =
                     batch.iter().filter(|(_, r)| r.hash == *hash).collect();
                 let set = fields.iter().any(|(_, r)| r.look == Look::Member);
+                // A key is a hash or a set: a field read as a member would be found by
+                // SMISMEMBER's 0.
+                debug_assert!(fields.iter().all(|(_, r)| (r.look == Look::Member) == set));
                 pipe.cmd(if set { "SMISMEMBER" } else { "HMGET" })
                     .arg(*hash)
                     .arg(
@@ -373,5 +376,14 @@ mod tests {
         let moved = Record::move_out(keys.pool_moves(EventId(7)), "00ff");
         assert!(moved.found(Some("0|3|5|0|1".into())));
         assert!(!moved.found(None));
+
+        // A set's member, as SMISMEMBER answers (1 or 0, read as text).
+        let credited = Record::move_in(keys.credited(bucket), "00ff");
+        assert!(credited.found(Some("1".into())));
+        assert!(!credited.found(Some("0".into())));
+        assert!(!credited.found(None));
+        let reply = redis::Value::Array(vec![redis::Value::Int(1), redis::Value::Int(0)]);
+        let read: Vec<Option<String>> = redis::from_redis_value(&reply).unwrap();
+        assert_eq!(read, [Some("1".to_owned()), Some("0".to_owned())]);
     }
 }
