@@ -736,9 +736,9 @@ async fn a_purchase_admitted_elsewhere_and_retried_after_the_close_hears_its_202
 
 /// A purchase admitted through another edge and retried through this one just as the
 /// sale's window ends hears its 202, never NOT_OPEN: the edge's workers refuse a sale past
-/// its end by their own clock only once the snapshot they answer from was read after the
-/// end, which the sale's keys were copied for (admitted.lua); until then the core answers
-/// (a refresh or two). Sixty buyers admitted through the core, each retried once through
+/// its end by their own clock only once the snapshot they answer from says every bucket's
+/// records were counted after the end with no copy under way (admitted.copied_since);
+/// until then the core answers (a refresh or two). Sixty buyers admitted through the core, each retried once through
 /// the edge (the per-user limit), one every 30 ms from 0.3 s before the end to 1.5 s
 /// after it. New keys after that hear NOT_OPEN from the edge itself (the keys copied,
 /// well before the 2 s the edge waits at most).
