@@ -60,7 +60,6 @@ pub async fn publish(state: &AppState, id: u64) -> Result<Response, ApiError> {
 
 /// PUBLISHED → CLOSED: the sale stops at once, wherever the window stands.
 pub async fn close(state: &AppState, id: u64) -> Result<Response, ApiError> {
-    let unsure = Unsure::of(state, id);
     let event = move_to(
         state,
         id,
@@ -70,7 +69,6 @@ pub async fn close(state: &AppState, id: u64) -> Result<Response, ApiError> {
     .await?;
     // A waiting room's turns stop their clocks with it (Preloader::room_clock).
     state.preloader.set_sale_status(&event).await?;
-    unsure.written();
     tracing::info!(event_id = id, "sale closed");
     Ok(json(
         StatusCode::OK,
@@ -80,7 +78,6 @@ pub async fn close(state: &AppState, id: u64) -> Result<Response, ApiError> {
 
 /// CLOSED → PUBLISHED: the sale goes on within its window.
 pub async fn reopen(state: &AppState, id: u64) -> Result<Response, ApiError> {
-    let unsure = Unsure::of(state, id);
     let event = move_to(
         state,
         id,
@@ -93,45 +90,11 @@ pub async fn reopen(state: &AppState, id: u64) -> Result<Response, ApiError> {
     } else {
         preload(state, &event).await?;
     }
-    unsure.written();
     tracing::info!(event_id = id, "sale reopened");
     Ok(json(
         StatusCode::OK,
         &json!({"event_id": id, "status": event.status}),
     ))
-}
-
-/// A close or reopen under way: MySQL's status changes first, then Redis's. Dropped
-/// before [`Unsure::written`] (a failure, the request's timeout, the admin hanging up),
-/// Redis may say the other status with nothing there to show it: this core's next
-/// reconcile pass over the sale is a full one, which writes it (reconcile/status.rs;
-/// another core's within `FULL_EVERY` passes). The admin hears 503 and may send it again.
-struct Unsure<'a> {
-    reconciler: &'a crate::reconcile::Reconciler,
-    id: u64,
-    written: bool,
-}
-
-impl<'a> Unsure<'a> {
-    fn of(state: &'a AppState, id: u64) -> Unsure<'a> {
-        Unsure {
-            reconciler: &state.reconciler,
-            id,
-            written: false,
-        }
-    }
-
-    fn written(mut self) {
-        self.written = true;
-    }
-}
-
-impl Drop for Unsure<'_> {
-    fn drop(&mut self) {
-        if !self.written {
-            self.reconciler.pass_in_full(self.id);
-        }
-    }
 }
 
 /// `GET /admin/events/{id}/waiting-room`: the settings (the defaults, off, if never set)

@@ -208,13 +208,6 @@ impl Reconciler {
         }
     }
 
-    /// The next periodic pass over `event_id` in this core is a full one, whatever Redis
-    /// shows: a close or reopen whose Redis write failed shows nothing there
-    /// (status.rs).
-    pub fn pass_in_full(&self, event_id: u64) {
-        self.unchanged.doubt(event_id);
-    }
-
     /// For `stampede reconcile`: connects to Redis and MySQL as the core would.
     pub async fn connect(config: &Resolved) -> anyhow::Result<Reconciler> {
         let s = &config.settings;

@@ -139,8 +139,6 @@ pub async fn redis_identity(redis: &Redis) -> anyhow::Result<String> {
 pub struct Unchanged {
     seen: Mutex<HashMap<u64, (Fingerprint, u32)>>,
     redis: Mutex<Option<String>>,
-    /// Sales whose next balanced pass is not to be trusted for skips ([`Unchanged::doubt`]).
-    doubted: Mutex<HashSet<u64>>,
 }
 
 impl Unchanged {
@@ -175,27 +173,8 @@ impl Unchanged {
     /// A full pass found the books balanced, with nothing queued, moving or healed,
     /// Redis showing `then` before it.
     pub fn balanced(&self, event_id: u64, then: Fingerprint) {
-        if self
-            .doubted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&event_id)
-        {
-            return;
-        }
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.insert(event_id, (then, 0));
-    }
-
-    /// A change Redis does not show (a close whose Redis write failed) happened now: the
-    /// next pass over `event_id` is a full one, and so is the one after a pass already
-    /// under way (its fingerprint was read before the change) found the books balanced.
-    pub fn doubt(&self, event_id: u64) {
-        self.doubted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(event_id);
-        self.forget(event_id);
     }
 
     /// The next pass over `event_id` is a full one.
@@ -212,10 +191,6 @@ impl Unchanged {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|id, _| listed.contains(id));
-        self.doubted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|id| listed.contains(id));
     }
 }
 
@@ -253,23 +228,6 @@ mod tests {
         unchanged.balanced(7, print("10"));
         unchanged.keep(&HashSet::from([8]));
         assert!(!unchanged.skip(7, &print("10")), "no longer listed");
-    }
-
-    #[test]
-    fn a_doubted_sale_is_not_skipped_on_a_pass_that_began_before_the_doubt() {
-        let unchanged = Unchanged::default();
-        unchanged.balanced(7, print("10"));
-        assert!(unchanged.skip(7, &print("10")));
-        // A full pass reads its fingerprint; a close's Redis write fails meanwhile; the
-        // pass then finds the books balanced.
-        unchanged.forget(7);
-        assert!(!unchanged.skip(7, &print("10")));
-        unchanged.doubt(7);
-        unchanged.balanced(7, print("10"));
-        assert!(!unchanged.skip(7, &print("10")), "the pass after: full");
-        // That one balanced is trusted again.
-        unchanged.balanced(7, print("10"));
-        assert!(unchanged.skip(7, &print("10")));
     }
 
     #[test]
