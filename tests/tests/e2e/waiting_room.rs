@@ -508,13 +508,16 @@ async fn the_hidden_path_issues_passes_from_the_open_after_a_proof_of_work() {
     let (s, c, _) = call(&app, reqwest::Method::GET, &challenge_path, buyer, None).await;
     assert_eq!((s, c["bits"].as_u64()), (200, Some(8)), "{c}");
     let challenge = c["challenge"].as_str().unwrap().to_owned();
-    // A proof for this user, found here from the documented hash.
+    // A proof for this user, found here from the documented hash. At 8 bits one
+    // nonce in 256 also proves work for any other user, so the nonce taken is one
+    // that does not for the other buyer: the refusal below is then the binding to
+    // the user, not luck.
+    let proves = |user: u64, n: &str| {
+        Sha256::digest(format!("{challenge}:{user}:{event}:{n}").as_bytes())[0] == 0
+    };
     let nonce = (0u64..)
         .map(|n| n.to_string())
-        .find(|n| {
-            let d = Sha256::digest(format!("{challenge}:{}:{event}:{n}", buyer.user_id).as_bytes());
-            d[0] == 0
-        })
+        .find(|n| proves(buyer.user_id, n) && !proves(buyers[1].user_id, n))
         .unwrap();
     let (s, b) = join(&app, event, buyer, None).await;
     assert_eq!(
