@@ -16,7 +16,7 @@ pub struct OwnBroker {
 impl OwnBroker {
     pub fn start() -> OwnBroker {
         let b = OwnBroker {
-            dir: std::env::temp_dir().join(format!("stampede-broker-{}", free_port())),
+            dir: own_dir("broker"),
             namesrv_port: free_port(),
             broker_port: free_broker_port(),
         };
@@ -116,7 +116,7 @@ pub struct OwnEdge {
 impl OwnEdge {
     pub fn start(stack: &crate::Stack, redis_port: u16) -> OwnEdge {
         let e = OwnEdge {
-            dir: std::env::temp_dir().join(format!("stampede-edge-{}", free_port())),
+            dir: own_dir("edge"),
             port: free_port(),
             ops_port: free_port(),
             redis_port,
@@ -173,7 +173,7 @@ pub struct OwnRedis {
 impl OwnRedis {
     pub fn start() -> OwnRedis {
         let r = OwnRedis {
-            dir: std::env::temp_dir().join(format!("stampede-redis-{}", free_port())),
+            dir: own_dir("redis"),
             port: free_port(),
         };
         let up = own_stack(&r.dir, &[("REDIS_PORT", r.port)], &["up", "redis"]);
@@ -314,7 +314,7 @@ pub struct OwnMariadb {
 impl OwnMariadb {
     pub fn start_with(server_args: &str) -> OwnMariadb {
         let m = OwnMariadb {
-            dir: std::env::temp_dir().join(format!("stampede-mariadb-{}", free_port())),
+            dir: own_dir("mariadb"),
             port: free_port(),
         };
         let up = own_stack_with(
@@ -356,25 +356,54 @@ impl Drop for OwnMariadb {
     }
 }
 
-/// A port for a broker: it also takes port-2, port+1 and port+3.
+/// A port for a broker: it also takes port-2, port+1 and port+3, so it is handed out
+/// as a block of six.
 fn free_broker_port() -> u16 {
-    loop {
-        let p = free_port();
-        if p > 20_000
-            && [p - 2, p + 1, p + 3]
-                .iter()
-                .all(|q| std::net::TcpListener::bind(("127.0.0.1", *q)).is_ok())
-        {
-            return p;
-        }
-    }
+    free_ports_block(6) + 2
 }
 
-/// Ports that were free a moment ago (bound to 0, then released).
+/// A port for a test's own server, free when it was handed out and never handed out
+/// twice by this process: taken in turn from 22000–26999, below the kernel's ephemeral
+/// range (32768 on), so no outgoing connection and no listener bound to port 0 can take
+/// it while its server is down between a stop and a start. (A port the kernel picked
+/// and released is drawn again by another bind one time in about 7 000 here.) The
+/// stacks' fixed ports are outside the range; the Redis Cluster's bus ports of the
+/// test stack (27001–27006) too.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports_block(1)
+}
+
+/// `count` consecutive ports, each free a moment ago, the first returned.
+fn free_ports_block(count: u16) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 22_000;
+    const SPAN: u32 = 5_000;
+    // Each process starts at its own place, so two test runs at once rarely meet.
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id() % 50 * 100,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let at = NEXT.fetch_add(u32::from(count), Ordering::Relaxed) % SPAN;
+        if at + u32::from(count) > SPAN {
+            continue;
+        }
+        let first = u16::try_from(FIRST + at).expect("a port");
+        if (first..first + count).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return first;
+        }
+    }
+    panic!("no free port left in {FIRST}–{}", FIRST + SPAN - 1)
+}
+
+/// A folder of its own in the temporary directory for a test's server, named by the
+/// process and a count, so two servers of one run never share one.
+pub fn own_dir(kind: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("stampede-{kind}-{}-{n}", std::process::id()))
 }
