@@ -4,10 +4,10 @@
 //! kernel still completes handshakes and acknowledges bytes, and SIGCONT ends it). Or
 //! that drops a connection at a chosen request: the first time a client sends a given
 //! byte string (an argument only that request carries), as a connection lost mid-work
-//! would be.
+//! would be. Or that holds each client's bytes back a while: a slow server or path.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,6 +23,8 @@ pub struct StallingRelay {
     pub port: u16,
     stalls: watch::Sender<u64>,
     cut: Arc<Cut>,
+    /// How long each client's bytes are held before they are passed on, in ms.
+    delay_ms: Arc<AtomicU64>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -48,6 +50,8 @@ impl StallingRelay {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let cut = Arc::new(Cut::default());
         let cutting = cut.clone();
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let delaying = delay_ms.clone();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -59,7 +63,13 @@ impl StallingRelay {
                 // when the relay is dropped.
                 let accept = async {
                     while let Ok((client, _)) = listener.accept().await {
-                        tokio::spawn(relay(client, target, watch.clone(), cutting.clone()));
+                        tokio::spawn(relay(
+                            client,
+                            target,
+                            watch.clone(),
+                            cutting.clone(),
+                            delaying.clone(),
+                        ));
                     }
                 };
                 tokio::select! {
@@ -72,6 +82,7 @@ impl StallingRelay {
             port,
             stalls,
             cut,
+            delay_ms,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -89,6 +100,13 @@ impl StallingRelay {
     /// ends wait for an answer that never comes. Connections opened later are relayed.
     pub fn stall_open_connections(&self) {
         self.stalls.send_modify(|n| *n += 1);
+    }
+
+    /// From now on, every connection's client bytes (open ones' too) are held `delay`
+    /// before they are passed on: a request is answered that much later.
+    pub fn delay_client_bytes(&self, delay: std::time::Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap();
+        self.delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// From now on, the first connection to send `marker` (at most 64 bytes) is dropped,
@@ -124,6 +142,7 @@ async fn relay(
     target: SocketAddr,
     mut stalls: watch::Receiver<u64>,
     cut: Arc<Cut>,
+    delay_ms: Arc<AtomicU64>,
 ) {
     let born = *stalls.borrow_and_update();
     let Ok(mut server) = TcpStream::connect(target).await else {
@@ -138,6 +157,10 @@ async fn relay(
                 Ok(n) => {
                     if cut.first_sent_in(&mut carry, &up[..n]) {
                         return; // both sockets dropped: the connection is lost
+                    }
+                    let delay = delay_ms.load(Ordering::SeqCst);
+                    if delay > 0 {
+                        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
                     }
                     if server.write_all(&up[..n]).await.is_err() { return }
                 }

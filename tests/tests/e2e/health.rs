@@ -134,6 +134,45 @@ async fn readyz_follows_mariadb_on_a_connection_of_its_own() {
     app.stop().await;
 }
 
+/// A MariaDB that answers slowly, but within the check's second, keeps the core ready
+/// on the kept connection: with every ping 400 ms late (the client's bytes held on the
+/// way), five checks in a row are 200. Cutting the kept ping off at 300 ms for a new
+/// connection, as the probe did, made every check wait for a new handshake on the slow
+/// path, past the second: 503 from a MariaDB that answers. And when the kept connection
+/// is lost on that path, the new one's handshake (four of the client's turns, 1.6 s) is
+/// finished past the check that began it and kept, so the core is ready again; cut off
+/// with its check, it never was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_keeps_its_connection_to_a_slow_mariadb() {
+    let stack = Stack::from_env();
+    let relay = stampede_e2e::StallingRelay::start(([127, 0, 0, 1], stack.mysql_port).into()).await;
+    let app = spawn_app_with(|s| relay.carry_mysql_of(s, stack.mysql_port)).await;
+    let readyz = || readyz(&app, &app.admin_url);
+    let up = |(status, body): &(u16, serde_json::Value)| {
+        (*status, &body["dependencies"]["mysql"]) == (200, &"up".into())
+    };
+    let answer = readyz().await;
+    assert!(up(&answer), "{answer:?}");
+
+    relay.delay_client_bytes(Duration::from_millis(400));
+    for check in 1..=5 {
+        let answer = readyz().await;
+        assert!(
+            up(&answer),
+            "check {check} of a MariaDB answering in 400 ms: {answer:?}"
+        );
+    }
+
+    relay.stall_open_connections();
+    let back = eventually(Duration::from_secs(8), || async { up(&readyz().await) }).await;
+    assert!(
+        back,
+        "never ready again on a new connection over the slow path"
+    );
+    drop(relay);
+    app.stop().await;
+}
+
 #[test]
 fn bad_config_is_refused_with_exit_64_before_any_port_is_bound() {
     let port = free_port();
