@@ -213,6 +213,7 @@ impl App {
             room,
             login: LoginGuard::new(&s.login),
             mysql_probe: crate::health::MysqlProbe::new(config.mysql_api_opts.clone()),
+            rocketmq_probe: crate::health::Probe::new(()),
             config,
             redis,
             mysql,

@@ -23,14 +23,13 @@ pub async fn readyz(state: &AppState) -> Response {
             Ok(())
         }),
         check(state.mysql_probe.ping()),
-        check(async {
-            crate::infra::rocketmq::probe(
-                &state.config.settings.rocketmq.namesrv_addr,
-                CHECK_TIMEOUT,
-            )
-            .await
-            .map(drop)
-        }),
+        check(state.rocketmq_probe.ask(|()| {
+            let namesrv = state.config.settings.rocketmq.namesrv_addr.clone();
+            async move {
+                let answer = crate::infra::rocketmq::probe(&namesrv, CHECK_TIMEOUT).await;
+                ((), answer.map(drop))
+            }
+        })),
     );
     let mut ready = true;
     let mut body = serde_json::Map::new();
@@ -56,21 +55,113 @@ pub async fn readyz(state: &AppState) -> Response {
     json(status, &json!({"ready": ready, "dependencies": body}))
 }
 
+/// A dependency's check, one attempt at a time, in a task of its own, holding the
+/// `T` it needs (a kept connection) while it runs. Checks share attempts: one that
+/// ended after a check asked answers it, so a flood of checks (/readyz is on the
+/// public port too) costs the dependency one check at a time and the core one task,
+/// whatever their rate. A check cut off at its second leaves the attempt to finish and
+/// put back what it holds, where cutting it off lost a ping or a handshake under way
+/// each time.
+pub struct Probe<T> {
+    shared: std::sync::Arc<Flight<T>>,
+}
+
+struct Flight<T> {
+    state: std::sync::Mutex<FlightState<T>>,
+    /// Bumped at the end of each attempt.
+    ended: tokio::sync::watch::Sender<u64>,
+}
+
+struct FlightState<T> {
+    /// Here between attempts; in the attempt's task while one runs.
+    held: Option<T>,
+    /// When the last attempt ended, and how.
+    last: Option<(tokio::time::Instant, Result<(), String>)>,
+    /// Set at shutdown: no attempt starts after it.
+    closed: bool,
+}
+
+impl<T: Send + 'static> Probe<T> {
+    pub fn new(held: T) -> Probe<T> {
+        let state = FlightState {
+            held: Some(held),
+            last: None,
+            closed: false,
+        };
+        Probe {
+            shared: std::sync::Arc::new(Flight {
+                state: std::sync::Mutex::new(state),
+                ended: tokio::sync::watch::channel(0).0,
+            }),
+        }
+    }
+
+    /// The outcome of an attempt that ended after this call: the one under way, or
+    /// `attempt` started now (it gives back what it held; it bounds its own time).
+    pub async fn ask<A>(&self, attempt: impl Fn(T) -> A) -> anyhow::Result<()>
+    where
+        A: Future<Output = (T, anyhow::Result<()>)> + Send + 'static,
+    {
+        let asked = tokio::time::Instant::now();
+        let mut ended = self.shared.ended.subscribe();
+        loop {
+            {
+                let mut state = self.shared.state.lock().expect("the probe's state");
+                if let Some((at, outcome)) = &state.last
+                    && *at >= asked
+                {
+                    return outcome.clone().map_err(anyhow::Error::msg);
+                }
+                anyhow::ensure!(!state.closed, "the core is shutting down");
+                if let Some(held) = state.held.take() {
+                    let (shared, run) = (self.shared.clone(), attempt(held));
+                    tokio::spawn(async move {
+                        let (held, outcome) = run.await;
+                        {
+                            let mut state = shared.state.lock().expect("the probe's state");
+                            let at = tokio::time::Instant::now();
+                            state.last = Some((at, outcome.map_err(|e| format!("{e:#}"))));
+                            state.held = Some(held);
+                        }
+                        shared.ended.send_modify(|n| *n = n.wrapping_add(1));
+                    });
+                }
+            }
+            // The sender lives as long as `self`.
+            ended.changed().await?;
+        }
+    }
+
+    /// No attempt starts from now on; what the probe holds, once an attempt under way
+    /// has given it back (within `wait`).
+    pub async fn close(&self, wait: Duration) -> Option<T> {
+        let mut ended = self.shared.ended.subscribe();
+        let held = async {
+            loop {
+                {
+                    let mut state = self.shared.state.lock().expect("the probe's state");
+                    state.closed = true;
+                    if let Some(held) = state.held.take() {
+                        return Some(held);
+                    }
+                }
+                if ended.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        tokio::time::timeout(wait, held).await.ok().flatten()
+    }
+}
+
 /// MariaDB's readiness, asked on a connection of its own. A ping through the API's
 /// pool would wait for one of its connections: with every one of them held by requests
 /// on a slow table (a login flood on a locked users' table), every core would fail its
 /// check at once and leave the balancer, although MariaDB answers. One connection per
-/// core, kept between checks.
-///
-/// One attempt at a time, in a task of its own: a check cut off at its second leaves
-/// the attempt to finish (within [`ATTEMPT_LIMIT`]) and its connection to be kept for
-/// the next check, where cutting it off lost a ping or a handshake under way each time,
-/// and with it every check on a path slower than the second. Checks at once share
-/// attempts: one that ended after a check asked answers it, so a flood of checks costs
-/// MariaDB one ping at a time.
+/// core, kept between checks (and, for a moment, a second one racing a slow answer).
 pub struct MysqlProbe {
     opts: mysql_async::Opts,
-    kept: std::sync::Arc<tokio::sync::Mutex<Kept>>,
+    probe: Probe<Kept>,
 }
 
 #[derive(Default)]
@@ -78,8 +169,10 @@ struct Kept {
     conn: Option<mysql_async::Conn>,
     /// How long the kept connection's last answered ping took.
     answered_in: Duration,
-    /// When the last attempt ended, and how.
-    last: Option<(tokio::time::Instant, Result<(), String>)>,
+    /// A new connection being made, in a task of its own, since it raced a slow kept
+    /// one that then answered: the next attempt that needs a new connection takes it
+    /// rather than making another, and one that does not closes it once made.
+    making: Option<tokio::task::JoinHandle<anyhow::Result<(mysql_async::Conn, Duration)>>>,
 }
 
 /// How long the kept connection has to answer alone before a new one is tried
@@ -89,47 +182,45 @@ struct Kept {
 /// not asked for a new one at every check.
 const KEPT_PING: Duration = Duration::from_millis(300);
 
-/// The longest an attempt may take (a new connection's handshake on a slow path, a
-/// MariaDB that takes connections and never answers) before its connections are
-/// dropped.
+/// The longest an attempt, or the making of a connection, may take (a handshake on a
+/// slow path, a MariaDB that takes connections and never answers) before what it holds
+/// is dropped.
 const ATTEMPT_LIMIT: Duration = Duration::from_secs(5);
 
 impl MysqlProbe {
     pub fn new(opts: mysql_async::Opts) -> MysqlProbe {
         MysqlProbe {
             opts,
-            kept: Default::default(),
+            probe: Probe::new(Kept::default()),
         }
     }
 
-    /// The outcome of an attempt that ended after this call: one made now, or one
-    /// under way when it was made.
+    /// A ping on the kept connection (or a new one), shared with the checks at once.
     pub async fn ping(&self) -> anyhow::Result<()> {
-        let asked = tokio::time::Instant::now();
-        let (opts, kept) = (self.opts.clone(), self.kept.clone());
-        let attempt = tokio::spawn(async move {
-            let mut kept = kept.lock_owned().await;
-            if let Some((ended, outcome)) = &kept.last
-                && *ended >= asked
-            {
-                return outcome.clone();
-            }
-            let outcome = match tokio::time::timeout(ATTEMPT_LIMIT, kept.attempt(opts)).await {
-                Ok(done) => done.map_err(|e| format!("{e:#}")),
-                Err(_) => Err(format!("no answer within {} ms", ATTEMPT_LIMIT.as_millis())),
-            };
-            kept.last = Some((tokio::time::Instant::now(), outcome.clone()));
-            outcome
-        });
-        attempt.await?.map_err(anyhow::Error::msg)
+        self.probe
+            .ask(|mut kept| {
+                let opts = self.opts.clone();
+                async move {
+                    let outcome = tokio::time::timeout(ATTEMPT_LIMIT, kept.attempt(opts))
+                        .await
+                        .unwrap_or_else(|_| {
+                            anyhow::bail!("no answer within {} ms", ATTEMPT_LIMIT.as_millis())
+                        });
+                    (kept, outcome)
+                }
+            })
+            .await
     }
 
-    /// Closes the kept connection (at shutdown; an attempt under way is not waited for).
+    /// Closes the kept connection (at shutdown), once an attempt under way has ended.
     pub async fn close(&self) {
-        if let Ok(mut kept) = self.kept.try_lock()
-            && let Some(conn) = kept.conn.take()
-        {
-            let _ = conn.disconnect().await;
+        if let Some(mut kept) = self.probe.close(ATTEMPT_LIMIT).await {
+            if let Some(making) = kept.making.take() {
+                making.abort();
+            }
+            if let Some(conn) = kept.conn.take() {
+                let _ = conn.disconnect().await;
+            }
         }
     }
 }
@@ -142,54 +233,79 @@ impl Kept {
     async fn attempt(&mut self, opts: mysql_async::Opts) -> anyhow::Result<()> {
         let (conn, answered_in) = match self.conn.take() {
             Some(mut conn) => {
+                self.close_spare().await;
                 let patience = (self.answered_in * 2).clamp(KEPT_PING, CHECK_TIMEOUT);
                 let began = tokio::time::Instant::now();
-                match ping_kept(&mut conn, patience, opts).await? {
+                match self.ping_kept(&mut conn, patience, opts).await? {
                     Some(new) => new,
                     None => (conn, began.elapsed()),
                 }
             }
-            None => connect(opts).await?,
+            None => self.new_conn(opts).await??,
         };
         (self.conn, self.answered_in) = (Some(conn), answered_in);
         Ok(())
     }
-}
 
-/// The kept connection's ping, given `patience` alone before a new connection races
-/// it: `None` when the kept one answered, the new one (and its ping's time) when it
-/// answered first or the kept one failed.
-async fn ping_kept(
-    conn: &mut mysql_async::Conn,
-    patience: Duration,
-    opts: mysql_async::Opts,
-) -> anyhow::Result<Option<(mysql_async::Conn, Duration)>> {
-    use mysql_async::prelude::Queryable;
-    let mut ping = Box::pin(conn.ping());
-    match tokio::time::timeout(patience, &mut ping).await {
-        Ok(Ok(())) => return Ok(None),
-        Ok(Err(_)) => return connect(opts).await.map(Some),
-        Err(_) => {}
+    /// The kept connection's ping, given `patience` alone before a new connection races
+    /// it: `None` when the kept one answered, the new one (and its ping's time) when it
+    /// answered first or the kept one failed.
+    async fn ping_kept(
+        &mut self,
+        conn: &mut mysql_async::Conn,
+        patience: Duration,
+        opts: mysql_async::Opts,
+    ) -> anyhow::Result<Option<(mysql_async::Conn, Duration)>> {
+        use mysql_async::prelude::Queryable;
+        let mut ping = Box::pin(conn.ping());
+        match tokio::time::timeout(patience, &mut ping).await {
+            Ok(Ok(())) => return Ok(None),
+            Ok(Err(_)) => return self.new_conn(opts).await?.map(Some),
+            Err(_) => {}
+        }
+        let mut fresh = self.new_conn(opts);
+        tokio::select! {
+            answer = &mut ping => match answer {
+                Ok(()) => {
+                    // Left to be made: cut off mid-handshake, MariaDB would count it a
+                    // failed connection (max_connect_errors).
+                    self.making = Some(fresh);
+                    Ok(None)
+                }
+                Err(_) => fresh.await?.map(Some),
+            },
+            made = &mut fresh => match made? {
+                Ok(new) => Ok(Some(new)),
+                Err(e) => ping.await.map(|()| None).map_err(|_| e),
+            },
+        }
     }
-    let mut fresh = Box::pin(connect(opts));
-    tokio::select! {
-        answer = &mut ping => match answer {
-            Ok(()) => {
-                // The new connection is made and closed aside: cut off mid-handshake,
-                // MariaDB would count it a failed connection (max_connect_errors).
-                tokio::spawn(async move {
-                    if let Ok(Ok((conn, _))) = tokio::time::timeout(ATTEMPT_LIMIT, fresh).await {
-                        let _ = conn.disconnect().await;
-                    }
-                });
-                Ok(None)
-            }
-            Err(_) => fresh.await.map(Some),
-        },
-        made = &mut fresh => match made {
-            Ok(new) => Ok(Some(new)),
-            Err(e) => ping.await.map(|()| None).map_err(|_| e),
-        },
+
+    /// The new connection being made, or one started now.
+    fn new_conn(
+        &mut self,
+        opts: mysql_async::Opts,
+    ) -> tokio::task::JoinHandle<anyhow::Result<(mysql_async::Conn, Duration)>> {
+        self.making.take().unwrap_or_else(|| {
+            tokio::spawn(async move {
+                tokio::time::timeout(ATTEMPT_LIMIT, connect(opts))
+                    .await
+                    .unwrap_or_else(|_| {
+                        anyhow::bail!("no connection within {} ms", ATTEMPT_LIMIT.as_millis())
+                    })
+            })
+        })
+    }
+
+    /// Closes a new connection made since a race the kept one won (one connection is
+    /// enough); one still being made is left to the next race.
+    async fn close_spare(&mut self) {
+        if self.making.as_ref().is_some_and(|m| m.is_finished())
+            && let Some(making) = self.making.take()
+            && let Ok(Ok((spare, _))) = making.await
+        {
+            let _ = spare.disconnect().await;
+        }
     }
 }
 

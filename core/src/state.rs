@@ -30,6 +30,8 @@ pub struct AppState {
     pub api_mysql: Pool,
     /// /readyz's own connection to MariaDB (`health::MysqlProbe`).
     pub mysql_probe: crate::health::MysqlProbe,
+    /// /readyz's check of RocketMQ, one at a time (`health::Probe`).
+    pub rocketmq_probe: crate::health::Probe<()>,
     pub keys: Keys,
     pub tokens: TokenSigner,
     /// Signed-out tokens (`auth::revoked`), as last read from Redis.
