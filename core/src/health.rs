@@ -81,7 +81,7 @@ struct FlightState<T> {
     closed: bool,
 }
 
-impl<T: Send + 'static> Probe<T> {
+impl<T: Default + Send + 'static> Probe<T> {
     pub fn new(held: T) -> Probe<T> {
         let state = FlightState {
             held: Some(held),
@@ -105,7 +105,7 @@ impl<T: Send + 'static> Probe<T> {
         let asked = tokio::time::Instant::now();
         let mut ended = self.shared.ended.subscribe();
         loop {
-            {
+            let held = {
                 let mut state = self.shared.state.lock().expect("the probe's state");
                 if let Some((at, outcome)) = &state.last
                     && *at >= asked
@@ -113,19 +113,26 @@ impl<T: Send + 'static> Probe<T> {
                     return outcome.clone().map_err(anyhow::Error::msg);
                 }
                 anyhow::ensure!(!state.closed, "the core is shutting down");
-                if let Some(held) = state.held.take() {
-                    let (shared, run) = (self.shared.clone(), attempt(held));
-                    tokio::spawn(async move {
-                        let (held, outcome) = run.await;
-                        {
-                            let mut state = shared.state.lock().expect("the probe's state");
-                            let at = tokio::time::Instant::now();
-                            state.last = Some((at, outcome.map_err(|e| format!("{e:#}"))));
-                            state.held = Some(held);
-                        }
-                        shared.ended.send_modify(|n| *n = n.wrapping_add(1));
-                    });
-                }
+                state.held.take()
+            };
+            if let Some(held) = held {
+                let (shared, run) = (self.shared.clone(), attempt(held));
+                tokio::spawn(async move {
+                    use futures_util::FutureExt;
+                    // A panic in the attempt must not leave every later check waiting
+                    // for a `held` that never comes back.
+                    let (held, outcome) =
+                        match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+                            Ok((held, outcome)) => (held, outcome.map_err(|e| format!("{e:#}"))),
+                            Err(_) => (T::default(), Err("the check failed (a panic)".to_owned())),
+                        };
+                    {
+                        let mut state = shared.state.lock().expect("the probe's state");
+                        state.last = Some((tokio::time::Instant::now(), outcome));
+                        state.held = Some(held);
+                    }
+                    shared.ended.send_modify(|n| *n = n.wrapping_add(1));
+                });
             }
             // The sender lives as long as `self`.
             ended.changed().await?;
@@ -158,7 +165,8 @@ impl<T: Send + 'static> Probe<T> {
 /// pool would wait for one of its connections: with every one of them held by requests
 /// on a slow table (a login flood on a locked users' table), every core would fail its
 /// check at once and leave the balancer, although MariaDB answers. One connection per
-/// core, kept between checks (and, for a moment, a second one racing a slow answer).
+/// core, kept between checks (and a second one from a race against a slow answer that
+/// the kept one won, until the next check closes it).
 pub struct MysqlProbe {
     opts: mysql_async::Opts,
     probe: Probe<Kept>,
@@ -171,7 +179,7 @@ struct Kept {
     answered_in: Duration,
     /// A new connection being made, in a task of its own, since it raced a slow kept
     /// one that then answered: the next attempt that needs a new connection takes it
-    /// rather than making another, and one that does not closes it once made.
+    /// rather than making another; one that does not closes it if it is made by then.
     making: Option<tokio::task::JoinHandle<anyhow::Result<(mysql_async::Conn, Duration)>>>,
 }
 
@@ -215,11 +223,15 @@ impl MysqlProbe {
     /// Closes the kept connection (at shutdown), once an attempt under way has ended.
     pub async fn close(&self) {
         if let Some(mut kept) = self.probe.close(ATTEMPT_LIMIT).await {
-            if let Some(making) = kept.making.take() {
-                making.abort();
-            }
             if let Some(conn) = kept.conn.take() {
                 let _ = conn.disconnect().await;
+            }
+            // A connection still being made is let finish, then closed (cut off
+            // mid-handshake, MariaDB would count it a failed connection).
+            if let Some(making) = kept.making.take()
+                && let Ok(Ok(Ok((spare, _)))) = tokio::time::timeout(ATTEMPT_LIMIT, making).await
+            {
+                let _ = spare.disconnect().await;
             }
         }
     }
@@ -322,4 +334,54 @@ async fn check(f: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()
     tokio::time::timeout(CHECK_TIMEOUT, f)
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {} ms", CHECK_TIMEOUT.as_millis()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Checks at once share one attempt; a check asked after it ended starts another.
+    #[tokio::test]
+    async fn checks_at_once_share_one_attempt() {
+        let probe = Probe::new(0u32);
+        let made = AtomicUsize::new(0);
+        let attempt = |n: u32| {
+            made.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                (n + 1, Ok(()))
+            }
+        };
+        let answers = futures_util::future::join_all((0..20).map(|_| probe.ask(attempt))).await;
+        assert!(answers.iter().all(Result::is_ok));
+        assert_eq!(made.load(Ordering::SeqCst), 1);
+        probe.ask(attempt).await.unwrap();
+        assert_eq!(made.load(Ordering::SeqCst), 2);
+        assert_eq!(probe.close(Duration::from_secs(1)).await, Some(2));
+        let closed = probe.ask(attempt).await.unwrap_err();
+        assert_eq!(closed.to_string(), "the core is shutting down");
+    }
+
+    /// An attempt that panics answers its checks "down" and leaves the next check its
+    /// own attempt, not a wait for what it held.
+    #[tokio::test]
+    async fn a_panicking_attempt_is_down_and_the_next_check_tries_again() {
+        let probe = Probe::new(7u32);
+        let down = tokio::time::timeout(
+            Duration::from_secs(1),
+            probe.ask(|_| async { panic!("inside the check") }),
+        )
+        .await
+        .expect("an answer within the second")
+        .unwrap_err();
+        assert!(down.to_string().contains("panic"), "{down}");
+        let up = tokio::time::timeout(
+            Duration::from_secs(1),
+            probe.ask(|n| async move { (n, Ok(())) }),
+        )
+        .await;
+        assert!(matches!(up, Ok(Ok(()))), "{up:?}");
+    }
 }
