@@ -366,6 +366,12 @@ impl EventRecord {
         self.kind == "train"
     }
 
+    /// True while the sale admits purchases at `now`: published, and within its window.
+    /// Every check of the window goes through here, with one `now` per request.
+    pub fn on_sale_at(&self, now: DateTime<Utc>) -> bool {
+        self.status == EventStatus::Published && self.sale_start <= now && now < self.sale_end
+    }
+
     /// A train's segments (stations − 1); 0 for any other event.
     pub fn segments(&self) -> usize {
         self.stations.len().saturating_sub(1)

@@ -12,7 +12,7 @@ pub mod validate;
 use std::sync::Arc;
 
 use crate::infra::redis::Redis;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use crate::catalog::{EventCache, EventRecord, EventStatus};
 use crate::domain::{EventId, UserId};
@@ -135,9 +135,10 @@ impl Drop for WakeStream<'_> {
 }
 
 impl Admission {
-    /// Admits one purchase of `event_id`, which is `event` as the caller read it from
-    /// [`Admission::events`] (None: not there): the governor, the validation chain, then
-    /// the one script.
+    /// Admits one purchase of `event_id` at `now`, which is `event` as the caller read
+    /// it from [`Admission::events`] (None: not there): the governor, the validation
+    /// chain, then the one script. `now` is the request's one moment: the waiting room's
+    /// check of the same request judged the sale window by it too.
     pub async fn admit(
         &self,
         event_id: EventId,
@@ -145,12 +146,12 @@ impl Admission {
         user_id: UserId,
         idempotency_key: &str,
         body: OrderBody,
+        now: DateTime<Utc>,
     ) -> Result<Reserved, AdmissionError> {
         let (event_id, user_id) = (event_id.0, user_id.0);
         debug_assert!(event.as_ref().is_none_or(|e| e.id == event_id));
         self.limits.check(UserId(user_id))?;
         let event = event.ok_or(Refusal::NoSuchEvent(event_id))?;
-        let now = Utc::now();
         let (purchase, window_closed) =
             match validate::validate(&body, &event, UserId(user_id), now) {
                 Err(Refusal::NotOpen) if event.status != EventStatus::Draft => (

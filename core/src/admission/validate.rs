@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::{Purchase, Refusal, Seats};
-use crate::catalog::{CategoryRecord, EventRecord, EventStatus};
+use crate::catalog::{CategoryRecord, EventRecord};
 use crate::domain::UserId;
 
 /// `POST /api/events/{id}/orders` as received.
@@ -155,10 +155,11 @@ fn one_kind_of_purchase(c: &Candidate) -> Result<(), Refusal> {
 }
 
 fn event_on_sale(c: &Candidate) -> Result<(), Refusal> {
-    let open = c.event.status == EventStatus::Published
-        && c.event.sale_start <= c.now
-        && c.now < c.event.sale_end;
-    if open { Ok(()) } else { Err(Refusal::NotOpen) }
+    if c.event.on_sale_at(c.now) {
+        Ok(())
+    } else {
+        Err(Refusal::NotOpen)
+    }
 }
 
 fn category_exists(c: &Candidate) -> Result<(), Refusal> {
@@ -251,7 +252,7 @@ fn parse_seat(id: &str) -> Option<(u32, u32)> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::catalog::SeatGrid;
+    use crate::catalog::{EventStatus, SeatGrid};
 
     /// An event of two categories (10 GA units, 2 × 3 seats), its sale on 2030-01-01
     /// from 00:00 to 12:00 UTC: for the tests of other modules too.

@@ -60,21 +60,23 @@ async fn purchase(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let body = read_json(req, state.config.settings.server.max_body_bytes).await?;
-    // Read once for the waiting room and the admission.
+    // Read once for the waiting room and the admission, which judge the sale window at
+    // one moment.
     let event = state.events.get(event_id).await?;
+    let now = chrono::Utc::now();
     // An event with a waiting room (or the hidden path) admits purchases with a pass.
     let claim = match &event {
         Some(event) => {
             state
                 .room
-                .claim(event, user_id, &key, queue_pass.as_deref())
+                .claim(event, user_id, &key, queue_pass.as_deref(), now)
                 .await?
         }
         None => None,
     };
     let admitted = state
         .admission
-        .admit(EventId(event_id), event, UserId(user_id), &key, body)
+        .admit(EventId(event_id), event, UserId(user_id), &key, body, now)
         .await;
     if let Some(claim) = claim {
         // Not admitted (refused, or Redis never got the purchase): the pass is good for

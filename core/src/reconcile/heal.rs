@@ -11,7 +11,7 @@ use mysql_async::prelude::*;
 
 use super::{Balance, Reconciler};
 use crate::buckets::Mover;
-use crate::catalog::{EventRecord, EventStatus};
+use crate::catalog::EventRecord;
 use crate::domain::{CategoryId, EventId, OrderNo, UserId};
 use crate::keys::Bucket;
 use crate::lifecycle::restock::{GiveBack, Restocked, restock};
@@ -57,10 +57,7 @@ impl Reconciler {
             // The sale moved: not sure of anything; the next pass looks again.
             return Ok(Some(second));
         }
-        let now = Utc::now();
-        let running = event.status == EventStatus::Published
-            && event.sale_start <= now
-            && now < event.sale_end;
+        let running = event.on_sale_at(Utc::now());
         if !running && second.categories.iter().any(|c| c.gap.unwrap_or(0) > 0) {
             // A cancellation committed after the give-back above read the cancelled
             // orders, its own restock lost (Redis blipped, its core stopped), shows as

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use crate::auth::token::TokenSigner;
@@ -271,22 +271,30 @@ impl WaitingRoom {
         Ok(body)
     }
 
-    /// Before a purchase: its pass checked and claimed for this request (None when the
-    /// event needs none, or the purchase used the pass already: a repeat of its key).
-    /// Without a good pass, only a repeat of an Idempotency-Key already used in this
-    /// event goes on (to its first answer). Another request of the same purchase holding
-    /// the claim is waited for (a moment), so twin requests never both spend it.
+    /// Before a purchase at `now`: its pass checked and claimed for this request (None
+    /// when the event needs none, or the purchase used the pass already: a repeat of its
+    /// key). Without a good pass, only a repeat of an Idempotency-Key already used in
+    /// this event goes on (to its first answer). Another request of the same purchase
+    /// holding the claim is waited for (a moment), so twin requests never both spend it.
+    ///
+    /// A sale not on sale at `now` (before its open, past its end, closed) needs no pass:
+    /// the admission, at the same `now`, answers NOT_OPEN — or a repeated key's first
+    /// answer — and admits nothing new. "Join the queue" would be the wrong answer there.
     pub async fn claim(
         &self,
         event: &EventRecord,
         user: u64,
         key: &str,
         header: Option<&str>,
+        now: DateTime<Utc>,
     ) -> Result<Option<Claim>, ApiError> {
         let Some(room) = event.room.as_ref().filter(|r| r.pass_required()) else {
             return Ok(None);
         };
-        let now_ms = Utc::now().timestamp_millis();
+        if !event.on_sale_at(now) {
+            return Ok(None);
+        }
+        let now_ms = now.timestamp_millis();
         let event_id = EventId(event.id);
         let checked = pass::verify(&self.tokens, header, event.id, user, now_ms).and_then(|p| {
             // A room's passes are positions, the hidden path's `h<n>`: each good for its

@@ -196,10 +196,13 @@ end
 
 -- Why a purchase of this event is refused for its pass (the message), or nil: with the
 -- room on (or the hidden path) the Queue-Pass must be signed, this event's and user's,
--- and not expired. Whether it was used already is the core's to say.
+-- and not expired. Whether it was used already is the core's to say. Past the sale's end
+-- no pass is asked for: what state.gate lets on then (the moment before every key the
+-- sale admitted is known here) goes to the core, which answers NOT_OPEN, or a repeated
+-- key's first answer — never "join the queue" for a sale that is over.
 function _M.pass_refusal(state, event_id, uid)
-  local _, room = state.room(event_id)
-  if not room then return nil end
+  local ev, room = state.room(event_id)
+  if not room or floor(ngx.now() * 1000) >= ev.end_ms then return nil end
   local text = ngx.var.http_queue_pass
   if not text then
     return "this sale admits buyers through its waiting room: join it, and buy with your pass in the Queue-Pass header when it is your turn"

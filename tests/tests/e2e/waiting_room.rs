@@ -752,6 +752,82 @@ async fn one_pass_buys_once_even_when_twin_requests_race() {
     assert_eq!(app.stock(event, ga).await, 20 - 6, "one unit per pass");
 }
 
+/// A sale behind a pass, past its end: a buyer without a pass hears NOT_OPEN, from the
+/// edge and from the core, never QUEUE_REQUIRED (to join a line for a sale that is
+/// over). Also in the moment after the end when the edge still sends purchases on to the
+/// core, until it knows every key the sale admitted. A buyer admitted with a pass who
+/// retries the same key without it hears the first 202.
+#[tokio::test]
+async fn a_sale_past_its_end_says_not_open_to_a_buyer_without_a_pass() {
+    let (app, _edge) = stack_app().await;
+    let end = Utc::now() + chrono::Duration::seconds(6);
+    let mut sale = sale(5, Duration::ZERO);
+    sale["sale_end"] = json!(end.to_rfc3339_opts(SecondsFormat::Millis, true));
+    let (event, categories) = app.admin.create_event(sale).await;
+    set_room(&app, event, json!({"require_pass_at_open": true})).await;
+    app.admin.publish(event).await;
+    let mut buyers = app.admin.buyers(11).await;
+    let admitted = buyers.pop().unwrap();
+    let known = eventually(Duration::from_secs(5), || async {
+        let (s, b) = buy(&app, event, &buyers[0], "probe", None).await;
+        s == 403 && b["error"]["code"] == "QUEUE_REQUIRED"
+    })
+    .await;
+    assert!(known, "the edge never saw the sale's pass rule");
+    stampede_e2e::edge_workers_catch_up().await;
+    let (s, b) = join(&app, event, &admitted, None).await;
+    assert_eq!(s, 200, "{b}");
+    let pass = b["pass"].as_str().unwrap().to_owned();
+    let (s, first) = buy(&app, event, &admitted, "bought", Some(&pass)).await;
+    assert_eq!(s, 202, "{first}");
+
+    let wait = end.timestamp_millis() + 30 - Utc::now().timestamp_millis();
+    assert!(wait > 0, "the set-up outlasted the sale");
+    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    // A fresh key every 40 ms for 1.5 s, the buyers in turn (each under its own rate
+    // limit): the first few land before the edge refuses the ended sale from memory.
+    let mut heard = std::collections::BTreeMap::<String, Vec<u128>>::new();
+    let started = Instant::now();
+    for n in 0.. {
+        let at = started.elapsed().as_millis();
+        if at > 1_500 {
+            break;
+        }
+        let buyer = &buyers[n % buyers.len()];
+        let (s, b) = buy(&app, event, buyer, &format!("late-{n}"), None).await;
+        let code = b["error"]["code"].as_str().unwrap_or("-").to_owned();
+        heard.entry(format!("{s} {code}")).or_default().push(at);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert_eq!(
+        heard.keys().collect::<Vec<_>>(),
+        ["403 NOT_OPEN"],
+        "what the edge answered after the end (ms after it + 30): {heard:?}"
+    );
+    // The core's own answer, for a purchase that reaches it.
+    let core = stampede_e2e::Stack::from_env().core_port;
+    let r = app
+        .http
+        .post(format!("http://127.0.0.1:{core}/api/events/{event}/orders"))
+        .bearer_auth(&buyers[1].token)
+        .header("Idempotency-Key", "at-the-core")
+        .json(&json!({"category_id": categories[0], "quantity": 1}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(
+        (status, &b["error"]["code"]),
+        (403, &json!("NOT_OPEN")),
+        "{b}"
+    );
+    // The admitted purchase, retried without its pass: its first answer.
+    let (s, again) = buy(&app, event, &admitted, "bought", None).await;
+    assert_eq!(s, 202, "{again}");
+    assert_eq!(again["request_id"], first["request_id"], "{again}");
+}
+
 /// A sale closed while a buyer's turn runs, and reopened after the pass's whole lifetime:
 /// the turn is not lost. The buyer reads `your_turn` again, with a pass that has the time
 /// it had left at the close, and buys with it; the pass signed before the close is
