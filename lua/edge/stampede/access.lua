@@ -176,8 +176,8 @@ function _M.purchase()
   end
   if not status then
     -- A sale behind a waiting room (or the hidden path) admits purchases with a pass.
-    local refusal = room.pass_refusal(state, event_id, uid)
-    if refusal and not passed:get(key) then return reject(403, "QUEUE_REQUIRED", refusal) end
+    local code, refusal = room.pass_refusal(state, event_id, uid)
+    if code and not passed:get(key) then return reject(403, code, refusal) end
   end
   -- The limits only for what goes on to the core: they protect it, and a refusal from
   -- memory costs it nothing (and the limits' shared-dict writes were most of the cost

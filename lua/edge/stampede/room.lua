@@ -194,15 +194,8 @@ function _M.serve(state)
   return ngx.exit(res.status)
 end
 
--- Why a purchase of this event is refused for its pass (the message), or nil: with the
--- room on (or the hidden path) the Queue-Pass must be signed, this event's and user's,
--- and not expired. Whether it was used already is the core's to say. Past the sale's end
--- no pass is asked for: what state.gate lets on then (the moment before every key the
--- sale admitted is known here) goes to the core, which answers NOT_OPEN, or a repeated
--- key's first answer — never "join the queue" for a sale that is over.
-function _M.pass_refusal(state, event_id, uid)
-  local ev, room = state.room(event_id)
-  if not room or floor(ngx.now() * 1000) >= ev.end_ms then return nil end
+-- What is wrong with the request's Queue-Pass for this buyer and room, or nil.
+local function pass_problem(event_id, uid, room)
   local text = ngx.var.http_queue_pass
   if not text then
     return "this sale admits buyers through its waiting room: join it, and buy with your pass in the Queue-Pass header when it is your turn"
@@ -217,6 +210,21 @@ function _M.pass_refusal(state, event_id, uid)
   if user ~= uid then return "the queue pass is another buyer's" end
   if tonumber(expires) <= floor(ngx.now() * 1000) then return "the queue pass has expired" end
   return nil
+end
+
+-- Why a purchase of this event is refused for its pass (the code and the message), or
+-- nil: with the room on (or the hidden path) the Queue-Pass must be signed, this event's
+-- and user's, and not expired. Whether it was used already is the core's to say. Past
+-- the sale's end (the moment state.gate still lets purchases on, until every key the sale
+-- admitted is known here) such a purchase hears NOT_OPEN, never "join the line" for a
+-- sale that is over; one with a good pass goes on to the core as a retry would.
+function _M.pass_refusal(state, event_id, uid)
+  local ev, room = state.room(event_id)
+  if not room then return nil end
+  local why = pass_problem(event_id, uid, room)
+  if not why then return nil end
+  if floor(ngx.now() * 1000) >= ev.end_ms then return "NOT_OPEN", "the sale is not open" end
+  return "QUEUE_REQUIRED", why
 end
 
 return _M
