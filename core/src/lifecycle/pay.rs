@@ -84,6 +84,14 @@ pub enum Refused {
     NoSuchOrder(OrderNo),
     #[error("amount {got} does not match the order's {expected}")]
     AmountMismatch { got: u64, expected: u64 },
+    /// Applied in MySQL (the order is PAID), but its seats and the buyer's status could
+    /// not be marked in Redis: the provider is to deliver again, and the repeat marks
+    /// them. Nothing else would: answered 200, the buyer's status read CREATED ("pay
+    /// before the deadline") for a paid order until the sale's keys were purged.
+    #[error(
+        "order {0} is paid, but its seats and the buyer's status could not be marked yet; deliver this callback again"
+    )]
+    NotMarked(OrderNo),
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
 }
@@ -207,6 +215,7 @@ async fn apply_once(
                     error = format!("{e:#}"),
                     "paid before, seats still not marked sold in Redis"
                 );
+                return Err(Refused::NotMarked(order_no));
             }
         }
         return Ok((Applied::Duplicate, order_no));
@@ -274,15 +283,16 @@ async fn apply_once(
     .context("Failed to record the payment")?;
     tx.commit().await.context("Failed to commit the payment")?;
     if applied == Applied::Paid {
+        tracing::info!(%order_no, "order paid");
         if let Err(e) = sold(redis, keys, &order).await {
-            // MySQL is the record; the seat map shows the seat locked until reconciled.
+            // MySQL is the record. The provider's next delivery marks them (above).
             tracing::warn!(
                 %order_no,
                 error = format!("{e:#}"),
-                "paid, but seats not marked sold in Redis"
+                "paid, but seats and status not marked in Redis: the provider is asked to deliver again"
             );
+            return Err(Refused::NotMarked(order_no));
         }
-        tracing::info!(%order_no, "order paid");
     } else {
         tracing::warn!(
             %order_no,

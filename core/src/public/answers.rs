@@ -138,6 +138,7 @@ pub fn paid(outcome: Result<(Applied, OrderNo), Refused>) -> Result<Response, Ap
         Err(e @ Refused::AmountMismatch { .. }) => {
             Err(ApiError::Conflict("AMOUNT_MISMATCH", e.to_string()))
         }
+        Err(e @ Refused::NotMarked(_)) => Err(ApiError::Unavailable(e.to_string())),
         Err(Refused::Unexpected(e)) => Err(e.into()),
     }
 }

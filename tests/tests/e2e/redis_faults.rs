@@ -461,6 +461,58 @@ async fn a_purchase_redis_never_answered_is_outcome_unknown_and_then_known() {
     app.stop().await;
 }
 
+/// The provider's callback applied in MySQL while Redis does not answer: the order is
+/// PAID, and the provider hears 503 (not 200), so it delivers again. The buyer's status
+/// reads CREATED ("pay before the deadline") until then; the repeat, with Redis back,
+/// marks it PAID. Answered 200, nothing would ever have marked it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_redis_did_not_take_is_delivered_again_until_it_does() {
+    let _heavy = stampede_e2e::heavy().await;
+    let redis_server = OwnRedis::start();
+    let (app, event, _, _, buyers) = a_sale_bought_once(&redis_server, |_| {}).await;
+    let buyer = &buyers[0];
+    let order_no = crate::lifecycle::created(&app, event, buyer).await;
+    let secret = crate::payment::provider_secret(&app);
+    let shard = stampede_core::order_tables::shard_of_order(
+        stampede_core::domain::OrderNo(order_no),
+        stampede_e2e::test_shards(),
+    );
+    let paid_in_mysql = format!(
+        "SELECT COUNT(*) FROM {} WHERE order_no = {order_no} AND status = 'PAID'",
+        stampede_core::order_tables::orders(shard)
+    );
+
+    redis_server.hang(true);
+    let (status, answer) = crate::payment::callback(&app, &secret, "txn", order_no, 5_000).await;
+    redis_server.hang(false);
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (503, Some("UNAVAILABLE")),
+        "{answer}"
+    );
+    assert_eq!(
+        scalar(&app.mysql, &paid_in_mysql).await,
+        1,
+        "the payment was applied in MySQL"
+    );
+    assert_eq!(
+        app.purchase_status(event, buyer).await,
+        json!({"status": "CREATED", "order_no": order_no.to_string()})
+    );
+    // The provider delivers again: the same transaction, now marked.
+    let (status, answer) = crate::payment::callback(&app, &secret, "txn", order_no, 5_000).await;
+    assert_eq!(
+        (status, &answer["result"]),
+        (200, &json!("DUPLICATE")),
+        "{answer}"
+    );
+    assert_eq!(
+        app.purchase_status(event, buyer).await,
+        json!({"status": "PAID", "order_no": order_no.to_string()})
+    );
+    app.stop().await;
+}
+
 /// Setting a waiting room while Redis does not answer is refused whole: MySQL keeps the
 /// room as it was (it kept the new one, which the next rebuild then put in force with no
 /// edge or core ever having announced it: buyers asked for passes nobody could get).
