@@ -46,7 +46,7 @@ impl PurchaseStatus {
 
 impl Admission {
     /// The user's latest purchase in the event, if any: as Redis recorded it, or, for a
-    /// sale that is over whose keys in the buyer's bucket are gone (purged after its
+    /// sale that is over (by its window, or closed) whose keys in the buyer's bucket are gone (purged after its
     /// retirement, or lost when no pass rebuilds them any more), as the buyer's latest
     /// order says.
     pub async fn status_of(
@@ -66,7 +66,11 @@ impl Admission {
         if let Some(value) = value {
             return PurchaseStatus::parse(&value).map(Some);
         }
-        if event.is_none_or(|e| chrono::Utc::now() < e.sale_end) {
+        // Over by its window, or closed early (its window may run for weeks yet).
+        let over = |e: &crate::catalog::EventRecord| {
+            e.status == crate::catalog::EventStatus::Closed || chrono::Utc::now() >= e.sale_end
+        };
+        if !event.as_deref().is_some_and(over) {
             return Ok(None);
         }
         // Over: while the bucket is loaded a buyer without a status has no purchase (a

@@ -584,6 +584,58 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
     app.stop().await;
 }
 
+/// A sale closed early (its window runs for years yet), retired and purged: the buyer's
+/// status is read from the orders, as for a sale over by its window. It answered 404
+/// "no purchase of yours" until the window's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_closed_early_and_purged_answers_its_buyers_status_from_the_orders() {
+    let app = spawn_app_with(|s| {
+        s.orders.enabled = true;
+        s.reconcile.interval_s = 1;
+        s.reconcile.confirm_ms = 100;
+        s.reconcile.retire_after_s = 1;
+        s.reconcile.purge_after_s = 1;
+    })
+    .await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 1, 2)).await;
+    app.publish(event).await;
+    let buyers = app.buyers(2).await;
+    let ga = json!({"category_id": categories[0], "quantity": 1});
+    let (status, answer) = app.buy(event, &buyers[0], "k", ga).await;
+    assert_eq!(status, 202, "{answer}");
+    let order_no = crate::lifecycle::created(&app, event, &buyers[0]).await;
+    let (status, body) = app
+        .post(&format!("/admin/events/{event}/close"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Nothing unpaid, so the closed sale is retired, then purged.
+    let (status, cancelled) = crate::lifecycle::cancel(&app, order_no, &buyers[0]).await;
+    assert_eq!(status, 200, "{cancelled}");
+    let meta = app.keys().meta(Bucket::only(event));
+    let purged = eventually(Duration::from_secs(30), || async {
+        !exists(&app.redis, meta.clone()).await
+    })
+    .await;
+    assert!(purged, "the closed sale was not purged");
+    assert_eq!(
+        app.purchase_status(event, &buyers[0]).await,
+        json!({"status": "CANCELLED", "order_no": order_no.to_string()})
+    );
+    // A buyer with no order is told so.
+    let resp = app
+        .http
+        .get(format!(
+            "{}/api/events/{event}/orders/status",
+            app.public_url
+        ))
+        .bearer_auth(&buyers[1].token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_closed_early_is_retired_and_a_reopen_lists_it_again() {
     let app = spawn_app_with(|s| {
