@@ -7,17 +7,36 @@
 -- KEYS[1] stream   KEYS[2] status   KEYS[3] meta
 -- ARGV[1] consumer group   ARGV[2] the reason buyers are told
 -- ARGV[3] the newest epoch among the reservations
--- ARGV[4..] pairs: stream entry id, user id
+-- ARGV[4..] triples: stream entry id, user id, the reservation's number
 --
 -- Returns (mirrored by Dropped in core/src/orders/redis.rs):
---    1 DROPPED  dropped; each buyer with no status (the rebuild wrote none) is FAILED
+--    1 DROPPED  dropped; each buyer whose status is not of a later purchase is FAILED
 --    0 NOT_YET  the rebuild is not in Redis yet: nothing changed
+--
+-- The rebuild wrote each buyer's latest order from MySQL, which a dropped reservation
+-- never reached: a status naming an order numbered before it (an earlier purchase of
+-- the buyer's) or none at all is about a purchase older than this one, and would read
+-- as its outcome (release.lua and refuse.lua mark FAILED only the status of their own
+-- purchase, for the same reason). A status of a later purchase, or a FAILED one, stays.
 local rcall = redis.call
+local match = string.match
+
+-- Numbers as decimal strings (past 2^53 a Lua number rounds): fewer digits is smaller.
+local function not_after(n, rid)
+  return #n < #rid or (#n == #rid and n <= rid)
+end
+
 local epoch = tonumber(rcall('HGET', KEYS[3], 'epoch') or '0')
 if epoch <= tonumber(ARGV[3]) then return 0 end
-for i = 4, #ARGV, 2 do
-  rcall('XACK', KEYS[1], ARGV[1], ARGV[i])
-  rcall('XDEL', KEYS[1], ARGV[i])
-  rcall('HSETNX', KEYS[2], ARGV[i + 1], 'FAILED:' .. ARGV[2])
+for i = 4, #ARGV, 3 do
+  local entry, user, rid = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  rcall('XACK', KEYS[1], ARGV[1], entry)
+  rcall('XDEL', KEYS[1], entry)
+  local now = rcall('HGET', KEYS[2], user)
+  local kind, n
+  if now then kind, n = match(now, '^(%u+):(%d+)$') end
+  if not now or (n and kind ~= 'FAILED' and not_after(n, rid)) then
+    rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[2])
+  end
 end
 return 1

@@ -51,7 +51,8 @@ impl crate::script_codes::ScriptCode for Dropped {
 }
 
 /// Drops reservations an event's rebuild made stale, once the rebuild is in Redis,
-/// telling each buyer left with no status `reason`; [`SETTLE_CHUNK`] per run of the
+/// telling `reason` to each buyer whose status is not of a later purchase (none, or an
+/// earlier order the rebuild wrote); [`SETTLE_CHUNK`] per run of the
 /// script. NOT_YET comes from the first run (the epoch only grows). A run failing part
 /// way leaves some dropped: dropping them again changes nothing, so the caller retries
 /// them all.
@@ -76,7 +77,7 @@ pub async fn drop_stale(
             .arg(reason)
             .arg(newest);
         for r in chunk {
-            call.arg(&r.entry_id).arg(r.user_id);
+            call.arg(&r.entry_id).arg(r.user_id).arg(r.order_no.0);
         }
         if Dropped::from_code(call.invoke_async(redis).await?)? == Dropped::NotYet {
             return Ok(Dropped::NotYet);

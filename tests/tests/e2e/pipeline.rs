@@ -1273,7 +1273,9 @@ async fn taking_over_keeping_and_dropping_a_batch_go_in_chunks_with_nothing_twic
         "every entry's idle time was reset"
     );
     // A rebuild of the keys (epoch 2) makes 300 of them stale: dropped, 128 a run; the
-    // buyers whose status the rebuild did not write are told.
+    // buyers whose status the rebuild did not write are told, and those it wrote an
+    // earlier order for (that order would read as this purchase's outcome); a status of
+    // a later purchase stays.
     let reservations: Vec<Reservation> = rest
         .entries
         .iter()
@@ -1289,6 +1291,25 @@ async fn taking_over_keeping_and_dropping_a_batch_go_in_chunks_with_nothing_twic
     let _: () = r.hset(keys.meta(bucket), "epoch", 2).await.unwrap();
     for gone in &stale[..150] {
         let _: () = r.hdel(&status, gone.user_id).await.unwrap();
+    }
+    // Earlier: one digit fewer, or one below (the script compares decimal strings, as
+    // the core's numbers pass 2^53).
+    let earlier = |r: &Reservation, i: usize| {
+        if i.is_multiple_of(2) {
+            format!("PAID:{}", r.order_no.0 / 10)
+        } else {
+            format!("CREATED:{}", r.order_no.0 - 1)
+        }
+    };
+    for (i, older) in stale[150..225].iter().enumerate() {
+        let _: () = r
+            .hset(&status, older.user_id, earlier(older, i))
+            .await
+            .unwrap();
+    }
+    let later = |r: &Reservation| format!("QUEUED:{}", r.order_no.0 + 1);
+    for newer in &stale[225..] {
+        let _: () = r.hset(&status, newer.user_id, later(newer)).await.unwrap();
     }
     let dropped = stream::drop_stale(&mut r, &keys, bucket, stale, "reloaded")
         .await
@@ -1312,9 +1333,16 @@ async fn taking_over_keeping_and_dropping_a_batch_go_in_chunks_with_nothing_twic
         .filter(|s| *s == "FAILED:reloaded")
         .count();
     assert_eq!(
-        failed, 150,
-        "only the buyers left with no status: {statuses:?}"
+        failed, 225,
+        "the buyers left with no status or an earlier order's: {statuses:?}"
     );
+    for newer in &stale[225..] {
+        assert_eq!(
+            statuses[&newer.user_id.0],
+            later(newer),
+            "a later purchase's stays"
+        );
+    }
     assert_eq!(statuses.len(), N as usize);
     app.stop().await;
 }
