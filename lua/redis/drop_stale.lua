@@ -10,20 +10,25 @@
 -- ARGV[4..] triples: stream entry id, user id, the reservation's number
 --
 -- Returns (mirrored by Dropped in core/src/orders/redis.rs):
---    1 DROPPED  dropped; each buyer whose status is not of a later purchase is FAILED
+--    1 DROPPED  dropped; each buyer whose status is of no purchase or an earlier one
+--               is FAILED
 --    0 NOT_YET  the rebuild is not in Redis yet: nothing changed
 --
--- The rebuild wrote each buyer's latest order from MySQL, which a dropped reservation
--- never reached: a status naming an order numbered before it (an earlier purchase of
--- the buyer's) or none at all is about a purchase older than this one, and would read
--- as its outcome (release.lua and refuse.lua mark FAILED only the status of their own
--- purchase, for the same reason). A status of a later purchase, or a FAILED one, stays.
+-- The rebuild wrote each buyer's latest order from MySQL: a status naming an order
+-- numbered before the dropped reservation (an earlier purchase of the buyer's), or none
+-- at all, is about a purchase older than this one, and would read as its outcome
+-- (release.lua and refuse.lua mark FAILED only the status of their own purchase, for
+-- the same reason). A status naming the reservation's own number is its order, which
+-- MySQL had before the rebuild (the order is the request's number; its entry was never
+-- settled): it stays, as does a FAILED one, and a QUEUED one, which only a purchase
+-- admitted since the rebuild writes (the rebuild writes orders' statuses only; its
+-- number may be the smaller, minted by a core whose clock is behind).
 local rcall = redis.call
 local match = string.match
 
 -- Numbers as decimal strings (past 2^53 a Lua number rounds): fewer digits is smaller.
-local function not_after(n, rid)
-  return #n < #rid or (#n == #rid and n <= rid)
+local function before(n, rid)
+  return #n < #rid or (#n == #rid and n < rid)
 end
 
 local epoch = tonumber(rcall('HGET', KEYS[3], 'epoch') or '0')
@@ -35,7 +40,7 @@ for i = 4, #ARGV, 3 do
   local now = rcall('HGET', KEYS[2], user)
   local kind, n
   if now then kind, n = match(now, '^(%u+):(%d+)$') end
-  if not now or (n and kind ~= 'FAILED' and not_after(n, rid)) then
+  if not now or (n and kind ~= 'FAILED' and kind ~= 'QUEUED' and before(n, rid)) then
     rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[2])
   end
 end

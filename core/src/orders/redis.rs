@@ -51,8 +51,8 @@ impl crate::script_codes::ScriptCode for Dropped {
 }
 
 /// Drops reservations an event's rebuild made stale, once the rebuild is in Redis,
-/// telling `reason` to each buyer whose status is not of a later purchase (none, or an
-/// earlier order the rebuild wrote); [`SETTLE_CHUNK`] per run of the
+/// telling `reason` to each buyer whose status is of no purchase or an earlier order
+/// (one the rebuild wrote: not the reservation's own order, nor a later purchase); [`SETTLE_CHUNK`] per run of the
 /// script. NOT_YET comes from the first run (the epoch only grows). A run failing part
 /// way leaves some dropped: dropping them again changes nothing, so the caller retries
 /// them all.
