@@ -219,17 +219,24 @@ async fn page(server: &PageServer, req: http::Request<hyper::body::Incoming>) ->
                         tracing::info!(order_no = f.order_no, answer, "payment callback accepted");
                         "paid".to_owned()
                     }
-                    Ok((status, answer)) => {
+                    Ok((status, answer)) if status.is_client_error() => {
                         tracing::warn!(order_no = f.order_no, %status, answer, "payment callback refused");
                         "refused".to_owned()
+                    }
+                    // Still 5xx, or no answer, after every delivery: the shop may have
+                    // applied it (a 503 after the commit says so), so neither "paid"
+                    // nor "refused": the order page shows what the shop holds.
+                    Ok((status, answer)) => {
+                        tracing::warn!(order_no = f.order_no, %status, answer, "payment callback not confirmed");
+                        "unconfirmed".to_owned()
                     }
                     Err(e) => {
                         tracing::warn!(
                             order_no = f.order_no,
                             error = format!("{e:#}"),
-                            "payment callback failed"
+                            "payment callback not confirmed"
                         );
-                        "failed".to_owned()
+                        "unconfirmed".to_owned()
                     }
                 }
             };
