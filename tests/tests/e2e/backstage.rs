@@ -123,6 +123,77 @@ async fn the_ops_servers_edge_stats_need_the_admin_token() {
     crate::edge::edge_stats(&app).await;
 }
 
+/// The simulator's page delivers a payment as a provider does: again while the shop
+/// answers 5xx or not at all, and then, never confirmed, sends the browser back with
+/// `payment=unconfirmed` (the shop may have applied it: its 503 after the commit says
+/// so), never "refused"; a 4xx (here a signature the shop does not know) is "refused".
+#[tokio::test]
+async fn the_payment_simulator_says_unconfirmed_when_the_shop_never_answered() {
+    let stack = Stack::from_env();
+    let cases = [
+        // Nothing listens on a port handed out and never bound.
+        (
+            format!("http://127.0.0.1:{}/", stampede_e2e::free_port()),
+            "unconfirmed",
+        ),
+        (
+            format!("http://127.0.0.1:{}/api/payments/callback", stack.edge_port),
+            "refused",
+        ),
+    ];
+    let secret = std::env::temp_dir().join(format!("stampede-paysim-{}", std::process::id()));
+    std::fs::write(&secret, "not-the-shop-s-secret-at-all").unwrap();
+    for (callback_url, outcome) in cases {
+        let port = stampede_e2e::free_port();
+        let mut sim = tokio::process::Command::new(stampede_e2e::paysim_binary())
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--secret-file")
+            .arg(&secret)
+            .args(["--callback-url", &callback_url])
+            .args(["--app-origin", "http://127.0.0.1:1"])
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let up = stampede_e2e::eventually(Duration::from_secs(10), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        assert!(up, "the simulator did not start on {port}");
+        let own = format!("http://127.0.0.1:{port}");
+        let form = [
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", own.as_str()),
+        ];
+        let started = std::time::Instant::now();
+        let a = raw_request(
+            port,
+            "POST",
+            "/paysim/pay",
+            &form,
+            "order_no=1&amount_cents=1&action=pay&return=%2F",
+        )
+        .await;
+        assert_eq!(a.status, 303, "{callback_url}: {a:?}");
+        assert_eq!(
+            a.header("location"),
+            Some(format!("http://127.0.0.1:1/?payment={outcome}").as_str()),
+            "{callback_url}"
+        );
+        if outcome == "unconfirmed" {
+            // Five deliveries, 0.25 + 0.5 + 1 + 2 s apart.
+            assert!(
+                started.elapsed() >= Duration::from_millis(3_700),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+        sim.kill().await.unwrap();
+    }
+    std::fs::remove_file(&secret).unwrap();
+}
+
 #[tokio::test]
 async fn the_token_secret_rotates_with_no_restart_and_no_logout() {
     let (app, _edge) = stack_app().await;
