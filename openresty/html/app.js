@@ -262,7 +262,7 @@ async function eventView(id) {
   // status read, the ahead count first seen (the progress bar's start), whether the
   // turn's pass was spent on a purchase; the hidden path's pass.
   let joined = null, joining = false, queue = null, firstAhead = null, passUsed = false;
-  let pollTimer = null, polling = false;
+  let pollTimer = null, pollEvery = 0, polling = false;
   // When the estimate for the current ahead count runs out (the release rate's, blind to
   // a release held back while the tickets left are all spoken for by passes out).
   let etaFor = null, etaUntil = 0;
@@ -462,9 +462,13 @@ async function eventView(id) {
   const STATES = { waiting: "Waiting", your_turn: "Your turn", sold_out: "Sold out", closed: "Closed", expired: "Turn expired" };
   const FINAL = ["sold_out", "closed", "expired"];
   /** Whether nothing can change for this buyer any more: a closed sale may reopen within
-   * its window (and a turn the close interrupted gets back the time it had left). */
-  const over = (state) => state === "sold_out" || state === "expired"
+   * its window (and a turn the close interrupted gets back the time it had left), and a
+   * sold-out one gets tickets back when orders are cancelled or left unpaid (the line
+   * moves on then). */
+  const over = (state) => state === "expired"
     || (state === "closed" && serverNow() >= Date.parse(ev.sale_end));
+  /** How often the place is asked for: while sold out, tickets come back seldom. */
+  const pollMs = (state) => (state === "sold_out" ? 10_000 : 2_000);
 
   function aboutRoom() {
     const r = settings();
@@ -548,12 +552,13 @@ async function eventView(id) {
         ? `You are in. At the open (${new Date(opens).toLocaleTimeString()}) the lottery gives you your place in line; keep this page open.`
         : "You are in line; keep this page open. Buying opens on your turn.",
       your_turn: passUsed ? "Your pass was used for your purchase below." : "It is your turn: pick your tickets and buy.",
-      sold_out: "Sold out — every ticket of this sale is taken; there is nothing left to wait for.",
+      sold_out: "Sold out for now — every ticket of this sale is taken. Tickets of orders cancelled or left unpaid come back to the line: keep this page open and your turn comes if enough do.",
       closed: over("closed") ? "The sale has ended: the waiting room is over."
         : "The sale is closed. If it reopens, you keep your place in line, and a turn that was running keeps the time it had left.",
       expired: "Your turn came and your pass ran out unused: the turn went to the next in line.",
     }[q.state] || "";
     if (over(q.state)) stopPolling();
+    else if (pollTimer) startPolling(pollMs(q.state));
     tick();
   }
 
@@ -579,9 +584,11 @@ async function eventView(id) {
     }
   }
 
-  function startPolling() {
-    if (pollTimer) return;
-    pollTimer = setInterval(poll, 2000);
+  function startPolling(every = 2_000) {
+    if (pollTimer && pollEvery === every) return;
+    stopPolling();
+    pollEvery = every;
+    pollTimer = setInterval(poll, every);
     timers.push(pollTimer);
   }
 
@@ -601,7 +608,7 @@ async function eventView(id) {
     if (q.status === 200) {
       joined = true;
       showQueue(q.body);
-      if (!over(q.body.state)) startPolling();
+      if (!over(q.body.state)) startPolling(pollMs(q.body.state));
     } else if (q.status === 404) {
       joined = false;
     } else {
@@ -626,7 +633,7 @@ async function eventView(id) {
       $("#pow").hidden = true;
       joined = true;
       showQueue(r.body);
-      if (!over(r.body.state)) startPolling();
+      if (!over(r.body.state)) startPolling(pollMs(r.body.state));
     } else {
       $("#pow").hidden = true;
       $("#room-error").textContent = r.status === 429 ? `Too many tries: wait ${r.retryAfter || 1} s.` : errorText(r);
