@@ -36,6 +36,15 @@ const MESSAGES = {
   CHALLENGE_FAILED: "Your browser's check (proof of work) was not accepted. Please try again.",
 };
 
+/** What the provider's page said when it sent the browser back (`?payment=`). */
+const PAYMENT_NOTES = {
+  paid: "Payment received.",
+  refund_pending: "Your payment arrived after this order could no longer be paid (its window had passed, or it was paid already): it is recorded, to be refunded.",
+  declined: "The payment was declined.",
+  refused: "The payment was refused.",
+  unconfirmed: "The payment was not confirmed. The status below is what the shop holds: if it still says UNPAID, your payment may yet arrive.",
+};
+
 function session() {
   return { token: sessionStorage.getItem("token"), user: sessionStorage.getItem("user") };
 }
@@ -793,7 +802,7 @@ async function orderView(no, query) {
   view.innerHTML = `
     <div class="card">
       <h1>Order ${esc(o.order_no)}</h1>
-      ${note ? `<p class="${note === "paid" ? "" : "error"}">${note === "paid" ? "Payment received." : "The payment was " + esc(note) + "."}</p>` : ""}
+      ${note ? `<p class="${note === "paid" ? "" : "error"}" data-testid="payment-note">${esc(PAYMENT_NOTES[note] || "The payment was " + note + ".")}</p>` : ""}
       <div>Status: <span class="status ${esc(o.status)}" data-testid="order-status">${esc(o.status)}</span></div>
       <table>
         <tr><th>Tickets</th><td>${o.quantity}</td></tr>
@@ -812,6 +821,8 @@ async function orderView(no, query) {
     every(500, () => {
       const left = Date.parse(o.pay_deadline) - serverNow();
       $("#left").textContent = left > 0 ? `(${duration(left)} left)` : "(the window has passed)";
+      // Past the window the order is being cancelled: no payment is started then.
+      $("#pay").disabled = left <= 0;
     });
     $("#pay").onclick = async () => {
       const p = await api("POST", `/api/orders/${no}/pay`);

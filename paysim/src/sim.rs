@@ -217,7 +217,16 @@ async fn page(server: &PageServer, req: http::Request<hyper::body::Incoming>) ->
                 match deliver(&server.callback_url, server.secret.trim(), &callback).await {
                     Ok((status, answer)) if status.is_success() => {
                         tracing::info!(order_no = f.order_no, answer, "payment callback accepted");
-                        "paid".to_owned()
+                        // Taken, but for an order no longer payable (cancelled at its
+                        // deadline meanwhile, or paid already): money to refund.
+                        let result = serde_json::from_str::<serde_json::Value>(&answer)
+                            .ok()
+                            .and_then(|a| a["result"].as_str().map(str::to_owned));
+                        if result.as_deref() == Some("REFUND_PENDING") {
+                            "refund_pending".to_owned()
+                        } else {
+                            "paid".to_owned()
+                        }
                     }
                     Ok((status, answer)) if status.is_client_error() => {
                         tracing::warn!(order_no = f.order_no, %status, answer, "payment callback refused");

@@ -96,6 +96,20 @@ pub fn not_payable(order: &OrderView) -> ApiError {
     )
 }
 
+/// An unpaid order whose payment window has passed: it is being cancelled.
+pub fn window_passed(order: &OrderView) -> ApiError {
+    ApiError::Conflict(
+        "NOT_PAYABLE",
+        format!(
+            "order {}'s payment window passed at {}; it is being cancelled",
+            order.order_no,
+            order
+                .pay_deadline
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ),
+    )
+}
+
 /// An event status change its current status does not allow (admin API).
 pub fn invalid_transition(id: u64, current: EventStatus, to: EventStatus) -> ApiError {
     ApiError::Conflict(

@@ -155,6 +155,12 @@ pub async fn pay(state: &AppState, order_no: u64, user_id: u64) -> Result<Respon
     if order.status != OrderStatus::Unpaid {
         return Err(answers::not_payable(&order));
     }
+    // Past its window the order is being cancelled (the timeout's message or the overdue
+    // sweep): a payment started now would most likely land on a cancelled order and wait
+    // for a refund.
+    if order.pay_deadline <= chrono::Utc::now() {
+        return Err(answers::window_passed(&order));
+    }
     Ok(json(
         StatusCode::OK,
         &json!({

@@ -46,6 +46,54 @@ pub(crate) fn provider_secret(app: &TestApp) -> String {
     format!("provider-{tag:016x}-key")
 }
 
+/// An unpaid order past its payment window is being cancelled: starting a payment for
+/// it is refused (409 NOT_PAYABLE, saying the window passed), not handed to the
+/// provider to land on a cancelled order and wait for a refund. Here the deadline is
+/// moved into the past in MySQL, before the timeout cancels the order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_is_not_started_past_the_orders_window() {
+    let app = spawn_app_with(|s| s.orders.enabled = true).await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 1, 2)).await;
+    app.publish(event).await;
+    let buyer = &app.buyers(1).await[0];
+    let ga = json!({"category_id": categories[0], "quantity": 1});
+    assert_eq!(app.buy(event, buyer, "a", ga).await.0, 202);
+    let order_no = created(&app, event, buyer).await;
+    let path = format!("/api/orders/{order_no}/pay");
+    let pay = || call(&app, reqwest::Method::POST, &path, buyer);
+    assert_eq!(pay().await.0, 200, "in the window");
+    let shard = stampede_core::order_tables::shard_of_order(
+        stampede_core::domain::OrderNo(order_no),
+        stampede_e2e::test_shards(),
+    );
+    let mut conn = app.mysql.get_conn().await.unwrap();
+    use mysql_async::prelude::Queryable;
+    conn.exec_drop(
+        format!(
+            "UPDATE {} SET pay_deadline = UTC_TIMESTAMP(3) - INTERVAL 1 SECOND WHERE order_no = ?",
+            stampede_core::order_tables::orders(shard)
+        ),
+        (order_no,),
+    )
+    .await
+    .unwrap();
+    assert_eq!(conn.affected_rows(), 1);
+    drop(conn);
+    let (status, answer) = pay().await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (409, Some("NOT_PAYABLE")),
+        "{answer}"
+    );
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("payment window passed")),
+        "{answer}"
+    );
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() {
     let app = spawn_app_with(|s| s.orders.enabled = true).await;
