@@ -25,7 +25,7 @@ const MESSAGES = {
   DUPLICATE: "This purchase was already submitted.",
   SALE_BUSY: "The sale is very busy. Try again in a moment.",
   OUTCOME_UNKNOWN: "Your purchase was sent but not confirmed yet; asking again…",
-  STILL_UNKNOWN: "Your purchase was sent but could not be confirmed. Look at your orders before buying again.",
+  STILL_UNKNOWN: "Your purchase was sent but could not be confirmed. Press Buy again for the same tickets to ask: it is answered as it was, never bought twice.",
   INVALID: "That request was not valid.",
   NOT_FOUND: "Not found.",
   NOT_PAYABLE: "This order can no longer be paid.",
@@ -682,25 +682,42 @@ async function eventView(id) {
     checkRoom(); // a room turned on meanwhile
   }
 
+  /** What the buyer's status says once it names an order. */
+  const ORDER_SAYS = {
+    CREATED: "pay it before the deadline to keep your tickets.",
+    PAID: "paid.",
+    CANCELLED: "cancelled.",
+  };
+
+  // Every 0.5 s for two minutes, then every 5 s while this page is shown: a purchase
+  // waits for MySQL as long as MySQL is away, then becomes an order or fails, and the
+  // page must not stop on "held" meanwhile.
   async function follow() {
     $("#progress").hidden = false;
-    for (let i = 0; i < 240; i++) {
+    const gen = routeGen;
+    for (let i = 0; gen === routeGen; i++) {
       const st = await api("GET", `/api/events/${id}/orders/status`);
+      if (gen !== routeGen) return;
+      const slow = i >= 240;
       if (st.status === 200) {
         const b = st.body;
         $("#pstatus").className = "status " + b.status;
         $("#pstatus").textContent = b.status;
         if (b.status === "QUEUED") {
-          $("#pdetail").textContent = "Your tickets are held; your order is being created…";
+          $("#pdetail").textContent = slow
+            ? "Your tickets are held; creating your order is taking longer than usual. This page keeps checking."
+            : "Your tickets are held; your order is being created…";
         } else if (b.order_no) {
-          $("#pdetail").innerHTML = `Order <a href="#/order/${b.order_no}" data-testid="order-link">${b.order_no}</a> — pay it before the deadline to keep your tickets.`;
+          $("#pdetail").innerHTML = `Order <a href="#/order/${esc(b.order_no)}" data-testid="order-link">${esc(b.order_no)}</a> — ${esc(ORDER_SAYS[b.status] || b.status)}`;
           return;
         } else if (b.status === "FAILED") {
           $("#pdetail").textContent = "The purchase failed" + (b.reason ? ": " + b.reason : ".") + " Your tickets were released.";
           return;
         }
+      } else if (st.status === 404 && slow) {
+        $("#pdetail").textContent = "Your purchase is not found yet. This page keeps checking.";
       }
-      await new Promise((ok) => setTimeout(ok, 500));
+      await new Promise((ok) => setTimeout(ok, slow ? 5_000 : 500));
     }
   }
 
@@ -765,7 +782,9 @@ async function eventView(id) {
       if (r.status === 429) blockedUntil = Date.now() + 1000 * Math.max(1, r.retryAfter);
       const code = r.body && r.body.error && r.body.error.code;
       if (code === "OUTCOME_UNKNOWN" || r.status === 0) $("#pstatus").textContent = "UNKNOWN";
+      // SOLD_OUT answers "fewer left than asked for" too: for several, it may not be all.
       $("#buy-error").textContent = train && code === "SOLD_OUT" ? MESSAGES.SOLD_OUT_JOURNEY
+        : code === "SOLD_OUT" && body.quantity > 1 ? `Fewer than ${body.quantity} tickets are left in this category (maybe none): try fewer.`
         : code === "OUTCOME_UNKNOWN" ? MESSAGES.STILL_UNKNOWN : errorText(r);
       refresh();
       renderPicker();
