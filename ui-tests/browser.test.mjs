@@ -1,7 +1,7 @@
 // The buyer app and the ops dashboard in a real browser (Debian's Chromium, driven by
 // playwright-core) against the real stack: edge, core, Redis, MariaDB, RocketMQ and the
 // payment simulator. Screenshots go to $SCREENSHOT_DIR (target/ui-screenshots).
-import { test, before, after } from "node:test";
+import { test, before, after, afterEach } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -22,12 +22,25 @@ const SHOTS = env.SCREENSHOT_DIR || "target/ui-screenshots";
 mkdirSync(SHOTS, { recursive: true });
 
 let browser;
+// Uncaught errors in any page (a timer's TypeError shows nowhere else): each test ends
+// with none.
+const pageErrors = [];
 
 before(async () => {
   browser = await chromium.launch({
     executablePath: env.CHROMIUM || "/usr/bin/chromium",
     args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
   });
+  const newContext = browser.newContext.bind(browser);
+  browser.newContext = async (...options) => {
+    const context = await newContext(...options);
+    context.on("weberror", (e) => pageErrors.push(`${e.page()?.url()}: ${e.error()}`));
+    return context;
+  };
+});
+
+afterEach(() => {
+  assert.deepEqual(pageErrors.splice(0), [], "uncaught errors in the pages");
 });
 
 after(async () => {

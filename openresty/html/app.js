@@ -25,7 +25,7 @@ const MESSAGES = {
   DUPLICATE: "This purchase was already submitted.",
   SALE_BUSY: "The sale is very busy. Try again in a moment.",
   OUTCOME_UNKNOWN: "Your purchase was sent but not confirmed yet; asking again…",
-  STILL_UNKNOWN: "Your purchase was sent but could not be confirmed. Press Buy again for the same tickets to ask: it is answered as it was, never bought twice.",
+  STILL_UNKNOWN: "Your purchase was sent but could not be confirmed. Press Buy again with exactly the same choice to learn its outcome (the same purchase is never taken twice); any other choice is a new purchase.",
   INVALID: "That request was not valid.",
   NOT_FOUND: "Not found.",
   NOT_PAYABLE: "This order can no longer be paid.",
@@ -39,7 +39,7 @@ const MESSAGES = {
 /** What the provider's page said when it sent the browser back (`?payment=`). */
 const PAYMENT_NOTES = {
   paid: "Payment received.",
-  refund_pending: "Your payment arrived after this order could no longer be paid (its window had passed, or it was paid already): it is recorded, to be refunded.",
+  refund_pending: "Your payment arrived after this order could no longer be paid (its window had passed, it was cancelled, or it was paid already): it is recorded, to be refunded.",
   declined: "The payment was declined.",
   refused: "The payment was refused.",
   unconfirmed: "The payment was not confirmed. The status below is what the shop holds: if it still says UNPAID, your payment may yet arrive.",
@@ -476,8 +476,10 @@ async function eventView(id) {
    * moves on then). */
   const over = (state) => state === "expired"
     || (state === "closed" && serverNow() >= Date.parse(ev.sale_end));
-  /** How often the place is asked for: while sold out, tickets come back seldom. */
-  const pollMs = (state) => (state === "sold_out" ? 10_000 : 2_000);
+  /** How often the place is asked for: while sold out, tickets come back seldom — but a
+   * turn given then must be seen well within its pass's lifetime. */
+  const pollMs = (state) => (state === "sold_out"
+    ? Math.min(10_000, Math.max(2_000, settings().pass_ttl_s * 250)) : 2_000);
 
   function aboutRoom() {
     const r = settings();
@@ -691,15 +693,27 @@ async function eventView(id) {
 
   // Every 0.5 s for two minutes, then every 5 s while this page is shown: a purchase
   // waits for MySQL as long as MySQL is away, then becomes an order or fails, and the
-  // page must not stop on "held" meanwhile.
-  async function follow() {
+  // page must not stop on "held" meanwhile. The status is the buyer's latest purchase
+  // in the event: this one's (`rid`, its 202's request id, the number its order will
+  // have) when it names that number, or says FAILED; an earlier order (Redis lost this
+  // purchase and was rebuilt from the orders) is not this purchase's outcome.
+  let following = 0; // the latest purchase followed: an earlier one's loop stops
+  async function follow(rid) {
     $("#progress").hidden = false;
-    const gen = routeGen;
-    for (let i = 0; gen === routeGen; i++) {
+    const gen = routeGen, mine = ++following;
+    const current = () => gen === routeGen && mine === following;
+    for (let i = 0; current(); i++) {
       const st = await api("GET", `/api/events/${id}/orders/status`);
-      if (gen !== routeGen) return;
+      if (!current() || st.status === 401) return; // signed out: the page says so
       const slow = i >= 240;
-      if (st.status === 200) {
+      const n = st.status === 200 && (st.body.request_id || st.body.order_no);
+      if (n && rid && n !== rid) {
+        if (BigInt(n) > BigInt(rid)) {
+          $("#pdetail").textContent = "A later purchase of yours is under way; this one's outcome is its order's, if it made one.";
+          return;
+        }
+        $("#pdetail").textContent = "Waiting for your purchase's outcome. This page keeps checking.";
+      } else if (st.status === 200) {
         const b = st.body;
         $("#pstatus").className = "status " + b.status;
         $("#pstatus").textContent = b.status;
@@ -775,7 +789,7 @@ async function eventView(id) {
       $("#pstatus").textContent = "QUEUED";
       $("#buy-error").textContent = "";
       picked.clear();
-      follow();
+      follow(r.body && r.body.request_id);
       renderPicker();
       if (train) refresh();
     } else {
@@ -840,8 +854,6 @@ async function orderView(no, query) {
     every(500, () => {
       const left = Date.parse(o.pay_deadline) - serverNow();
       $("#left").textContent = left > 0 ? `(${duration(left)} left)` : "(the window has passed)";
-      // Past the window the order is being cancelled: no payment is started then.
-      $("#pay").disabled = left <= 0;
     });
     $("#pay").onclick = async () => {
       const p = await api("POST", `/api/orders/${no}/pay`);

@@ -222,10 +222,13 @@ async fn page(server: &PageServer, req: http::Request<hyper::body::Incoming>) ->
                         let result = serde_json::from_str::<serde_json::Value>(&answer)
                             .ok()
                             .and_then(|a| a["result"].as_str().map(str::to_owned));
-                        if result.as_deref() == Some("REFUND_PENDING") {
-                            "refund_pending".to_owned()
-                        } else {
-                            "paid".to_owned()
+                        // DUPLICATE: a delivery again after an answer lost on the way
+                        // (the edge's 502, a cut connection); the first one may have been
+                        // a refund as well as a payment.
+                        match result.as_deref() {
+                            Some("REFUND_PENDING") => "refund_pending".to_owned(),
+                            Some("DUPLICATE") => "unconfirmed".to_owned(),
+                            _ => "paid".to_owned(),
                         }
                     }
                     Ok((status, answer)) if status.is_client_error() => {
