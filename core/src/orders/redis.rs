@@ -51,11 +51,11 @@ impl crate::script_codes::ScriptCode for Dropped {
 }
 
 /// Drops reservations an event's rebuild made stale, once the rebuild is in Redis,
-/// telling `reason` to each buyer whose status is of no purchase or an earlier order
-/// (one the rebuild wrote: not the reservation's own order, nor a later purchase); [`SETTLE_CHUNK`] per run of the
-/// script. NOT_YET comes from the first run (the epoch only grows). A run failing part
-/// way leaves some dropped: dropping them again changes nothing, so the caller retries
-/// them all.
+/// telling `reason` to each buyer whose status is of no purchase or of an earlier order
+/// (one the rebuild wrote: not the reservation's own order, nor a later purchase);
+/// [`SETTLE_CHUNK`] per run of the script. NOT_YET comes from the first run (the epoch
+/// only grows). A run failing part way leaves some dropped: dropping them again changes
+/// nothing, so the caller retries them all.
 pub async fn drop_stale(
     redis: &mut Redis,
     keys: &Keys,
