@@ -28,8 +28,8 @@ pub use own_stack::{OwnBroker, OwnEdge, OwnMariadb, OwnRedis, free_port};
 pub use process::{CoreProcess, core_binary, core_env, paysim_binary};
 pub use relay::StallingRelay;
 pub use sql::{
-    create_database, drop_database, live_units, order_numbers, ordered_units, over_shards, scalar,
-    test_shards, unsynced_orders,
+    create_database, drop_database, live_units, order_numbers, ordered_units, orders_table_of,
+    over_shards, scalar, test_shards, unsynced_orders, update_order,
 };
 pub use stack::{Stack, connect_redis, root};
 pub use stack_app::{StackApp, StoppedCore, stack_app};

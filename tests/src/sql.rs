@@ -13,6 +13,27 @@ pub fn over_shards(select: &str) -> String {
     stampede_core::order_tables::over_shards(test_shards(), select)
 }
 
+/// The orders table (the shard) holding `order_no` in the tests' databases.
+pub fn orders_table_of(order_no: u64) -> String {
+    use stampede_core::order_tables::{orders, shard_of};
+    orders(shard_of(order_no, test_shards()))
+}
+
+/// Sets `assignment` (`status = 'PAID'`) on one order by hand; it must be there.
+pub async fn update_order(mysql: &mysql_async::Pool, order_no: u64, assignment: &str) {
+    let mut conn = mysql.get_conn().await.unwrap();
+    conn.exec_drop(
+        format!(
+            "UPDATE {} SET {assignment} WHERE order_no = ?",
+            orders_table_of(order_no)
+        ),
+        (order_no,),
+    )
+    .await
+    .unwrap();
+    assert_eq!(conn.affected_rows(), 1, "order {order_no}");
+}
+
 /// Units in live orders (UNPAID or PAID) over every order shard, of the orders `filter`
 /// picks (an SQL condition on the orders table: `event_id = 3`, `category_id = 7`).
 pub async fn live_units(mysql: &mysql_async::Pool, filter: &str) -> i64 {

@@ -62,23 +62,12 @@ async fn a_payment_is_not_started_past_the_orders_window() {
     let path = format!("/api/orders/{order_no}/pay");
     let pay = || call(&app, reqwest::Method::POST, &path, buyer);
     assert_eq!(pay().await.0, 200, "in the window");
-    let shard = stampede_core::order_tables::shard_of_order(
-        stampede_core::domain::OrderNo(order_no),
-        stampede_e2e::test_shards(),
-    );
-    let mut conn = app.mysql.get_conn().await.unwrap();
-    use mysql_async::prelude::Queryable;
-    conn.exec_drop(
-        format!(
-            "UPDATE {} SET pay_deadline = UTC_TIMESTAMP(3) - INTERVAL 1 SECOND WHERE order_no = ?",
-            stampede_core::order_tables::orders(shard)
-        ),
-        (order_no,),
+    stampede_e2e::update_order(
+        &app.mysql,
+        order_no,
+        "pay_deadline = UTC_TIMESTAMP(3) - INTERVAL 1 SECOND",
     )
-    .await
-    .unwrap();
-    assert_eq!(conn.affected_rows(), 1);
-    drop(conn);
+    .await;
     let (status, answer) = pay().await;
     assert_eq!(
         (status, answer["error"]["code"].as_str()),

@@ -484,20 +484,7 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
     );
     // A refund pending (set by hand today) reads as the rebuild writes it: CANCELLED.
     let refunded: u64 = order_nos[0].parse().unwrap();
-    let shard = stampede_core::order_tables::shard_of(refunded, stampede_e2e::test_shards());
-    let mut conn = app.mysql.get_conn().await.unwrap();
-    use mysql_async::prelude::Queryable;
-    conn.exec_drop(
-        format!(
-            "UPDATE {} SET status = 'REFUND_PENDING' WHERE order_no = ?",
-            stampede_core::order_tables::orders(shard)
-        ),
-        (refunded,),
-    )
-    .await
-    .unwrap();
-    assert_eq!(conn.affected_rows(), 1);
-    drop(conn);
+    stampede_e2e::update_order(&app.mysql, refunded, "status = 'REFUND_PENDING'").await;
     // A core purging a second after retirement deletes the buyers' records and the
     // metadata; the stock and the seat maps stay.
     let mut purging = settings.clone();
@@ -584,26 +571,34 @@ async fn a_finished_sale_leaves_the_sales_index_once_nothing_is_left_to_do() {
     app.stop().await;
 }
 
-/// A sale closed early (its window runs for years yet), retired and purged: the buyer's
-/// status is read from the orders, as for a sale over by its window. It answered 404
-/// "no purchase of yours" until the window's end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sale_closed_early_and_purged_answers_its_buyers_status_from_the_orders() {
+/// A core reconciling every second that retires a sale a second after it is over and
+/// purges it `purge_after_s` later; a sale of ten GA units on it, its purchase body of
+/// one GA unit, two buyers, and the first one's order (created, unpaid).
+async fn a_sale_with_an_order(purge_after_s: u64) -> (TestApp, u64, Value, Vec<Buyer>, u64) {
     let app = spawn_app_with(|s| {
         s.orders.enabled = true;
         s.reconcile.interval_s = 1;
         s.reconcile.confirm_ms = 100;
         s.reconcile.retire_after_s = 1;
-        s.reconcile.purge_after_s = 1;
+        s.reconcile.purge_after_s = purge_after_s;
     })
     .await;
     let (event, categories) = app.create_event(small_sale(10, 1, 1, 2)).await;
     app.publish(event).await;
-    let buyers = app.buyers(2).await;
     let ga = json!({"category_id": categories[0], "quantity": 1});
-    let (status, answer) = app.buy(event, &buyers[0], "k", ga).await;
+    let buyers = app.buyers(2).await;
+    let (status, answer) = app.buy(event, &buyers[0], "k", ga.clone()).await;
     assert_eq!(status, 202, "{answer}");
     let order_no = crate::lifecycle::created(&app, event, &buyers[0]).await;
+    (app, event, ga, buyers, order_no)
+}
+
+/// A sale closed early (its window runs for years yet), retired and purged: the buyer's
+/// status is read from the orders, as for a sale over by its window. It answered 404
+/// "no purchase of yours" until the window's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_closed_early_and_purged_answers_its_buyers_status_from_the_orders() {
+    let (app, event, _, buyers, order_no) = a_sale_with_an_order(1).await;
     let (status, body) = app
         .post(&format!("/admin/events/{event}/close"), json!({}))
         .await;
@@ -638,21 +633,7 @@ async fn a_sale_closed_early_and_purged_answers_its_buyers_status_from_the_order
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_closed_early_is_retired_and_a_reopen_lists_it_again() {
-    let app = spawn_app_with(|s| {
-        s.orders.enabled = true;
-        s.reconcile.interval_s = 1;
-        s.reconcile.confirm_ms = 100;
-        s.reconcile.retire_after_s = 1;
-        s.reconcile.purge_after_s = 3_600;
-    })
-    .await;
-    let (event, categories) = app.create_event(small_sale(10, 1, 1, 2)).await;
-    app.publish(event).await;
-    let ga = json!({"category_id": categories[0], "quantity": 1});
-    let buyers = app.buyers(2).await;
-    let (status, answer) = app.buy(event, &buyers[0], "k", ga.clone()).await;
-    assert_eq!(status, 202, "{answer}");
-    let order_no = crate::lifecycle::created(&app, event, &buyers[0]).await;
+    let (app, event, ga, buyers, order_no) = a_sale_with_an_order(3_600).await;
     let admin = |action: &'static str| {
         let app = &app;
         async move {

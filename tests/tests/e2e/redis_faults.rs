@@ -473,13 +473,9 @@ async fn a_payment_redis_did_not_take_is_delivered_again_until_it_does() {
     let buyer = &buyers[0];
     let order_no = crate::lifecycle::created(&app, event, buyer).await;
     let secret = crate::payment::provider_secret(&app);
-    let shard = stampede_core::order_tables::shard_of_order(
-        stampede_core::domain::OrderNo(order_no),
-        stampede_e2e::test_shards(),
-    );
     let paid_in_mysql = format!(
         "SELECT COUNT(*) FROM {} WHERE order_no = {order_no} AND status = 'PAID'",
-        stampede_core::order_tables::orders(shard)
+        stampede_e2e::orders_table_of(order_no)
     );
 
     redis_server.hang(true);
