@@ -197,7 +197,10 @@ impl Keys {
 
     /// Hash: user id → the user's latest purchase: `QUEUED:<request id>`,
     /// `CREATED:<order no>`, `PAID:<order no>`, `CANCELLED:<order no>` or
-    /// `FAILED:<reason>` (parsed by `admission::status::PurchaseStatus`).
+    /// `FAILED:<request id>:<reason>` (parsed by `admission::status::PurchaseStatus`);
+    /// and [`replaced_purchase`] → the status of a purchase a newer one replaced as its
+    /// buyer's latest while it was queued or failed (QUEUED or FAILED; dropped once it
+    /// is an order).
     pub fn purchase_status(&self, b: Bucket) -> String {
         self.tagged(&b.tag(), STATUS)
     }
@@ -459,6 +462,12 @@ pub fn slot(tag: &[u8]) -> u16 {
 /// The field of one buyer's Idempotency-Key in [`Keys::idempotency`].
 pub fn idempotency_field(user: UserId, key: &str) -> String {
     format!("{user}:{key}")
+}
+
+/// The field of a replaced purchase's own status in [`Keys::purchase_status`]: its
+/// buyer's and its number (never a user id: it starts with a letter).
+pub fn replaced_purchase(user: UserId, request: OrderNo) -> String {
+    format!("r:{user}:{request}")
 }
 
 /// The request id an Idempotency-Key record names (the admission it answered first).

@@ -11,7 +11,9 @@
 --
 -- Returns (mirrored by Dropped in core/src/orders/redis.rs):
 --    1 DROPPED  dropped; each buyer whose status is of no purchase or an earlier one
---               is FAILED
+--               is FAILED ("FAILED:<number>:<reason>"); any other reservation not
+--               already an order keeps that as its own record ("r:<user>:<number>",
+--               as reserve.lua keeps one a newer purchase replaced)
 --    0 NOT_YET  the rebuild is not in Redis yet: nothing changed
 --
 -- The rebuild wrote each buyer's latest order from MySQL: a status naming an order
@@ -39,9 +41,12 @@ for i = 4, #ARGV, 3 do
   rcall('XDEL', KEYS[1], entry)
   local now = rcall('HGET', KEYS[2], user)
   local kind, n
-  if now then kind, n = match(now, '^(%u+):(%d+)$') end
+  if now then kind, n = match(now, '^(%u+):(%d+)') end
+  local failed = 'FAILED:' .. rid .. ':' .. ARGV[2]
   if not now or (n and kind ~= 'FAILED' and kind ~= 'QUEUED' and before(n, rid)) then
-    rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[2])
+    rcall('HSET', KEYS[2], user, failed)
+  elseif n ~= rid then
+    rcall('HSET', KEYS[2], 'r:' .. user .. ':' .. rid, failed)
   end
 end
 return 1

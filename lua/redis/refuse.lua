@@ -49,7 +49,14 @@ if share > 0 then
     if rcall('HINCRBY', KEYS[5], user, -share) <= 0 then rcall('HDEL', KEYS[5], user) end
   end
 end
-if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then
-  rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[6])
+-- The buyer's status if it is still this purchase's; else the purchase's own record
+-- (a newer one replaced it as the buyer's latest, or a rebuild wrote the statuses),
+-- while the keys are there (gone, a rebuild or the purge deletes the statuses).
+local failed = 'FAILED:' .. rid .. ':' .. ARGV[6]
+local now = rcall('HGET', KEYS[2], user)
+if now == 'QUEUED:' .. rid then
+  rcall('HSET', KEYS[2], user, failed)
+elseif rcall('EXISTS', KEYS[6]) == 1 and string.match(now or '', '^%u+:(%d+)') ~= rid then
+  rcall('HSET', KEYS[2], 'r:' .. user .. ':' .. rid, failed)
 end
 return 1

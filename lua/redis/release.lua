@@ -36,7 +36,14 @@ if meta[1] and tonumber(meta[2] or '0') == tonumber(ARGV[11]) then
   if back > 0 and rcall('HINCRBY', KEYS[3], cid, back) > 0 then rcall('HDEL', KEYS[4], cid) end
   if rcall('HINCRBY', KEYS[5], user, -qty) <= 0 then rcall('HDEL', KEYS[5], user) end
 end
-if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then
-  rcall('HSET', KEYS[2], user, 'FAILED:' .. ARGV[8])
+-- The buyer's status if it is still this purchase's; else the purchase's own record
+-- (a newer one replaced it as the buyer's latest, or a rebuild wrote the statuses),
+-- while the keys are there (gone, a rebuild or the purge deletes the statuses).
+local failed = 'FAILED:' .. rid .. ':' .. ARGV[8]
+local now = rcall('HGET', KEYS[2], user)
+if now == 'QUEUED:' .. rid then
+  rcall('HSET', KEYS[2], user, failed)
+elseif meta[1] and string.match(now or '', '^%u+:(%d+)') ~= rid then
+  rcall('HSET', KEYS[2], 'r:' .. user .. ':' .. rid, failed)
 end
 return 1

@@ -15,7 +15,11 @@
 --                         edge's flag; with more, the bucket's own)
 -- KEYS[4] held     hash   user id → units the user holds in this event
 -- KEYS[5] idem     hash   "<user>:<key>" → "<request id>|<fingerprint>|<seats>"
--- KEYS[6] status   hash   user id → "QUEUED:<request id>"
+-- KEYS[6] status   hash   user id → "QUEUED:<request id>"; and "r:<user>:<request
+--                         id>" → the status of a purchase this one replaces as the
+--                         buyer's latest while it is undecided or failed ("QUEUED:…",
+--                         "FAILED:<id>:<reason>"), for the status asked for by request
+--                         id (of one that is an order already, MySQL tells)
 -- KEYS[7] stream   stream reservations for the order workers, one field each: "v1" =
 --                         "<request id>|<user>|<category>|<quantity>|<seats r:c,…>|
 --                         <now ms>|<epoch>|<seq>|<journey from:to, or empty>"
@@ -181,6 +185,11 @@ elseif not locked then
 end
 rcall('HINCRBY', KEYS[4], user, qty_s)
 rcall('HSET', KEYS[5], idem_field, rid .. '|' .. fingerprint .. '|' .. seat_list)
+-- The purchase this one replaces as the buyer's latest keeps its status under its own
+-- number while it is undecided or failed (an order, MySQL tells).
+local prior = rcall('HGET', KEYS[6], user)
+local was = prior and (string.match(prior, '^QUEUED:(%d+)$') or string.match(prior, '^FAILED:(%d+):'))
+if was and was ~= rid then rcall('HSET', KEYS[6], 'r:' .. user .. ':' .. was, prior) end
 rcall('HSET', KEYS[6], user, 'QUEUED:' .. rid)
 local seq = string.format('%d', rcall('HINCRBY', KEYS[1], 'seq', buckets_s))
 -- One field, "v1": the reservation's values joined by "|" (Reservation::from_entry in

@@ -10,8 +10,10 @@
 --           Redis about a millisecond)
 --
 -- A status is changed only while it still says "QUEUED:<that request>", so a replay
--- never overwrites a newer purchase of the same user. The entries are acknowledged and
--- deleted by one XACK and one XDEL for the run, not one of each per entry.
+-- never overwrites a newer purchase of the same user; a purchase a newer one replaced
+-- loses its own record ("r:<user>:<request id>", reserve.lua): its order tells now.
+-- The entries are acknowledged and deleted by one XACK and one XDEL for the run, not
+-- one of each per entry.
 --
 -- Returns (mirrored by Settled in core/src/orders/redis.rs):
 --   n >= 0  the number of entries acknowledged
@@ -21,6 +23,9 @@ for i = 2, #ARGV, 3 do
   local entry, user, rid = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if rcall('HGET', KEYS[2], user) == 'QUEUED:' .. rid then
     rcall('HSET', KEYS[2], user, 'CREATED:' .. rid)
+  else
+    -- Replaced as the buyer's latest while queued: its order in MySQL tells now.
+    rcall('HDEL', KEYS[2], 'r:' .. user .. ':' .. rid)
   end
   entries[#entries + 1] = entry
 end

@@ -693,27 +693,19 @@ async function eventView(id) {
 
   // Every 0.5 s for two minutes, then every 5 s while this page is shown: a purchase
   // waits for MySQL as long as MySQL is away, then becomes an order or fails, and the
-  // page must not stop on "held" meanwhile. The status is the buyer's latest purchase
-  // in the event: this one's (`rid`, its 202's request id, the number its order will
-  // have) when it names that number, or says FAILED; an earlier order (Redis lost this
-  // purchase and was rebuilt from the orders) is not this purchase's outcome.
+  // page must not stop on "held" meanwhile. It asks for this purchase's status (`rid`,
+  // its 202's request id, the number its order will have), not the buyer's latest in
+  // the event, which a later purchase of theirs replaces.
   let following = 0; // the latest purchase followed: an earlier one's loop stops
   async function follow(rid) {
     $("#progress").hidden = false;
     const gen = routeGen, mine = ++following;
     const current = () => gen === routeGen && mine === following;
     for (let i = 0; current(); i++) {
-      const st = await api("GET", `/api/events/${id}/orders/status`);
+      const st = await api("GET", `/api/events/${id}/orders/status?request_id=${encodeURIComponent(rid)}`);
       if (!current() || st.status === 401) return; // signed out: the page says so
       const slow = i >= 240;
-      const n = st.status === 200 && (st.body.request_id || st.body.order_no);
-      if (n && rid && n !== rid) {
-        if (BigInt(n) > BigInt(rid)) {
-          $("#pdetail").textContent = "A later purchase of yours is under way; this one's outcome is its order's, if it made one.";
-          return;
-        }
-        $("#pdetail").textContent = "Waiting for your purchase's outcome. This page keeps checking.";
-      } else if (st.status === 200) {
+      if (st.status === 200) {
         const b = st.body;
         $("#pstatus").className = "status " + b.status;
         $("#pstatus").textContent = b.status;
@@ -728,8 +720,10 @@ async function eventView(id) {
           $("#pdetail").textContent = "The purchase failed" + (b.reason ? ": " + b.reason : ".") + " Your tickets were released.";
           return;
         }
-      } else if (st.status === 404 && slow) {
-        $("#pdetail").textContent = "Your purchase is not found yet. This page keeps checking.";
+      } else if (st.status === 404 && i >= 10) {
+        // Between a rebuild of the sale from MySQL and the drop of what it voided, for
+        // a moment; for good, a purchase Redis lost before it became an order.
+        $("#pdetail").textContent = "Your purchase is not found. If it does not appear shortly, it was lost before it became an order, and it will not become one. This page keeps checking.";
       }
       await new Promise((ok) => setTimeout(ok, slow ? 5_000 : 500));
     }

@@ -1,24 +1,39 @@
-//! `GET /api/events/{id}/orders/status`: the buyer's latest purchase in the event, as
-//! the reservation script and the order workers record it.
+//! `GET /api/events/{id}/orders/status`: the buyer's latest purchase in the event, or
+//! (`?request_id=`) one purchase of theirs, as the reservation script and the order
+//! workers record it, or its order says.
 
 use serde::Serialize;
 
 use super::Admission;
-use crate::domain::{EventId, UserId};
+use crate::domain::{EventId, OrderNo, UserId};
 
 #[derive(Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "UPPERCASE")]
 pub enum PurchaseStatus {
-    Queued { request_id: String },
-    Created { order_no: String },
-    Failed { reason: String },
-    Cancelled { order_no: String },
-    Paid { order_no: String },
+    Queued {
+        request_id: String,
+    },
+    Created {
+        order_no: String,
+    },
+    Failed {
+        /// The purchase's number (absent from a status written before it was kept).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        request_id: Option<String>,
+        reason: String,
+    },
+    Cancelled {
+        order_no: String,
+    },
+    Paid {
+        order_no: String,
+    },
 }
 
 impl PurchaseStatus {
     /// Parses `QUEUED:<id>`, `CREATED:<order no>`, `PAID:<order no>`,
-    /// `CANCELLED:<order no>` and `FAILED:<reason>`.
+    /// `CANCELLED:<order no>` and `FAILED:<id>:<reason>` (`FAILED:<reason>` as
+    /// written before the id was kept: no reason starts with a digit).
     pub fn parse(value: &str) -> anyhow::Result<PurchaseStatus> {
         let (kind, rest) = value
             .split_once(':')
@@ -30,8 +45,17 @@ impl PurchaseStatus {
             "CREATED" => PurchaseStatus::Created {
                 order_no: rest.to_owned(),
             },
-            "FAILED" => PurchaseStatus::Failed {
-                reason: rest.to_owned(),
+            "FAILED" => match rest.split_once(':') {
+                Some((id, reason)) if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) => {
+                    PurchaseStatus::Failed {
+                        request_id: Some(id.to_owned()),
+                        reason: reason.to_owned(),
+                    }
+                }
+                _ => PurchaseStatus::Failed {
+                    request_id: None,
+                    reason: rest.to_owned(),
+                },
             },
             "CANCELLED" => PurchaseStatus::Cancelled {
                 order_no: rest.to_owned(),
@@ -41,6 +65,17 @@ impl PurchaseStatus {
             },
             other => anyhow::bail!("unknown purchase status {other:?}"),
         })
+    }
+
+    /// The number of the purchase this is the status of, when it says.
+    pub fn request(&self) -> Option<&str> {
+        match self {
+            PurchaseStatus::Queued { request_id } => Some(request_id),
+            PurchaseStatus::Created { order_no }
+            | PurchaseStatus::Cancelled { order_no }
+            | PurchaseStatus::Paid { order_no } => Some(order_no),
+            PurchaseStatus::Failed { request_id, .. } => request_id.as_deref(),
+        }
     }
 }
 
@@ -82,28 +117,67 @@ impl Admission {
         if loaded {
             return Ok(None);
         }
-        self.latest_order(event_id, user_id).await
+        self.order_status(event_id, user_id, None).await
     }
 
-    /// The buyer's latest order in the event, as the purchase status a rebuild writes for
-    /// it (a refund pending reads CANCELLED), from their shard (`idx_order_user_event`).
-    async fn latest_order(
+    /// One purchase of the user's in the event, by its number (its 202's request id, its
+    /// order's number), if it is theirs and known: the buyer's status while it is their
+    /// latest, else the purchase's own record while it is undecided or failed (kept once
+    /// a newer purchase replaced it, `Keys::replaced_purchase`), else its order.
+    pub async fn purchase_status(
         &self,
         event_id: EventId,
         user_id: UserId,
+        request: OrderNo,
+    ) -> anyhow::Result<Option<PurchaseStatus>> {
+        let event = self.events.get_public(event_id.0).await?;
+        let buckets = event.as_ref().map_or(1, |e| e.buckets);
+        let bucket = crate::keys::Bucket::of_buyer(event_id, buckets, user_id);
+        let mut redis = self.redis.clone();
+        let (latest, own): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.keys.purchase_status(bucket))
+            .arg(user_id)
+            .arg(crate::keys::replaced_purchase(user_id, request))
+            .query_async(&mut redis)
+            .await?;
+        let wanted = request.0.to_string();
+        for value in [latest, own].into_iter().flatten() {
+            let status = PurchaseStatus::parse(&value)?;
+            if status.request() == Some(wanted.as_str()) {
+                return Ok(Some(status));
+            }
+        }
+        // Settled, its record dropped only once its order was committed: read after
+        // Redis, the order is there.
+        self.order_status(event_id, user_id, Some(request)).await
+    }
+
+    /// The buyer's latest order in the event (or the one numbered `only`), as the
+    /// purchase status a rebuild writes for it (a refund pending reads CANCELLED), from
+    /// their shard (`idx_order_user_event`).
+    async fn order_status(
+        &self,
+        event_id: EventId,
+        user_id: UserId,
+        only: Option<OrderNo>,
     ) -> anyhow::Result<Option<PurchaseStatus>> {
         use crate::order_tables::{self, OrderStatus};
         use mysql_async::prelude::Queryable;
         let shard = order_tables::shard_of(user_id.0, self.preloader.shards);
         let mut conn = crate::infra::mysql::checkout(&self.preloader.mysql).await?;
+        let mut params: Vec<mysql_async::Value> = vec![user_id.0.into(), event_id.0.into()];
+        let one = only.map_or("", |n| {
+            params.push(n.0.into());
+            " AND order_no = ?"
+        });
         let row: Option<(u64, String)> = conn
             .exec_first(
                 format!(
-                    "SELECT order_no, status FROM {} WHERE user_id = ? AND event_id = ? \
+                    "SELECT order_no, status FROM {} WHERE user_id = ? AND event_id = ?{one} \
                      ORDER BY order_no DESC LIMIT 1",
                     order_tables::orders(shard)
                 ),
-                (user_id.0, event_id.0),
+                params,
             )
             .await?;
         let Some((order_no, status)) = row else {
@@ -134,8 +208,27 @@ mod tests {
         assert_eq!(
             s,
             PurchaseStatus::Failed {
+                request_id: None,
                 reason: "deadline passed".into()
             }
+        );
+        assert_eq!(s.request(), None);
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({"status": "FAILED", "reason": "deadline passed"})
+        );
+        let s = PurchaseStatus::parse("FAILED:42:not persisted within 1 s").unwrap();
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({"status": "FAILED", "request_id": "42",
+                "reason": "not persisted within 1 s"})
+        );
+        assert_eq!(s.request(), Some("42"));
+        let s = PurchaseStatus::parse("FAILED:4x:odd").unwrap();
+        assert_eq!(s.request(), None, "{s:?}");
+        assert_eq!(
+            PurchaseStatus::parse("PAID:7").unwrap().request(),
+            Some("7")
         );
         let s = PurchaseStatus::parse("CANCELLED:77").unwrap();
         assert_eq!(

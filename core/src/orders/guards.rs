@@ -31,7 +31,7 @@ pub enum Declined {
 }
 
 impl Declined {
-    /// The reason the buyer's status gives (`FAILED:<reason>`).
+    /// The reason the buyer's status gives (`FAILED:<request id>:<reason>`).
     pub fn reason(self) -> &'static str {
         match self {
             Declined::SoldOut => "sold out",

@@ -115,7 +115,7 @@ pub async fn route(state: &AppState, req: Request) -> Response {
                 Seats(id) => events::seats(state, id, &req).await,
                 Availability(id) => events::availability(state, id, &req).await,
                 Purchase(id) => orders::create(state, id, user_id, req).await,
-                PurchaseStatus(id) => orders::status(state, id, user_id).await,
+                PurchaseStatus(id) => orders::status(state, id, user_id, &req).await,
                 Queue(id) => queue::queue(state, id, user_id, req).await,
                 QueueChallenge(id) => queue::challenge(state, id).await,
                 QueueFairness(id) => queue::fairness(state, id).await,

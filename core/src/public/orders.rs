@@ -106,14 +106,31 @@ struct Queued<'a> {
     status: &'static str,
 }
 
-pub async fn status(state: &AppState, event_id: u64, user_id: u64) -> Result<Response, ApiError> {
-    match state
-        .admission
-        .status_of(EventId(event_id), UserId(user_id))
-        .await?
-    {
-        Some(s) => Ok(json(StatusCode::OK, &s)),
-        None => Err(ApiError::NotFound(format!(
+/// `GET /api/events/{id}/orders/status[?request_id=<n>]`: the caller's latest purchase
+/// in the event, or the one numbered `n` (a 202's request id).
+pub async fn status(
+    state: &AppState,
+    event_id: u64,
+    user_id: u64,
+    req: &Request,
+) -> Result<Response, ApiError> {
+    let asked = crate::http::query_numbers(req.uri().query(), &["request_id"])?;
+    let (event, user) = (EventId(event_id), UserId(user_id));
+    let found = match asked.get("request_id") {
+        Some(&n) => {
+            state
+                .admission
+                .purchase_status(event, user, OrderNo(n))
+                .await?
+        }
+        None => state.admission.status_of(event, user).await?,
+    };
+    match (found, asked.get("request_id")) {
+        (Some(s), _) => Ok(json(StatusCode::OK, &s)),
+        (None, Some(n)) => Err(ApiError::NotFound(format!(
+            "no purchase {n} of yours in event {event_id}"
+        ))),
+        (None, None) => Err(ApiError::NotFound(format!(
             "no purchase of yours in event {event_id}"
         ))),
     }

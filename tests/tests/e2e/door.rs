@@ -201,6 +201,20 @@ async fn login_and_the_rest_of_the_api_have_one_spelling_and_one_method() {
             assert_eq!(a.json()["error"]["code"], "METHOD_NOT_ALLOWED");
         }
     }
+    // One purchase's status: the query reaches the core through the edge as sent.
+    for (query, status, code) in [
+        ("request_id=1", 404, "NOT_FOUND"),
+        ("request_id=01", 400, "INVALID"),
+        ("request_id=1&request_id=1", 400, "INVALID"),
+        ("order_no=1", 400, "INVALID"),
+    ] {
+        let path = format!("/api/events/1/orders/status?{query}");
+        for (port, at) in [(stack.edge_port, "edge"), (stack.core_port, "core")] {
+            let a = raw_request(port, "GET", &path, &[("Authorization", auth.as_str())], "").await;
+            assert_eq!(a.status, status, "{at} {path}: {a:?}");
+            assert_eq!(a.json()["error"]["code"], code, "{at} {path}: {a:?}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

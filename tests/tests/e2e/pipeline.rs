@@ -211,6 +211,8 @@ struct Admitted {
     event: u64,
     categories: Vec<u64>,
     buyers: Vec<stampede_e2e::Buyer>,
+    /// Each buyer's request id, by user id.
+    requests: HashMap<u64, String>,
 }
 
 async fn admitted_without_a_pipeline(buyers: u64) -> Admitted {
@@ -221,9 +223,11 @@ async fn admitted_without_a_pipeline(buyers: u64) -> Admitted {
     let (event, categories) = admitting.create_event(small_sale(10, 1, 1, 2)).await;
     admitting.publish(event).await;
     let buyers = admitting.buyers(buyers).await;
+    let mut requests = HashMap::new();
     for b in &buyers {
         let body = json!({"category_id": categories[0], "quantity": 2});
-        assert_eq!(admitting.buy(event, b, "k", body).await.0, 202);
+        let request = admitted(&admitting, event, b, "k", &body).await;
+        requests.insert(b.user_id, request);
     }
     Admitted {
         settings,
@@ -233,6 +237,7 @@ async fn admitted_without_a_pipeline(buyers: u64) -> Admitted {
         event,
         categories,
         buyers,
+        requests,
     }
 }
 
@@ -261,15 +266,16 @@ impl Admitted {
 async fn a_reservation_past_its_deadline_is_released_not_created_late() {
     let admitted = admitted_without_a_pipeline(3).await;
     let (event, categories) = (admitted.event, admitted.categories.clone());
+    let requests = admitted.requests.clone();
     let app = admitted.found_late().await;
     let statuses_key = app.keys().purchase_status(Bucket::only(event));
     let released = eventually(Duration::from_secs(15), || async {
         let statuses: HashMap<u64, String> =
             app.redis.clone().hgetall(&statuses_key).await.unwrap();
         statuses.len() == 3
-            && statuses
-                .values()
-                .all(|s| s == "FAILED:not persisted within 1 s")
+            && statuses.iter().all(|(user, s)| {
+                *s == format!("FAILED:{}:not persisted within 1 s", requests[user])
+            })
     })
     .await;
     assert!(released, "the overdue reservations were not released");
@@ -293,6 +299,138 @@ async fn a_reservation_past_its_deadline_is_released_not_created_late() {
     app.stop().await;
 }
 
+/// A purchase of `body` admitted now (202): its request id.
+async fn admitted(
+    app: &TestApp,
+    event: u64,
+    buyer: &stampede_e2e::Buyer,
+    key: &str,
+    body: &serde_json::Value,
+) -> String {
+    let (status, answer) = app.buy(event, buyer, key, body.clone()).await;
+    assert_eq!(status, 202, "{answer}");
+    answer["request_id"].as_str().unwrap().to_owned()
+}
+
+/// `GET …/orders/status?request_id=<n>` as `who`.
+async fn asked(
+    app: &TestApp,
+    event: u64,
+    who: &stampede_e2e::Buyer,
+    n: &str,
+) -> (u16, serde_json::Value) {
+    app.purchase_status_asked(event, who, &format!("request_id={n}"))
+        .await
+}
+
+/// One purchase is asked for by its number, whatever the buyer did after it: a first
+/// purchase, replaced as the buyer's latest by a second while both waited for their
+/// orders, reads QUEUED, then FAILED with its own number once it is given back past its
+/// deadline — while the buyer's latest status is the second's order. An order replaced
+/// by a newer purchase reads as its order says. Another buyer's number is 404; a
+/// malformed ask is 400.
+#[tokio::test]
+async fn each_purchase_reads_its_own_status_by_its_number() {
+    let stack = stampede_e2e::Stack::from_env();
+    let (settings, database, prefix) = stampede_e2e::test_settings(&stack).await;
+    let admitting =
+        stampede_e2e::spawn_app_on(settings.clone(), database.clone(), prefix.clone()).await;
+    let (event, categories) = admitting.create_event(small_sale(10, 1, 1, 4)).await;
+    admitting.publish(event).await;
+    let buyers = admitting.buyers(2).await;
+    let (buyer, other) = (&buyers[0], &buyers[1]);
+    let one = json!({"category_id": categories[0], "quantity": 1});
+    let first = admitted(&admitting, event, buyer, "first", &one).await;
+    // Past the deadline the next core keeps (5 s) before the second is admitted.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let second = admitted(&admitting, event, buyer, "second", &one).await;
+    assert_eq!(
+        asked(&admitting, event, buyer, &first).await,
+        (200, json!({"status": "QUEUED", "request_id": first}))
+    );
+    assert_eq!(
+        asked(&admitting, event, buyer, &second).await,
+        (200, json!({"status": "QUEUED", "request_id": second}))
+    );
+    let (status, answer) = asked(&admitting, event, other, &first).await;
+    assert_eq!(status, 404, "another buyer's purchase: {answer}");
+    admitting.halt().await;
+
+    let mut late = settings;
+    late.orders.enabled = true;
+    late.orders.deadline_s = 5;
+    let app = stampede_e2e::spawn_app_on(late, database, prefix).await;
+    let failed = json!({"status": "FAILED", "request_id": first,
+        "reason": "not persisted within 5 s"});
+    let created = |n: &str| json!({"status": "CREATED", "order_no": n});
+    let decided = eventually(Duration::from_secs(20), || async {
+        asked(&app, event, buyer, &first).await == (200, failed.clone())
+            && asked(&app, event, buyer, &second).await == (200, created(&second))
+    })
+    .await;
+    assert!(
+        decided,
+        "{:?} {:?}",
+        asked(&app, event, buyer, &first).await,
+        asked(&app, event, buyer, &second).await
+    );
+    assert_eq!(app.purchase_status(event, buyer).await, created(&second));
+    let statuses = app.keys().purchase_status(Bucket::only(event));
+    let kept: HashMap<String, String> = app.redis.clone().hgetall(&statuses).await.unwrap();
+    assert_eq!(
+        kept,
+        HashMap::from([
+            (buyer.user_id.to_string(), format!("CREATED:{second}")),
+            (
+                format!("r:{}:{first}", buyer.user_id),
+                format!("FAILED:{first}:not persisted within 5 s")
+            ),
+        ]),
+        "the buyer's latest, and the replaced purchase's own record"
+    );
+
+    // A third purchase replaces the second, an order by now: it reads from its order.
+    let third = admitted(&app, event, buyer, "third", &one).await;
+    let settled = eventually(Duration::from_secs(15), || async {
+        asked(&app, event, buyer, &third).await == (200, created(&third))
+    })
+    .await;
+    assert!(settled, "{:?}", asked(&app, event, buyer, &third).await);
+    assert_eq!(
+        asked(&app, event, buyer, &second).await,
+        (200, created(&second))
+    );
+    assert_eq!(
+        asked(&app, event, buyer, &first).await,
+        (200, failed.clone())
+    );
+    assert_eq!(
+        ordered_units(&app.mysql, event).await,
+        (2, 2),
+        "the second and the third"
+    );
+
+    for hostile in [
+        String::from("request_id="),
+        String::from("request_id=01"),
+        String::from("request_id=-1"),
+        String::from("request_id=%31"),
+        String::from("request_id=18446744073709551616"),
+        format!("request_id={first}&request_id={first}"),
+        format!("order_no={first}"),
+        format!("request_id={first}&x=1"),
+    ] {
+        let (status, answer) = app.purchase_status_asked(event, buyer, &hostile).await;
+        assert_eq!(status, 400, "{hostile}: {answer}");
+        assert_eq!(answer["error"]["code"], "INVALID", "{hostile}: {answer}");
+    }
+    for theirs_or_none in [&first, &second, &third, &"1".to_owned()] {
+        let (status, answer) = asked(&app, event, other, theirs_or_none).await;
+        assert_eq!(status, 404, "{theirs_or_none}: {answer}");
+    }
+    app.stop().await;
+}
+
 /// A reservation MySQL refused before (its REFUSED row committed, Redis never told: the
 /// worker stopped) that is found past its deadline is refused, not released: releasing
 /// gave back units MySQL never held (Redis showing more than MySQL). The row's reason
@@ -304,6 +442,7 @@ async fn an_overdue_reservation_mysql_refused_before_is_refused_not_given_back()
     let admitted = admitted_without_a_pipeline(3).await;
     let (event, categories) = (admitted.event, admitted.categories.clone());
     let (admitting, buyers) = (&admitted.admitting, admitted.buyers.clone());
+    let requests = admitted.requests.clone();
     let mut conn = admitting.mysql.get_conn().await.unwrap();
     for (b, reason) in [(&buyers[0], None), (&buyers[2], Some("SOLD_OUT"))] {
         let status = admitting.purchase_status(event, b).await;
@@ -331,12 +470,13 @@ async fn an_overdue_reservation_mysql_refused_before_is_refused_not_given_back()
     let statuses = read().await;
     assert!(decided, "{statuses:?}");
     let status = |i: usize| statuses[&buyers[i].user_id].as_str();
+    let failed = |i: usize, reason| format!("FAILED:{}:{reason}", requests[&buyers[i].user_id]);
     assert_eq!(
         (status(0), status(1), status(2)),
         (
-            "FAILED:refused",
-            "FAILED:not persisted within 1 s",
-            "FAILED:sold out"
+            failed(0, "refused").as_str(),
+            failed(1, "not persisted within 1 s").as_str(),
+            failed(2, "sold out").as_str()
         )
     );
     let stock: i64 = app.stock(event, categories[0]).await;
@@ -1337,19 +1477,29 @@ async fn taking_over_keeping_and_dropping_a_batch_go_in_chunks_with_nothing_twic
     let pending: redis::streams::StreamPendingReply =
         r.xpending(&name, stream::GROUP).await.unwrap();
     assert_eq!(pending.count(), left.len(), "and no longer pending");
-    let statuses: HashMap<u64, String> = r.hgetall(&status).await.unwrap();
-    let failed = statuses
-        .values()
-        .filter(|s| *s == "FAILED:reloaded")
-        .count();
-    assert_eq!(
-        failed, 225,
-        "the buyers left with no status or an earlier order's: {statuses:?}"
-    );
-    for (i, newer) in stale[225..].iter().enumerate() {
-        assert_eq!(statuses[&newer.user_id.0], kept(newer, i));
+    let statuses: HashMap<String, String> = r.hgetall(&status).await.unwrap();
+    let failed = |r: &Reservation| format!("FAILED:{}:reloaded", r.order_no);
+    for told in &stale[..225] {
+        assert_eq!(
+            statuses[&told.user_id.to_string()],
+            failed(told),
+            "a buyer left with no status or an earlier order's"
+        );
     }
-    assert_eq!(statuses.len(), N as usize);
+    // Under a later purchase, the dropped one keeps its own record; its own order
+    // tells for itself.
+    let mut records = 0;
+    for (i, newer) in stale[225..].iter().enumerate() {
+        assert_eq!(statuses[&newer.user_id.to_string()], kept(newer, i));
+        let record = statuses.get(&format!("r:{}:{}", newer.user_id, newer.order_no));
+        if i % 3 == 1 {
+            assert_eq!(record, None);
+        } else {
+            assert_eq!(record, Some(&failed(newer)));
+            records += 1;
+        }
+    }
+    assert_eq!(statuses.len(), N as usize + records);
     app.stop().await;
 }
 

@@ -58,21 +58,13 @@ async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
         (3, Some(1), None)
     );
 
-    let resp = app
-        .http
-        .get(format!(
-            "{}/api/events/{event}/orders/status",
-            app.public_url
-        ))
-        .bearer_auth(&buyer.token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let status: serde_json::Value = resp.json().await.unwrap();
+    let status = app.purchase_status_asked(event, buyer, "").await;
     assert_eq!(
         status,
-        json!({"status": "QUEUED", "request_id": request_id.to_string()})
+        (
+            200,
+            json!({"status": "QUEUED", "request_id": request_id.to_string()})
+        )
     );
     app.stop().await;
 }
