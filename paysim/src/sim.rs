@@ -142,6 +142,22 @@ pub async fn serve(server: PageServer) -> anyhow::Result<()> {
 
 type PageResponse = http::Response<Full<Bytes>>;
 
+/// The page's outcome of a callback the shop took (2xx), from its answer: "paid";
+/// "refund_pending" when the order was no longer payable (cancelled at its deadline
+/// meanwhile, or paid already); for a DUPLICATE (a delivery again after an answer lost
+/// on the way: the edge's 502, a cut connection), what the first one was recorded as;
+/// anything else, "unconfirmed" (the order page shows what the shop holds).
+fn taken(answer: &str) -> &'static str {
+    let answer: serde_json::Value = serde_json::from_str(answer).unwrap_or_default();
+    match (answer["result"].as_str(), answer["recorded"].as_str()) {
+        (Some("PAID"), _) | (Some("DUPLICATE"), Some("PAID")) => "paid",
+        (Some("REFUND_PENDING"), _) | (Some("DUPLICATE"), Some("REFUND_PENDING")) => {
+            "refund_pending"
+        }
+        _ => "unconfirmed",
+    }
+}
+
 fn respond(status: http::StatusCode, content_type: &str, body: String) -> PageResponse {
     http::Response::builder()
         .status(status)
@@ -217,19 +233,7 @@ async fn page(server: &PageServer, req: http::Request<hyper::body::Incoming>) ->
                 match deliver(&server.callback_url, server.secret.trim(), &callback).await {
                     Ok((status, answer)) if status.is_success() => {
                         tracing::info!(order_no = f.order_no, answer, "payment callback accepted");
-                        // Taken, but for an order no longer payable (cancelled at its
-                        // deadline meanwhile, or paid already): money to refund.
-                        let result = serde_json::from_str::<serde_json::Value>(&answer)
-                            .ok()
-                            .and_then(|a| a["result"].as_str().map(str::to_owned));
-                        // DUPLICATE: a delivery again after an answer lost on the way
-                        // (the edge's 502, a cut connection); the first one may have been
-                        // a refund as well as a payment.
-                        match result.as_deref() {
-                            Some("REFUND_PENDING") => "refund_pending".to_owned(),
-                            Some("DUPLICATE") => "unconfirmed".to_owned(),
-                            _ => "paid".to_owned(),
-                        }
+                        taken(&answer).to_owned()
                     }
                     Ok((status, answer)) if status.is_client_error() => {
                         tracing::warn!(order_no = f.order_no, %status, answer, "payment callback refused");
@@ -359,6 +363,35 @@ fn parse_form(s: &str) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_taken_callback_reads_as_what_the_shop_recorded() {
+        for (answer, outcome) in [
+            (r#"{"result":"PAID","order_no":"1"}"#, "paid"),
+            (
+                r#"{"result":"REFUND_PENDING","order_no":"1"}"#,
+                "refund_pending",
+            ),
+            (r#"{"result":"DUPLICATE","recorded":"PAID"}"#, "paid"),
+            (
+                r#"{"result":"DUPLICATE","recorded":"REFUND_PENDING"}"#,
+                "refund_pending",
+            ),
+            (
+                r#"{"result":"DUPLICATE","recorded":"OTHER_ORDER"}"#,
+                "unconfirmed",
+            ),
+            (r#"{"result":"DUPLICATE"}"#, "unconfirmed"),
+            (r#"{"result":"SOMETHING_NEW"}"#, "unconfirmed"),
+            (r#"{"result":1}"#, "unconfirmed"),
+            (r#"{"recorded":"PAID"}"#, "unconfirmed"),
+            ("[]", "unconfirmed"),
+            ("", "unconfirmed"),
+            ("<html>ok</html>", "unconfirmed"),
+        ] {
+            assert_eq!(taken(answer), outcome, "{answer}");
+        }
+    }
 
     #[test]
     fn forms_decode_and_refuse_returns_to_other_sites() {

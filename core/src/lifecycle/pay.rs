@@ -62,15 +62,38 @@ pub struct Callback {
 }
 
 /// What became of a callback.
-#[derive(Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
 pub enum Applied {
     /// The order is PAID now.
     Paid,
     /// The order was cancelled or paid already: the money is to be refunded.
     RefundPending,
-    /// This provider transaction was seen before; nothing changed.
-    Duplicate,
+    /// This provider transaction was seen before; nothing changed. What it was
+    /// recorded as the first time, so a provider whose first answer was lost learns it.
+    Duplicate(Recorded),
+}
+
+/// What a provider transaction was recorded as when it was first delivered.
+#[derive(Debug, PartialEq, Eq, Clone, Copy, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Recorded {
+    /// It paid this order.
+    Paid,
+    /// It came for this order no longer unpaid: the money is to be refunded.
+    RefundPending,
+    /// It was recorded for another order: nothing here is its doing.
+    OtherOrder,
+}
+
+impl Applied {
+    /// The answer's `result`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Applied::Paid => "PAID",
+            Applied::RefundPending => "REFUND_PENDING",
+            Applied::Duplicate(_) => "DUPLICATE",
+        }
+    }
 }
 
 /// Why a callback was refused.
@@ -121,28 +144,22 @@ impl Lifecycle {
             ));
         }
         let deadlocked = |e: &Refused| matches!(e, Refused::Unexpected(e) if server_error(e) == Some(ER_LOCK_DEADLOCK));
-        let outcome = (|| async {
+        // Captures references only: a copy retries, the original reads again below.
+        let apply = || async {
             let mut redis = self.redis.clone();
-            apply_once(
-                &self.mysql,
-                &mut redis,
-                &self.keys,
-                self.shards,
-                &cb,
-                order_no,
-            )
-            .await
-        })
-        .retry(backoff(Duration::from_millis(10), Duration::from_millis(100)).with_max_times(2))
-        .sleep(tokio::time::sleep)
-        .when(deadlocked)
-        .notify(|_, _| tracing::info!(%order_no, "payment deadlocked with another; retrying"))
-        .await;
+            let (pool, keys) = (&self.mysql, &self.keys);
+            apply_once(pool, &mut redis, keys, self.shards, &cb, order_no).await
+        };
+        let outcome = apply
+            .retry(backoff(Duration::from_millis(10), Duration::from_millis(100)).with_max_times(2))
+            .sleep(tokio::time::sleep)
+            .when(deadlocked)
+            .notify(|_, _| tracing::info!(%order_no, "payment deadlocked with another; retrying"))
+            .await;
         match outcome {
-            // The same transaction inserted by a concurrent delivery that committed first.
-            Err(Refused::Unexpected(e)) if server_error(&e) == Some(ER_DUP_ENTRY) => {
-                Ok((Applied::Duplicate, order_no))
-            }
+            // The same transaction inserted by a concurrent delivery that committed
+            // first: read again, it is a duplicate that says what the other recorded.
+            Err(Refused::Unexpected(e)) if server_error(&e) == Some(ER_DUP_ENTRY) => apply().await,
             other => other,
         }
     }
@@ -194,7 +211,7 @@ async fn apply_once(
                 txn = cb.provider_txn_id,
                 "a provider transaction id already recorded for another order: nothing applied"
             );
-            return Ok((Applied::Duplicate, order_no));
+            return Ok((Applied::Duplicate(Recorded::OtherOrder), order_no));
         }
         if paid_cents != order.amount_cents {
             // The wrong amount, recorded for refund the first time: the same answer.
@@ -218,7 +235,12 @@ async fn apply_once(
                 return Err(Refused::NotMarked(order_no));
             }
         }
-        return Ok((Applied::Duplicate, order_no));
+        let recorded = if seen == "APPLIED" {
+            Recorded::Paid
+        } else {
+            Recorded::RefundPending
+        };
+        return Ok((Applied::Duplicate(recorded), order_no));
     }
     if cb.amount_cents != order.amount_cents {
         // Money the provider took that pays for nothing: recorded for refund (counted in

@@ -142,10 +142,13 @@ pub fn cancelled(order_no: OrderNo, outcome: Cancelled) -> Result<OrderView, Api
 /// The provider's callback: what was applied, or why it was refused.
 pub fn paid(outcome: Result<(Applied, OrderNo), Refused>) -> Result<Response, ApiError> {
     match outcome {
-        Ok((applied, order_no)) => Ok(json(
-            StatusCode::OK,
-            &json!({"result": applied, "order_no": order_no.to_string()}),
-        )),
+        Ok((applied, order_no)) => {
+            let mut answer = json!({"result": applied.word(), "order_no": order_no.to_string()});
+            if let crate::lifecycle::pay::Applied::Duplicate(recorded) = applied {
+                answer["recorded"] = json!(recorded);
+            }
+            Ok(json(StatusCode::OK, &answer))
+        }
         Err(Refused::BadSignature) => Err(ApiError::Unauthorized("bad payment signature".into())),
         Err(Refused::Invalid(m)) => Err(ApiError::Invalid(m)),
         Err(e @ Refused::NoSuchOrder(_)) => Err(ApiError::NotFound(e.to_string())),

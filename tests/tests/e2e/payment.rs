@@ -263,8 +263,8 @@ async fn a_payment_in_the_window_marks_the_order_paid_and_its_seats_sold_once() 
         .unwrap();
     let (status, body) = callback(&app, &secret, "txn-1", order_no, 18_000).await;
     assert_eq!(
-        (status, body["result"].as_str()),
-        (200, Some("DUPLICATE")),
+        (status, body["result"].as_str(), body["recorded"].as_str()),
+        (200, Some("DUPLICATE"), Some("PAID")),
         "{body}"
     );
     let seat: String = r.hget(app.keys().seats(b, seated), "2:1").await.unwrap();
@@ -338,6 +338,13 @@ async fn a_payment_after_the_cancellation_is_recorded_for_refund() {
         (200, Some("REFUND_PENDING")),
         "{body}"
     );
+    // Delivered again (its answer lost on the way): what the first one was recorded as.
+    let (status, body) = callback(&app, &provider_secret(&app), "late-txn", order_no, 10_000).await;
+    assert_eq!(
+        (status, body["result"].as_str(), body["recorded"].as_str()),
+        (200, Some("DUPLICATE"), Some("REFUND_PENDING")),
+        "{body}"
+    );
     let (_, order) = call(
         &app,
         reqwest::Method::GET,
@@ -358,10 +365,13 @@ async fn concurrent_deliveries_of_one_payment_answer_paid_once_and_duplicate_nev
     let app = spawn_app_with(|s| s.orders.enabled = true).await;
     let (event, categories) = app.create_event(small_sale(10, 2, 2, 4)).await;
     app.publish(event).await;
-    let buyer = &app.buyers(1).await[0];
+    let buyers = app.buyers(2).await;
+    let (buyer, other) = (&buyers[0], &buyers[1]);
     let body = json!({"category_id": categories[0], "quantity": 2});
-    assert_eq!(app.buy(event, buyer, "a", body).await.0, 202);
+    assert_eq!(app.buy(event, buyer, "a", body.clone()).await.0, 202);
     let order_no = created(&app, event, buyer).await;
+    assert_eq!(app.buy(event, other, "a", body).await.0, 202);
+    let others = created(&app, event, other).await;
     let secret = provider_secret(&app);
     let app = std::sync::Arc::new(app);
     let mut deliveries = tokio::task::JoinSet::new();
@@ -374,11 +384,14 @@ async fn concurrent_deliveries_of_one_payment_answer_paid_once_and_duplicate_nev
     while let Some(answer) = deliveries.join_next().await {
         let (status, body) = answer.unwrap();
         assert_eq!(status, 200, "{body}");
-        results.push(body["result"].as_str().unwrap().to_owned());
+        let said = |field: &str| body[field].as_str().map(str::to_owned);
+        results.push((said("result"), said("recorded")));
     }
     results.sort();
-    let mut expected = vec!["DUPLICATE".to_owned(); 7];
-    expected.push("PAID".to_owned());
+    // Each repeat says what the one that paid was recorded as.
+    let duplicate = (Some("DUPLICATE".to_owned()), Some("PAID".to_owned()));
+    let mut expected = vec![duplicate; 7];
+    expected.push((Some("PAID".to_owned()), None));
     assert_eq!(results, expected);
     let payments = scalar(
         &app.mysql,
@@ -386,6 +399,21 @@ async fn concurrent_deliveries_of_one_payment_answer_paid_once_and_duplicate_nev
     )
     .await;
     assert_eq!(payments, 1);
+    // The same transaction for another order: it paid this one, nothing there.
+    let (status, body) = callback(&app, &secret, "txn-race", others, 10_000).await;
+    assert_eq!(
+        (status, body["result"].as_str(), body["recorded"].as_str()),
+        (200, Some("DUPLICATE"), Some("OTHER_ORDER")),
+        "{body}"
+    );
+    let (_, order) = call(
+        &app,
+        reqwest::Method::GET,
+        &format!("/api/orders/{others}"),
+        other,
+    )
+    .await;
+    assert_eq!(order["status"], "UNPAID", "{order}");
     let app = std::sync::Arc::into_inner(app).unwrap();
     app.stop().await;
 }

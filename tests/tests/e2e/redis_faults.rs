@@ -498,8 +498,8 @@ async fn a_payment_redis_did_not_take_is_delivered_again_until_it_does() {
     // The provider delivers again: the same transaction, now marked.
     let (status, answer) = crate::payment::callback(&app, &secret, "txn", order_no, 5_000).await;
     assert_eq!(
-        (status, &answer["result"]),
-        (200, &json!("DUPLICATE")),
+        (status, &answer["result"], &answer["recorded"]),
+        (200, &json!("DUPLICATE"), &json!("PAID")),
         "{answer}"
     );
     assert_eq!(
