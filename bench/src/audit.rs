@@ -159,7 +159,8 @@ pub async fn run(
         found.extend(ordered);
         found.extend(decided);
     }
-    // Released in Redis alone (FAILED there, nothing in MySQL): told, so not lost.
+    // Released in Redis alone (FAILED there, naming it, nothing in MySQL): told, so not
+    // lost.
     let unknown: Vec<&(u64, u64)> = admitted
         .iter()
         .filter(|(_, r)| !found.contains(r))
@@ -168,13 +169,24 @@ pub async fn run(
         let keys =
             stampede_core::keys::Keys::new(&stampede_core::Settings::defaults().redis.key_prefix);
         let mut redis = stack.redis().await?;
+        use stampede_core::admission::status::PurchaseStatus;
+        use stampede_core::domain::{OrderNo, UserId};
         for (user, rid) in unknown {
-            let status: Option<String> = redis::cmd("HGET")
+            // The buyer's status, or (replaced by a later purchase) the purchase's own.
+            let said: Vec<Option<String>> = redis::cmd("HMGET")
                 .arg(keys.purchase_status(stack.bucket_of(event, *user).await?))
                 .arg(user)
+                .arg(stampede_core::keys::replaced_purchase(
+                    UserId(*user),
+                    OrderNo(*rid),
+                ))
                 .query_async(&mut redis)
                 .await?;
-            if status.is_some_and(|s| s.starts_with("FAILED:")) {
+            if said
+                .iter()
+                .flatten()
+                .any(|s| PurchaseStatus::says_failed(s, OrderNo(*rid)))
+            {
                 found.insert(*rid);
             }
         }

@@ -67,6 +67,15 @@ impl PurchaseStatus {
         })
     }
 
+    /// Whether `value` (a buyer's status, or a replaced purchase's own record) says the
+    /// purchase numbered `request` FAILED.
+    pub fn says_failed(value: &str, request: OrderNo) -> bool {
+        matches!(
+            PurchaseStatus::parse(value),
+            Ok(s @ PurchaseStatus::Failed { .. }) if s.request() == Some(request.0.to_string().as_str())
+        )
+    }
+
     /// The number of the purchase this is the status of, when it says.
     pub fn request(&self) -> Option<&str> {
         match self {
@@ -122,17 +131,29 @@ impl Admission {
 
     /// One purchase of the user's in the event, by its number (its 202's request id, its
     /// order's number), if it is theirs and known: the buyer's status while it is their
-    /// latest, else the purchase's own record while it is undecided or failed (kept once
-    /// a newer purchase replaced it, `Keys::replaced_purchase`), else its order.
+    /// latest and not FAILED; else its order, if MySQL has one; else FAILED as the
+    /// buyer's status or the purchase's own record says, or QUEUED as that record says
+    /// (kept once a newer purchase replaced it, `keys::replaced_purchase`).
+    ///
+    /// The order wins over a record and a FAILED status: those are written for purchases
+    /// that are not orders, but one can be left behind an order (a settle lost, then a
+    /// rebuild whose drop of the stale entry records it FAILED; a replaced purchase paid
+    /// or cancelled before its settle), and an order never stops being one.
     pub async fn purchase_status(
         &self,
         event_id: EventId,
         user_id: UserId,
         request: OrderNo,
     ) -> anyhow::Result<Option<PurchaseStatus>> {
-        let event = self.events.get_public(event_id.0).await?;
-        let buckets = event.as_ref().map_or(1, |e| e.buckets);
-        let bucket = crate::keys::Bucket::of_buyer(event_id, buckets, user_id);
+        // Every number minted carries its buyer's low bits (`ids`): another's is not
+        // theirs, and costs no read.
+        if crate::ids::gene(request.0) != crate::ids::gene(user_id.0) {
+            return Ok(None);
+        }
+        let Some(event) = self.events.get_public(event_id.0).await? else {
+            return Ok(None);
+        };
+        let bucket = crate::keys::Bucket::of_buyer(event_id, event.buckets, user_id);
         let mut redis = self.redis.clone();
         let (latest, own): (Option<String>, Option<String>) = redis::cmd("HMGET")
             .arg(self.keys.purchase_status(bucket))
@@ -141,15 +162,26 @@ impl Admission {
             .query_async(&mut redis)
             .await?;
         let wanted = request.0.to_string();
-        for value in [latest, own].into_iter().flatten() {
+        let named = |value: Option<String>| -> anyhow::Result<Option<PurchaseStatus>> {
+            let Some(value) = value else { return Ok(None) };
             let status = PurchaseStatus::parse(&value)?;
-            if status.request() == Some(wanted.as_str()) {
-                return Ok(Some(status));
-            }
+            Ok((status.request() == Some(wanted.as_str())).then_some(status))
+        };
+        let latest = named(latest)?;
+        if latest
+            .as_ref()
+            .is_some_and(|s| !matches!(s, PurchaseStatus::Failed { .. }))
+        {
+            return Ok(latest);
         }
-        // Settled, its record dropped only once its order was committed: read after
-        // Redis, the order is there.
-        self.order_status(event_id, user_id, Some(request)).await
+        // Read after Redis: a record is dropped only once its order was committed.
+        if let Some(order) = self.order_status(event_id, user_id, Some(request)).await? {
+            return Ok(Some(order));
+        }
+        match latest {
+            Some(failed) => Ok(Some(failed)),
+            None => named(own),
+        }
     }
 
     /// The buyer's latest order in the event (or the one numbered `only`), as the
@@ -230,6 +262,16 @@ mod tests {
             PurchaseStatus::parse("PAID:7").unwrap().request(),
             Some("7")
         );
+        assert!(PurchaseStatus::says_failed("FAILED:42:x", OrderNo(42)));
+        for other in [
+            "FAILED:43:x",
+            "FAILED:x",
+            "QUEUED:42",
+            "CREATED:42",
+            "FAILED:42",
+        ] {
+            assert!(!PurchaseStatus::says_failed(other, OrderNo(42)), "{other}");
+        }
         let s = PurchaseStatus::parse("CANCELLED:77").unwrap();
         assert_eq!(
             serde_json::to_value(&s).unwrap(),

@@ -409,6 +409,26 @@ async fn each_purchase_reads_its_own_status_by_its_number() {
         (2, 2),
         "the second and the third"
     );
+    // A record left behind an order (its settle lost, then a rebuild's drop of the stale
+    // entry recorded it FAILED; or it was replaced while queued and paid before its
+    // settle): the order says, never the record.
+    let record = format!("r:{}:{second}", buyer.user_id);
+    for left_behind in [
+        format!("FAILED:{second}:the sale was reloaded"),
+        format!("QUEUED:{second}"),
+    ] {
+        let () = app
+            .redis
+            .clone()
+            .hset(&statuses, &record, &left_behind)
+            .await
+            .unwrap();
+        assert_eq!(
+            asked(&app, event, buyer, &second).await,
+            (200, created(&second)),
+            "{left_behind}"
+        );
+    }
 
     for hostile in [
         String::from("request_id="),

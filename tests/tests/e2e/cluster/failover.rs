@@ -1,7 +1,8 @@
 //! A Redis master killed mid-sale, and a 202 that waits for the master's replica.
 
+use stampede_core::admission::status::PurchaseStatus;
 use stampede_core::buckets::Mover;
-use stampede_core::domain::{EventId, UserId};
+use stampede_core::domain::{EventId, OrderNo, UserId};
 use stampede_core::keys::Bucket;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -67,15 +68,23 @@ async fn unkept(
         if kept.contains(&rid) {
             continue;
         }
-        let status: Option<String> = redis
+        // The buyer's status, or (replaced by a later purchase) the purchase's own.
+        let said: Vec<Option<String>> = redis
             .hget(
                 app.keys()
                     .purchase_status(Bucket::of_buyer(event, buckets, UserId(user))),
-                user,
+                &[
+                    user.to_string(),
+                    stampede_core::keys::replaced_purchase(UserId(user), OrderNo(rid)),
+                ],
             )
             .await
             .unwrap();
-        if !status.is_some_and(|s| s.starts_with("FAILED:")) {
+        let told = said
+            .iter()
+            .flatten()
+            .any(|s| PurchaseStatus::says_failed(s, OrderNo(rid)));
+        if !told {
             left.push((user, rid));
         }
     }
