@@ -199,6 +199,44 @@ test("a sold-out sale says so and offers nothing to buy", async () => {
   await shot(page, "08-sold-out");
 });
 
+test("a purchase whose answer was lost, refused on its retry by an edge that did not know it yet, is found by its key and followed to its order", async () => {
+  const password = "pw-" + Math.random().toString(36).slice(2);
+  const [buyer] = await users(1, password);
+  const ev = await sale({ title: "Lost Answer Hall — one ticket", ga: 1, limit: 1 });
+  await new Promise((ok) => setTimeout(ok, 1000)); // the edge learns of the new sale
+  const page = await (await browser.newContext({ viewport: { width: 1200, height: 900 } })).newPage();
+  await page.goto(`${EDGE}/#/event/${ev.id}`);
+  await signIn(page, buyer, password);
+  await page.waitForSelector('[data-testid="buy"]:not([disabled])', { timeout: 10_000 });
+  // The network between the page and the edge: the first purchase reaches the edge and
+  // the core (it takes the only ticket), and its answer is lost; the retry meets an
+  // edge that has not learned its key yet and refuses it from its sold-out flag, as
+  // another edge can for a refresh or two.
+  const sent = [];
+  await page.route(`**/api/events/${ev.id}/orders`, async (route) => {
+    if (route.request().method() !== "POST") return route.continue();
+    sent.push(route.request().headers()["idempotency-key"]);
+    if (sent.length === 1) {
+      const reached = await route.fetch();
+      sent.push(reached.status());
+      return route.abort("connectionreset");
+    }
+    return route.fulfill({
+      status: 409, contentType: "application/json",
+      body: JSON.stringify({ error: { code: "SOLD_OUT", message: "sold out" } }),
+    });
+  });
+  await page.click('[data-testid="buy"]');
+  await page.waitForSelector('[data-testid="purchase-status"]:has-text("CREATED")', { timeout: 30_000 });
+  assert.deepEqual(sent.slice(1, 2), [202], "the first purchase was admitted");
+  assert.equal(sent.length, 3, `two purchases sent: ${JSON.stringify(sent)}`);
+  assert.equal(sent[2], sent[0], "the retry carries the same key");
+  assert.equal(await text(page, "buy-error"), "", "no 'sold out' for a purchase that was admitted");
+  await page.click('[data-testid="order-link"]');
+  await page.waitForSelector('[data-testid="order-status"]:has-text("UNPAID")');
+  await shot(page, "08b-lost-answer-found-by-its-key");
+});
+
 test("a train buyer picks a journey, sees its free seats and price, buys a seat; another buyer sees it free before and taken across", async () => {
   const password = "pw-" + Math.random().toString(36).slice(2);
   const [alice, bob] = await users(2, password);

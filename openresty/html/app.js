@@ -756,16 +756,26 @@ async function eventView(id) {
     // one's when this one was not admitted.
     const what = JSON.stringify([body, pass]);
     const key = lastUnanswered && lastUnanswered.what === what ? lastUnanswered.key : crypto.randomUUID();
-    let r;
+    let r, wasUnsure = false;
     for (let tries = 1; ; tries++) {
       r = await api("POST", `/api/events/${id}/orders`, body, key, pass ? { "Queue-Pass": pass } : {});
       const unsure = r.status === 0 || (r.body && r.body.error && r.body.error.code === "OUTCOME_UNKNOWN");
       if (!unsure || tries >= 5) break;
+      wasUnsure = true;
       $("#progress").hidden = false;
       $("#pstatus").className = "status QUEUED";
       $("#pstatus").textContent = "CHECKING";
       $("#buy-error").textContent = MESSAGES.OUTCOME_UNKNOWN;
       await new Promise((ok) => setTimeout(ok, 1000));
+    }
+    // After an answer that never came, a refusal may be another edge's, from its memory
+    // (a category sold out meanwhile) before it learned this key was admitted through
+    // the first; and a retry may stay unanswered. The purchase the key admitted, if any,
+    // is asked for by the key: its status is the truth.
+    if (wasUnsure && r.status !== 202 && r.status !== 401) {
+      const st = await api("GET", `/api/events/${id}/orders/status`, undefined, key);
+      const rid = st.status === 200 && (st.body.request_id || st.body.order_no);
+      if (rid) r = { status: 202, body: { request_id: rid } };
     }
     busy = false;
     lastUnanswered = r.status === 0 || r.status >= 500 ? { what, key } : null;

@@ -268,28 +268,29 @@ impl TestApp {
     /// The buyer's latest purchase in the event, as `GET …/orders/status` answers it
     /// (`{"status": …}`, or the 404 error body).
     pub async fn purchase_status(&self, event_id: u64, buyer: &Buyer) -> Value {
-        self.purchase_status_asked(event_id, buyer, "").await.1
+        self.purchase_status_asked(event_id, buyer, "", None)
+            .await
+            .1
     }
 
-    /// `GET …/orders/status[?<query>]` as the buyer (one purchase: `request_id=<n>`):
-    /// status and body.
+    /// `GET …/orders/status[?<query>]` as the buyer (one purchase: `request_id=<n>`, or
+    /// the one an `Idempotency-Key` admitted): status and body.
     pub async fn purchase_status_asked(
         &self,
         event_id: u64,
         buyer: &Buyer,
         query: &str,
+        key: Option<&str>,
     ) -> (u16, Value) {
         let mut url = format!("{}/api/events/{event_id}/orders/status", self.public_url);
         if !query.is_empty() {
             url = format!("{url}?{query}");
         }
-        let answer = self
-            .http
-            .get(url)
-            .bearer_auth(&buyer.token)
-            .send()
-            .await
-            .unwrap();
+        let mut ask = self.http.get(url).bearer_auth(&buyer.token);
+        if let Some(key) = key {
+            ask = ask.header("Idempotency-Key", key);
+        }
+        let answer = ask.send().await.unwrap();
         (answer.status().as_u16(), answer.json().await.unwrap())
     }
 

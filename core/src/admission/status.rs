@@ -184,6 +184,28 @@ impl Admission {
         }
     }
 
+    /// The purchase the user's Idempotency-Key admitted in the event, while Redis keeps
+    /// its record: across a rebuild from MySQL, not once the sale's keys are purged (a
+    /// day after its retirement) or lost with Redis.
+    pub async fn admitted_with_key(
+        &self,
+        event_id: EventId,
+        user_id: UserId,
+        key: &str,
+    ) -> anyhow::Result<Option<OrderNo>> {
+        let Some(event) = self.events.get_public(event_id.0).await? else {
+            return Ok(None);
+        };
+        let bucket = crate::keys::Bucket::of_buyer(event_id, event.buckets, user_id);
+        let mut redis = self.redis.clone();
+        let record: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.idempotency(bucket))
+            .arg(crate::keys::idempotency_field(user_id, key))
+            .query_async(&mut redis)
+            .await?;
+        Ok(record.as_deref().and_then(crate::keys::idempotency_request))
+    }
+
     /// The buyer's latest order in the event (or the one numbered `only`), as the
     /// purchase status a rebuild writes for it (a refund pending reads CANCELLED), from
     /// their shard (`idx_order_user_event`).

@@ -34,26 +34,30 @@ pub async fn create(
     outcome
 }
 
-async fn purchase(
-    state: &AppState,
-    event_id: u64,
-    user_id: u64,
-    req: Request,
-) -> Result<Response, ApiError> {
-    let key = req
-        .headers()
+/// The request's Idempotency-Key, if it is one the core takes: 1..=64 visible ASCII
+/// characters.
+fn idempotency_key(req: &Request) -> Option<String> {
+    req.headers()
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|k| {
             !k.is_empty() && k.len() <= MAX_KEY_LEN && k.bytes().all(|b| b.is_ascii_graphic())
         })
-        .ok_or_else(|| {
-            ApiError::Invalid(format!(
-                "header Idempotency-Key is required: 1..={MAX_KEY_LEN} visible ASCII characters"
-            ))
-        })?
-        .to_owned();
+        .map(str::to_owned)
+}
+
+async fn purchase(
+    state: &AppState,
+    event_id: u64,
+    user_id: u64,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&req).ok_or_else(|| {
+        ApiError::Invalid(format!(
+            "header Idempotency-Key is required: 1..={MAX_KEY_LEN} visible ASCII characters"
+        ))
+    })?;
     let queue_pass = req
         .headers()
         .get(QUEUE_PASS)
@@ -107,7 +111,8 @@ struct Queued<'a> {
 }
 
 /// `GET /api/events/{id}/orders/status[?request_id=<n>]`: the caller's latest purchase
-/// in the event, or the one numbered `n` (a 202's request id).
+/// in the event, or the one numbered `n` (a 202's request id), or (with an
+/// `Idempotency-Key` header instead) the one that key admitted.
 pub async fn status(
     state: &AppState,
     event_id: u64,
@@ -115,17 +120,38 @@ pub async fn status(
     req: &Request,
 ) -> Result<Response, ApiError> {
     let asked = crate::http::query_numbers(req.uri().query(), &["request_id"])?;
+    let key = match req.headers().contains_key("idempotency-key") {
+        false => None,
+        true => Some(idempotency_key(req).ok_or_else(|| {
+            ApiError::Invalid(format!(
+                "header Idempotency-Key must be 1..={MAX_KEY_LEN} visible ASCII characters"
+            ))
+        })?),
+    };
     let (event, user) = (EventId(event_id), UserId(user_id));
-    let found = match asked.get("request_id") {
-        Some(&n) => {
-            state
-                .admission
-                .purchase_status(event, user, OrderNo(n))
-                .await?
+    let request = match (asked.get("request_id"), key) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::Invalid(
+                "ask by request_id or by Idempotency-Key, not both".into(),
+            ));
         }
+        (Some(&n), None) => Some(OrderNo(n)),
+        (None, Some(key)) => match state.admission.admitted_with_key(event, user, &key).await? {
+            Some(n) => Some(n),
+            None => {
+                return Err(ApiError::NotFound(format!(
+                    "no purchase of yours admitted with this Idempotency-Key in event {event_id}; \
+                     one still on its way is decided by sending it again with the same key"
+                )));
+            }
+        },
+        (None, None) => None,
+    };
+    let found = match request {
+        Some(n) => state.admission.purchase_status(event, user, n).await?,
         None => state.admission.status_of(event, user).await?,
     };
-    match (found, asked.get("request_id")) {
+    match (found, request) {
         (Some(s), _) => Ok(json(StatusCode::OK, &s)),
         (None, Some(n)) => Err(ApiError::NotFound(format!(
             "no purchase {n} of yours in event {event_id}"

@@ -201,6 +201,19 @@ async fn login_and_the_rest_of_the_api_have_one_spelling_and_one_method() {
             assert_eq!(a.json()["error"]["code"], "METHOD_NOT_ALLOWED");
         }
     }
+    // Or the one an Idempotency-Key admitted: the header reaches the core too.
+    for (key, status, code) in [
+        ("nothing-here", 404, "NOT_FOUND"),
+        ("has space", 400, "INVALID"),
+    ] {
+        let path = "/api/events/1/orders/status";
+        let headers = [("Authorization", auth.as_str()), ("Idempotency-Key", key)];
+        for (port, at) in [(stack.edge_port, "edge"), (stack.core_port, "core")] {
+            let a = raw_request(port, "GET", path, &headers, "").await;
+            assert_eq!(a.status, status, "{at} {key}: {a:?}");
+            assert_eq!(a.json()["error"]["code"], code, "{at} {key}: {a:?}");
+        }
+    }
     // One purchase's status: the query reaches the core through the edge as sent.
     for (query, status, code) in [
         ("request_id=1", 404, "NOT_FOUND"),

@@ -319,7 +319,7 @@ async fn asked(
     who: &stampede_e2e::Buyer,
     n: &str,
 ) -> (u16, serde_json::Value) {
-    app.purchase_status_asked(event, who, &format!("request_id={n}"))
+    app.purchase_status_asked(event, who, &format!("request_id={n}"), None)
         .await
 }
 
@@ -440,7 +440,9 @@ async fn each_purchase_reads_its_own_status_by_its_number() {
         format!("order_no={first}"),
         format!("request_id={first}&x=1"),
     ] {
-        let (status, answer) = app.purchase_status_asked(event, buyer, &hostile).await;
+        let (status, answer) = app
+            .purchase_status_asked(event, buyer, &hostile, None)
+            .await;
         assert_eq!(status, 400, "{hostile}: {answer}");
         assert_eq!(answer["error"]["code"], "INVALID", "{hostile}: {answer}");
     }

@@ -15,6 +15,72 @@ async fn sale(app: &TestApp, units: u32, rows: u32, cols: u32, limit: u32) -> (u
     (id, categories[0], categories[1])
 }
 
+/// A buyer whose purchase's answer was lost asks for it by its Idempotency-Key, without
+/// sending it again: the purchase that key admitted, whatever came after it; 404 for a
+/// key that admitted nothing (a refused purchase's, another buyer's). A malformed key,
+/// or a key and a request id together, is 400.
+#[tokio::test]
+async fn a_purchase_is_asked_for_by_its_idempotency_key() {
+    let app = spawn_app().await;
+    let (event, ga, _) = sale(&app, 2, 2, 2, 4).await;
+    let buyers = app.buyers(2).await;
+    let (buyer, other) = (&buyers[0], &buyers[1]);
+    let one = |n: u32| json!({"category_id": ga, "quantity": n});
+    let (status, first) = app.buy(event, buyer, "lost-answer", one(1)).await;
+    assert_eq!(status, 202, "{first}");
+    let first = first["request_id"].as_str().unwrap().to_owned();
+    let (status, later) = app.buy(event, buyer, "later", one(1)).await;
+    assert_eq!(status, 202, "{later}");
+    let (status, refused) = app.buy(event, buyer, "refused", one(1)).await;
+    assert_eq!(
+        (status, &refused["error"]["code"]),
+        (409, &json!("SOLD_OUT"))
+    );
+
+    let by_key = |who, key| app.purchase_status_asked(event, who, "", Some(key));
+    assert_eq!(
+        by_key(buyer, "lost-answer").await,
+        (200, json!({"status": "QUEUED", "request_id": first})),
+        "the first purchase, not the latest"
+    );
+    for nothing in ["refused", "never-sent"] {
+        let (status, answer) = by_key(buyer, nothing).await;
+        assert_eq!(
+            (status, &answer["error"]["code"]),
+            (404, &json!("NOT_FOUND")),
+            "{answer}"
+        );
+    }
+    let (status, answer) = by_key(other, "lost-answer").await;
+    assert_eq!(status, 404, "another buyer's key: {answer}");
+    let both = format!("request_id={first}");
+    let (status, answer) = app
+        .purchase_status_asked(event, buyer, &both, Some("lost-answer"))
+        .await;
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (400, &json!("INVALID")),
+        "{answer}"
+    );
+    let long = "k".repeat(65);
+    for bad in [&b""[..], b" ", "é".as_bytes(), b"a\tb", long.as_bytes()] {
+        let value = reqwest::header::HeaderValue::from_bytes(bad).unwrap();
+        let answer = app
+            .http
+            .get(format!(
+                "{}/api/events/{event}/orders/status",
+                app.public_url
+            ))
+            .bearer_auth(&buyer.token)
+            .header("Idempotency-Key", value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 400, "{bad:?}");
+    }
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
     let app = spawn_app().await;
@@ -58,7 +124,7 @@ async fn an_admitted_purchase_is_queued_with_its_order_number_in_redis() {
         (3, Some(1), None)
     );
 
-    let status = app.purchase_status_asked(event, buyer, "").await;
+    let status = app.purchase_status_asked(event, buyer, "", None).await;
     assert_eq!(
         status,
         (
