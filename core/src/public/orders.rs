@@ -129,23 +129,20 @@ pub async fn status(
         })?),
     };
     let (event, user) = (EventId(event_id), UserId(user_id));
-    let request = match (asked.get("request_id"), key) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::Invalid(
-                "ask by request_id or by Idempotency-Key, not both".into(),
-            ));
-        }
-        (Some(&n), None) => Some(OrderNo(n)),
-        (None, Some(key)) => match state.admission.admitted_with_key(event, user, &key).await? {
-            Some(n) => Some(n),
-            None => {
+    let asked = asked.get("request_id").map(|&n| OrderNo(n));
+    let request = match key {
+        None => asked,
+        // Both: the purchase numbered so, if that key admitted it.
+        Some(key) => match state.admission.admitted_with_key(event, user, &key).await? {
+            Some(n) if asked.is_none_or(|a| a == n) => Some(n),
+            _ => {
                 return Err(ApiError::NotFound(format!(
-                    "no purchase of yours admitted with this Idempotency-Key in event {event_id}; \
-                     one still on its way is decided by sending it again with the same key"
+                    "no purchase of yours admitted with this Idempotency-Key in event {event_id}{}; \
+                     one still on its way is decided by sending it again with the same key",
+                    asked.map_or(String::new(), |n| format!(" numbered {n}"))
                 )));
             }
         },
-        (None, None) => None,
     };
     let found = match request {
         Some(n) => state.admission.purchase_status(event, user, n).await?,

@@ -17,8 +17,8 @@ async fn sale(app: &TestApp, units: u32, rows: u32, cols: u32, limit: u32) -> (u
 
 /// A buyer whose purchase's answer was lost asks for it by its Idempotency-Key, without
 /// sending it again: the purchase that key admitted, whatever came after it; 404 for a
-/// key that admitted nothing (a refused purchase's, another buyer's). A malformed key,
-/// or a key and a request id together, is 400.
+/// key that admitted nothing (a refused purchase's, another buyer's). With a request id
+/// too, the purchase so numbered if that key admitted it. A malformed key is 400.
 #[tokio::test]
 async fn a_purchase_is_asked_for_by_its_idempotency_key() {
     let app = spawn_app().await;
@@ -53,13 +53,21 @@ async fn a_purchase_is_asked_for_by_its_idempotency_key() {
     }
     let (status, answer) = by_key(other, "lost-answer").await;
     assert_eq!(status, 404, "another buyer's key: {answer}");
-    let both = format!("request_id={first}");
+    // Both: the purchase so numbered, if that key admitted it.
+    let key = Some("lost-answer");
+    let numbered = |n: &str| format!("request_id={n}");
+    assert_eq!(
+        app.purchase_status_asked(event, buyer, &numbered(&first), key)
+            .await,
+        (200, json!({"status": "QUEUED", "request_id": first}))
+    );
+    let later = later["request_id"].as_str().unwrap().to_owned();
     let (status, answer) = app
-        .purchase_status_asked(event, buyer, &both, Some("lost-answer"))
+        .purchase_status_asked(event, buyer, &numbered(&later), key)
         .await;
     assert_eq!(
         (status, &answer["error"]["code"]),
-        (400, &json!("INVALID")),
+        (404, &json!("NOT_FOUND")),
         "{answer}"
     );
     let long = "k".repeat(65);
