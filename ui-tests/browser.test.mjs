@@ -199,15 +199,21 @@ test("a sold-out sale says so and offers nothing to buy", async () => {
   await shot(page, "08-sold-out");
 });
 
-test("a purchase whose answer was lost, refused on its retry by an edge that did not know it yet, is found by its key and followed to its order", async () => {
+/** A sale of one ticket, open, and a buyer's page on it with Buy enabled. */
+async function oneTicketOnSale(title) {
   const password = "pw-" + Math.random().toString(36).slice(2);
   const [buyer] = await users(1, password);
-  const ev = await sale({ title: "Lost Answer Hall — one ticket", ga: 1, limit: 1 });
+  const ev = await sale({ title, ga: 1, limit: 1 });
   await new Promise((ok) => setTimeout(ok, 1000)); // the edge learns of the new sale
   const page = await (await browser.newContext({ viewport: { width: 1200, height: 900 } })).newPage();
   await page.goto(`${EDGE}/#/event/${ev.id}`);
   await signIn(page, buyer, password);
   await page.waitForSelector('[data-testid="buy"]:not([disabled])', { timeout: 10_000 });
+  return { ev, page };
+}
+
+test("a purchase whose answer was lost, refused on its retry by an edge that did not know it yet, is found by its key and followed to its order", async () => {
+  const { ev, page } = await oneTicketOnSale("Lost Answer Hall — one ticket");
   // The network between the page and the edge: the first purchase reaches the edge and
   // the core (it takes the only ticket), and its answer is lost; the retry meets an
   // edge that has not learned its key yet and refuses it from its sold-out flag, as
@@ -235,6 +241,34 @@ test("a purchase whose answer was lost, refused on its retry by an edge that did
   await page.click('[data-testid="order-link"]');
   await page.waitForSelector('[data-testid="order-status"]:has-text("UNPAID")');
   await shot(page, "08b-lost-answer-found-by-its-key");
+});
+
+test("a refusal after a try that was never answered is not the last word: the page says so and the same choice is sent with the same key", async () => {
+  const { ev, page } = await oneTicketOnSale("Lost Answer Hall — first try unknown");
+  // The first try's connection drops (it reaches nothing here, as if it were still on
+  // its way); the retry is refused from memory. The key admitted nothing the core knows.
+  const sent = [];
+  await page.route(`**/api/events/${ev.id}/orders`, async (route) => {
+    if (route.request().method() !== "POST") return route.continue();
+    sent.push(route.request().headers()["idempotency-key"]);
+    if (sent.length === 1) return route.abort("connectionreset");
+    if (sent.length === 2) {
+      return route.fulfill({
+        status: 409, contentType: "application/json",
+        body: JSON.stringify({ error: { code: "SOLD_OUT", message: "sold out" } }),
+      });
+    }
+    return route.continue();
+  });
+  await page.click('[data-testid="buy"]');
+  await page.waitForFunction(() => /first try was never answered/.test(document.querySelector('[data-testid="buy-error"]').textContent), null, { timeout: 15_000 });
+  assert.equal(await text(page, "purchase-status"), "UNKNOWN");
+  // The same choice again: the same key, now answered for real (the ticket is still there).
+  await page.waitForSelector('[data-testid="buy"]:not([disabled])', { timeout: 5_000 });
+  await page.click('[data-testid="buy"]');
+  await page.waitForSelector('[data-testid="purchase-status"]:has-text("CREATED")', { timeout: 30_000 });
+  assert.equal(sent.length, 3, JSON.stringify(sent));
+  assert.ok(sent.every((k) => k === sent[0]), `one key for the one purchase: ${JSON.stringify(sent)}`);
 });
 
 test("a train buyer picks a journey, sees its free seats and price, buys a seat; another buyer sees it free before and taken across", async () => {

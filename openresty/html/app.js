@@ -25,6 +25,7 @@ const MESSAGES = {
   DUPLICATE: "This purchase was already submitted.",
   SALE_BUSY: "The sale is very busy. Try again in a moment.",
   OUTCOME_UNKNOWN: "Your purchase was sent but not confirmed yet; asking again…",
+  FIRST_TRY_UNKNOWN: "(Your first try was never answered and may still be on its way: press Buy again with exactly the same choice to learn whether it took tickets.)",
   STILL_UNKNOWN: "Your purchase was sent but could not be confirmed. Press Buy again with exactly the same choice to learn its outcome (the same purchase is never taken twice); any other choice is a new purchase.",
   INVALID: "That request was not valid.",
   NOT_FOUND: "Not found.",
@@ -755,8 +756,10 @@ async function eventView(id) {
     // buyer's status is not asked instead: it is their latest admitted purchase, another
     // one's when this one was not admitted.
     const what = JSON.stringify([body, pass]);
-    const key = lastUnanswered && lastUnanswered.what === what ? lastUnanswered.key : crypto.randomUUID();
-    let r, wasUnsure = false;
+    const reused = lastUnanswered && lastUnanswered.what === what;
+    const key = reused ? lastUnanswered.key : crypto.randomUUID();
+    // Sent before with this key, with no answer: unsure from the first try on.
+    let r, wasUnsure = !!reused;
     for (let tries = 1; ; tries++) {
       r = await api("POST", `/api/events/${id}/orders`, body, key, pass ? { "Queue-Pass": pass } : {});
       const unsure = r.status === 0 || (r.body && r.body.error && r.body.error.code === "OUTCOME_UNKNOWN");
@@ -771,14 +774,18 @@ async function eventView(id) {
     // After an answer that never came, a refusal may be another edge's, from its memory
     // (a category sold out meanwhile) before it learned this key was admitted through
     // the first; and a retry may stay unanswered. The purchase the key admitted, if any,
-    // is asked for by the key: its status is the truth.
+    // is asked for by the key: its status is the truth. Not found, the first try may
+    // still be on its way (the core takes up to 15 s): the key is kept for the same
+    // choice, and the page says the refusal may not be the last word.
+    let firstUnknown = false;
     if (wasUnsure && r.status !== 202 && r.status !== 401) {
       const st = await api("GET", `/api/events/${id}/orders/status`, undefined, key);
       const rid = st.status === 200 && (st.body.request_id || st.body.order_no);
       if (rid) r = { status: 202, body: { request_id: rid } };
+      else firstUnknown = true;
     }
     busy = false;
-    lastUnanswered = r.status === 0 || r.status >= 500 ? { what, key } : null;
+    lastUnanswered = firstUnknown || r.status === 0 || r.status >= 500 ? { what, key } : null;
     // A pass admits one purchase: spent once it is queued (a refused one is given back).
     if (pass && r.status === 202) {
       if (pass === (hiddenPass && hiddenPass.pass)) hiddenPass = null;
@@ -799,11 +806,12 @@ async function eventView(id) {
     } else {
       if (r.status === 429) blockedUntil = Date.now() + 1000 * Math.max(1, r.retryAfter);
       const code = r.body && r.body.error && r.body.error.code;
-      if (code === "OUTCOME_UNKNOWN" || r.status === 0) $("#pstatus").textContent = "UNKNOWN";
+      if (firstUnknown || code === "OUTCOME_UNKNOWN" || r.status === 0) $("#pstatus").textContent = "UNKNOWN";
       // SOLD_OUT answers "fewer left than asked for" too: for several, it may not be all.
       $("#buy-error").textContent = train && code === "SOLD_OUT" ? MESSAGES.SOLD_OUT_JOURNEY
         : code === "SOLD_OUT" && body.quantity > 1 ? `Fewer than ${body.quantity} tickets are left in this category (maybe none): try fewer.`
         : code === "OUTCOME_UNKNOWN" ? MESSAGES.STILL_UNKNOWN : errorText(r);
+      if (firstUnknown && code !== "OUTCOME_UNKNOWN" && r.status !== 0) $("#buy-error").textContent += " " + MESSAGES.FIRST_TRY_UNKNOWN;
       refresh();
       renderPicker();
     }

@@ -174,14 +174,17 @@ impl Admission {
         {
             return Ok(latest);
         }
+        let own = named(own)?;
         // Read after Redis: a record is dropped only once its order was committed.
-        if let Some(order) = self.order_status(event_id, user_id, Some(request)).await? {
-            return Ok(Some(order));
+        match self.order_status(event_id, user_id, Some(request)).await {
+            Ok(Some(order)) => return Ok(Some(order)),
+            Ok(None) => {}
+            // MySQL away: a purchase recorded QUEUED is waiting for it still, as far as
+            // anyone can tell (a FAILED may be left behind an order: it waits for MySQL).
+            Err(_) if matches!(own, Some(PurchaseStatus::Queued { .. })) => return Ok(own),
+            Err(e) => return Err(e),
         }
-        match latest {
-            Some(failed) => Ok(Some(failed)),
-            None => named(own),
-        }
+        Ok(latest.or(own))
     }
 
     /// The purchase the user's Idempotency-Key admitted in the event, while Redis keeps

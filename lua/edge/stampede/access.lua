@@ -240,6 +240,19 @@ function _M.api(method)
   limited("api", uid, "")
 end
 
+-- GET /api/events/{id}/orders/status: as api("GET"), and an Idempotency-Key, if sent,
+-- as the core takes it: nginx passes no empty header on, and the core would answer the
+-- buyer's latest purchase where it refuses the empty key asked of it directly.
+function _M.purchase_status()
+  one_spelling("GET")
+  local uid = authenticate()
+  limited("api", uid, "")
+  local k = ngx.var.http_idempotency_key
+  if k and not good_key(k) then
+    return reject(400, "INVALID", "header Idempotency-Key must be 1..=64 visible ASCII characters")
+  end
+end
+
 -- POST /api/login: no token yet; its own limits (per client address). The core limits
 -- failed attempts per account.
 function _M.login()

@@ -201,10 +201,12 @@ async fn login_and_the_rest_of_the_api_have_one_spelling_and_one_method() {
             assert_eq!(a.json()["error"]["code"], "METHOD_NOT_ALLOWED");
         }
     }
-    // Or the one an Idempotency-Key admitted: the header reaches the core too.
+    // Or the one an Idempotency-Key admitted: the header reaches the core too. An empty
+    // one is refused at the edge as at the core (nginx would pass none on).
     for (key, status, code) in [
         ("nothing-here", 404, "NOT_FOUND"),
         ("has space", 400, "INVALID"),
+        ("", 400, "INVALID"),
     ] {
         let path = "/api/events/1/orders/status";
         let headers = [("Authorization", auth.as_str()), ("Idempotency-Key", key)];
