@@ -453,6 +453,33 @@ async fn each_purchase_reads_its_own_status_by_its_number() {
     app.stop().await;
 }
 
+/// While MySQL is away, a purchase a later one replaced in its queue still reads QUEUED
+/// (its record in Redis), as does the latest; a number Redis knows nothing of is 503 —
+/// never a guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_purchase_reads_queued_while_mysql_is_away() {
+    let stack = stampede_e2e::Stack::from_env();
+    let relay = stampede_e2e::StallingRelay::start(([127, 0, 0, 1], stack.mysql_port).into()).await;
+    let app = spawn_app_with(|s| relay.carry_mysql_of(s, stack.mysql_port)).await;
+    let (event, categories) = app.create_event(small_sale(10, 1, 1, 4)).await;
+    app.publish(event).await;
+    let buyer = &app.buyers(1).await[0];
+    let one = json!({"category_id": categories[0], "quantity": 1});
+    let first = admitted(&app, event, buyer, "first", &one).await;
+    let second = admitted(&app, event, buyer, "second", &one).await;
+    let queued = |n: &str| (200, json!({"status": "QUEUED", "request_id": n}));
+    assert_eq!(asked(&app, event, buyer, &first).await, queued(&first));
+
+    drop(relay); // every connection closed, and the port refuses new ones
+    assert_eq!(asked(&app, event, buyer, &first).await, queued(&first));
+    assert_eq!(asked(&app, event, buyer, &second).await, queued(&second));
+    // Another number of this buyer's (the same low bits): only MySQL could say.
+    let unknown = (first.parse::<u64>().unwrap() + 64).to_string();
+    let (status, answer) = asked(&app, event, buyer, &unknown).await;
+    assert_eq!(status, 503, "{answer}");
+    app.stop().await;
+}
+
 /// A reservation MySQL refused before (its REFUSED row committed, Redis never told: the
 /// worker stopped) that is found past its deadline is refused, not released: releasing
 /// gave back units MySQL never held (Redis showing more than MySQL). The row's reason
