@@ -271,6 +271,28 @@ test("a refusal after a try that was never answered is not the last word: the pa
   assert.ok(sent.every((k) => k === sent[0]), `one key for the one purchase: ${JSON.stringify(sent)}`);
 });
 
+test("a payment that lands on an order cancelled meanwhile comes back as to be refunded, not as received", async () => {
+  const { ev, page } = await oneTicketOnSale("Refund Hall — one ticket");
+  const token = await page.evaluate(() => sessionStorage.getItem("token"));
+  await page.click('[data-testid="buy"]');
+  await page.waitForSelector('[data-testid="purchase-status"]:has-text("CREATED")', { timeout: 30_000 });
+  await page.click('[data-testid="order-link"]');
+  await page.waitForSelector('[data-testid="order-status"]:has-text("UNPAID")');
+  const orderNo = page.url().match(/#\/order\/(\d+)/)[1];
+  // On the provider's page, the order is cancelled (another tab, say) before paying.
+  await page.click('[data-testid="pay"]');
+  await page.waitForURL(/\/paysim\/pay\?/);
+  const [status] = await call(token, "POST", `/api/orders/${orderNo}/cancel`);
+  assert.equal(status, 200);
+  await page.click('button[value="pay"]');
+  await page.waitForSelector('[data-testid="payment-note"]', { timeout: 15_000 });
+  assert.match(await text(page, "payment-note"), /to be refunded/);
+  assert.equal(await text(page, "order-status"), "CANCELLED");
+  const stats = await admin("GET", `/admin/events/${ev.id}/stats`);
+  assert.equal(stats.refunds_pending, 1, JSON.stringify(stats));
+  await shot(page, "08c-payment-after-cancellation");
+});
+
 test("a train buyer picks a journey, sees its free seats and price, buys a seat; another buyer sees it free before and taken across", async () => {
   const password = "pw-" + Math.random().toString(36).slice(2);
   const [alice, bob] = await users(2, password);
