@@ -199,8 +199,8 @@ impl Keys {
     /// `CREATED:<order no>`, `PAID:<order no>`, `CANCELLED:<order no>` or
     /// `FAILED:<request id>:<reason>` (parsed by `admission::status::PurchaseStatus`);
     /// and [`replaced_purchase`] → the status of a purchase a newer one replaced as its
-    /// buyer's latest while it was queued or failed (QUEUED or FAILED; dropped once it
-    /// is an order).
+    /// buyer's latest while it was queued or failed (QUEUED, dropped once it is an order;
+    /// or FAILED, kept with the sale's keys: one per failed purchase so replaced).
     pub fn purchase_status(&self, b: Bucket) -> String {
         self.tagged(&b.tag(), STATUS)
     }

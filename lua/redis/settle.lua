@@ -3,7 +3,8 @@
 -- stream's length is the backlog admission checks).
 --
 -- KEYS[1]  stream  the event's reservations
--- KEYS[2]  status  hash user id → latest purchase status
+-- KEYS[2]  status  hash user id → latest purchase status; "r:<user>:<request id>" → a
+--                  replaced purchase's (reserve.lua)
 -- ARGV[1]  the consumer group
 -- ARGV[2..] triples: stream entry id, user id, request id (= order number); at most
 --           128 of them a run (SETTLE_CHUNK in core/src/orders/redis.rs: a run holds

@@ -752,9 +752,9 @@ async function eventView(id) {
       return;
     }
     // Sent again with the same key while its outcome is not known (OUTCOME_UNKNOWN, or
-    // no answer at all): the core answers a repeated key with its first answer. The
-    // buyer's status is not asked instead: it is their latest admitted purchase, another
-    // one's when this one was not admitted.
+    // no answer at all): the core answers a repeated key with its first answer; then,
+    // below, the purchase is asked for by its key. Never the buyer's latest status: that
+    // is another purchase's when this one was not admitted.
     const what = JSON.stringify([body, pass]);
     const reused = lastUnanswered && lastUnanswered.what === what;
     const key = reused ? lastUnanswered.key : crypto.randomUUID();

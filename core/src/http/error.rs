@@ -44,7 +44,8 @@ pub enum ApiError {
     #[error("{0}")]
     Pending(String),
     /// A purchase was sent to Redis and no answer came: it may have been admitted. The
-    /// buyer polls `status_url`; the same Idempotency-Key answers what happened.
+    /// same Idempotency-Key answers what happened, sent again or as a header on
+    /// `status_url`.
     #[error("{message}")]
     OutcomeUnknown { message: String, status_url: String },
     #[error(transparent)]

@@ -150,16 +150,24 @@ impl Lifecycle {
             let (pool, keys) = (&self.mysql, &self.keys);
             apply_once(pool, &mut redis, keys, self.shards, &cb, order_no).await
         };
-        let outcome = apply
-            .retry(backoff(Duration::from_millis(10), Duration::from_millis(100)).with_max_times(2))
-            .sleep(tokio::time::sleep)
-            .when(deadlocked)
-            .notify(|_, _| tracing::info!(%order_no, "payment deadlocked with another; retrying"))
-            .await;
-        match outcome {
+        let retried = || {
+            apply
+                .retry(
+                    backoff(Duration::from_millis(10), Duration::from_millis(100))
+                        .with_max_times(2),
+                )
+                .sleep(tokio::time::sleep)
+                .when(deadlocked)
+                .notify(
+                    |_, _| tracing::info!(%order_no, "payment deadlocked with another; retrying"),
+                )
+        };
+        match retried().await {
             // The same transaction inserted by a concurrent delivery that committed
             // first: read again, it is a duplicate that says what the other recorded.
-            Err(Refused::Unexpected(e)) if server_error(&e) == Some(ER_DUP_ENTRY) => apply().await,
+            Err(Refused::Unexpected(e)) if server_error(&e) == Some(ER_DUP_ENTRY) => {
+                retried().await
+            }
             other => other,
         }
     }

@@ -52,7 +52,9 @@ impl crate::script_codes::ScriptCode for Dropped {
 
 /// Drops reservations an event's rebuild made stale, once the rebuild is in Redis,
 /// telling `reason` to each buyer whose status is of no purchase or of an earlier order
-/// (one the rebuild wrote: not the reservation's own order, nor a later purchase);
+/// (one the rebuild wrote: not the reservation's own order, nor a later purchase), and
+/// recording it as the purchase's own (`keys::replaced_purchase`) for the others but
+/// the reservation's own order;
 /// [`SETTLE_CHUNK`] per run of the script. NOT_YET comes from the first run (the epoch
 /// only grows). A run failing part way leaves some dropped: dropping them again changes
 /// nothing, so the caller retries them all.

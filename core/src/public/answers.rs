@@ -81,8 +81,9 @@ pub fn purchase_failed(event_id: u64, e: AdmissionError) -> ApiError {
 fn outcome_unknown(event_id: u64) -> ApiError {
     ApiError::OutcomeUnknown {
         message: "the purchase was sent but not confirmed in time; the same request with \
-                  the same Idempotency-Key tells what became of it (status_url shows your \
-                  latest admitted purchase in this event: this one only if it was admitted)"
+                  the same Idempotency-Key tells what became of it, or, without sending it \
+                  again, status_url asked with that Idempotency-Key header (without it, \
+                  status_url shows your latest admitted purchase in this event)"
             .into(),
         status_url: format!("/api/events/{event_id}/orders/status"),
     }

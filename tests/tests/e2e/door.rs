@@ -214,6 +214,8 @@ async fn login_and_the_rest_of_the_api_have_one_spelling_and_one_method() {
             let a = raw_request(port, "GET", path, &headers, "").await;
             assert_eq!(a.status, status, "{at} {key}: {a:?}");
             assert_eq!(a.json()["error"]["code"], code, "{at} {key}: {a:?}");
+            let said = a.json()["error"]["message"].as_str().unwrap().to_owned();
+            assert!(said.contains("Idempotency-Key"), "{at} {key}: {said}");
         }
     }
     // One purchase's status: the query reaches the core through the edge as sent.

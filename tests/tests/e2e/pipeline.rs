@@ -1870,7 +1870,7 @@ async fn overdue_reservations_mysql_cannot_settle_do_not_hold_a_worker_from_othe
 
 /// The purchases of `event` by state ("QUEUED", "CREATED", "FAILED", ...) and by whether
 /// their order is in order shard `shard` (false for a status naming no order: a FAILED
-/// one says why instead).
+/// one, "<request id>:<reason>", is not parsed as one).
 async fn states_by_shard(app: &TestApp, event: u64, shard: u32) -> HashMap<(String, bool), usize> {
     use stampede_core::domain::OrderNo;
     use stampede_core::order_tables::shard_of_order;

@@ -85,6 +85,8 @@ async fn a_purchase_is_asked_for_by_its_idempotency_key() {
             .await
             .unwrap();
         assert_eq!(answer.status(), 400, "{bad:?}");
+        let answer: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(answer["error"]["code"], "INVALID", "{bad:?}: {answer}");
     }
     app.stop().await;
 }
