@@ -111,8 +111,11 @@ async fn spawn_app_on_with(
     let mysql = mysql_async::Pool::new(stack.mysql_url(&database).as_str());
     let redis = crate::stack::connect_redis(&settings.redis).await;
     use secrecy::ExposeSecret;
+    // The core closes a connection idle for its header read timeout (10 s): one kept
+    // longer may be closed under the next request.
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
+        .pool_idle_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let admin_token = settings
