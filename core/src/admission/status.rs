@@ -150,10 +150,9 @@ impl Admission {
         if crate::ids::gene(request.0) != crate::ids::gene(user_id.0) {
             return Ok(None);
         }
-        let Some(event) = self.events.get_public(event_id.0).await? else {
+        let Some(bucket) = self.buyers_bucket(event_id, user_id).await? else {
             return Ok(None);
         };
-        let bucket = crate::keys::Bucket::of_buyer(event_id, event.buckets, user_id);
         let mut redis = self.redis.clone();
         let (latest, own): (Option<String>, Option<String>) = redis::cmd("HMGET")
             .arg(self.keys.purchase_status(bucket))
@@ -196,10 +195,9 @@ impl Admission {
         user_id: UserId,
         key: &str,
     ) -> anyhow::Result<Option<OrderNo>> {
-        let Some(event) = self.events.get_public(event_id.0).await? else {
+        let Some(bucket) = self.buyers_bucket(event_id, user_id).await? else {
             return Ok(None);
         };
-        let bucket = crate::keys::Bucket::of_buyer(event_id, event.buckets, user_id);
         let mut redis = self.redis.clone();
         let record: Option<String> = redis::cmd("HGET")
             .arg(self.keys.idempotency(bucket))
@@ -207,6 +205,16 @@ impl Admission {
             .query_async(&mut redis)
             .await?;
         Ok(record.as_deref().and_then(crate::keys::idempotency_request))
+    }
+
+    /// The bucket whose keys hold the buyer's purchases in the event, if it is one.
+    async fn buyers_bucket(
+        &self,
+        event_id: EventId,
+        user_id: UserId,
+    ) -> anyhow::Result<Option<crate::keys::Bucket>> {
+        let event = self.events.get_public(event_id.0).await?;
+        Ok(event.map(|e| crate::keys::Bucket::of_buyer(event_id, e.buckets, user_id)))
     }
 
     /// The buyer's latest order in the event (or the one numbered `only`), as the

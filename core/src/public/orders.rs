@@ -120,13 +120,15 @@ pub async fn status(
     req: &Request,
 ) -> Result<Response, ApiError> {
     let asked = crate::http::query_numbers(req.uri().query(), &["request_id"])?;
-    let key = match req.headers().contains_key("idempotency-key") {
-        false => None,
-        true => Some(idempotency_key(req).ok_or_else(|| {
+    // Sent, it must be one the core takes (none is the buyer's latest purchase).
+    let key = if req.headers().contains_key("idempotency-key") {
+        Some(idempotency_key(req).ok_or_else(|| {
             ApiError::Invalid(format!(
                 "header Idempotency-Key must be 1..={MAX_KEY_LEN} visible ASCII characters"
             ))
-        })?),
+        })?)
+    } else {
+        None
     };
     let (event, user) = (EventId(event_id), UserId(user_id));
     let asked = asked.get("request_id").map(|&n| OrderNo(n));
